@@ -1,0 +1,42 @@
+"""The pool-resolution policy of SPEC §3, written out as the specification reads.
+
+A backend decides once, at construction, which SWA pool its sliding layers translate against. The
+runner's attributes are read by SGLang's names, so an SGLang ``ModelRunner``, the project's own
+runner dataclass or a ``unittest.mock.MagicMock`` all work.
+"""
+
+from __future__ import annotations
+
+from triton_swa.mem.pools import BaseSWAKVPool
+
+
+def resolve_swa_kv_pool(runner):
+    """The SWA pool that a backend built for ``runner`` must use, or None for no translation.
+
+    1. The runner's active pool, when it has an SWA sub-pool (also on draft workers: a DFlash draft
+       owns an SWA pool that shares the target's mapping).
+    2. None on a draft worker other than FROZEN_KV MTP (an EAGLE-like draft owns a full-only pool).
+    3. Otherwise the allocator's pool when it has an SWA sub-pool (FROZEN_KV MTP reads the target's
+       pool; plain runners), else None.
+    """
+    active = runner.token_to_kv_pool
+    if isinstance(active, BaseSWAKVPool):
+        return active
+    if runner.is_draft_worker and not runner.spec_algorithm.is_frozen_kv_mtp():
+        return None
+    kvcache = runner.token_to_kv_pool_allocator.get_kvcache()
+    return kvcache if isinstance(kvcache, BaseSWAKVPool) else None
+
+
+def legacy_resolve_by_allocator_type(runner, swa_allocator_type):
+    """The rule the policy replaces, kept only to demonstrate the bug it caused.
+
+    It picks the allocator's pool when the allocator is of the SWA allocator's type and ignores the
+    active pool. On a draft worker whose active pool is SWA-backed but whose allocator has another
+    type (Gemma 4 + DFlash) it returns None: sliding layers then read ``swa_buffer[full_slot]``.
+    """
+    allocator = runner.token_to_kv_pool_allocator
+    if isinstance(allocator, swa_allocator_type):
+        kvcache = allocator.get_kvcache()
+        return kvcache if isinstance(kvcache, BaseSWAKVPool) else None
+    return None

@@ -1,0 +1,37 @@
+"""triton-swa: paged sliding-window attention for LLM serving, in Python and Triton only.
+
+Glossary (SPEC.md is the contract):
+
+- ``window_left = W``: a query at position ``p`` sees keys ``[max(0, p - W), p]``; ``-1`` is full
+  attention. Hugging Face's ``sliding_window = S`` is ``W = S - 1``.
+- ``req_to_token`` int32 `[num_reqs + 1, max_context_len]`: full-pool slot of each (request, token);
+  row 0 is padding.
+- ``full_to_swa_index_mapping`` int64 `[full_slots + 1]`: full slot -> SWA slot, 0 = none, last = -1.
+- KV buffers `[slots, H, D]`, slot 0 a dummy; with ``page_size`` P also `[slots // P, P, H, D]`.
+- ``kv_indptr`` `[B + 1]` / ``kv_indices``: a CSR list of the window's slots, oldest first.
+- Shapes: ``q [B or T, HQ, D]``, ``k/v [slots, H, D or Dv]``, ``HQ % H == 0`` (GQA).
+"""
+
+from .mem import (
+    BaseSWAKVPool,
+    MHATokenToKVPool,
+    PagedTokenToKVPoolAllocator,
+    ReqToTokenPool,
+    SWAKVPool,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+    evict_swa_window,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BaseSWAKVPool",
+    "MHATokenToKVPool",
+    "PagedTokenToKVPoolAllocator",
+    "ReqToTokenPool",
+    "SWAKVPool",
+    "SWATokenToKVPoolAllocator",
+    "TokenToKVPoolAllocator",
+    "evict_swa_window",
+]

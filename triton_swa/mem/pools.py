@@ -1,0 +1,271 @@
+"""Request and KV pools with SGLang's names and semantics (SPEC §2).
+
+- :class:`ReqToTokenPool`: ``req_to_token`` int32 `[size + 1, max_context_len]`; row 0 is padding.
+- :class:`MHATokenToKVPool`: per-layer ``k_buffer``/``v_buffer`` `[size + page_size, H, D]` (V may have
+  its own head dim); slot 0 (page 0) is a dummy that padded tokens write to.
+- :class:`BaseSWAKVPool` / :class:`SWAKVPool`: a full and an SWA sub-pool, routed by layer id, with the
+  full-to-SWA mapping shared by reference with the SWA allocator.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from .._checks import KV_DTYPES, check_int, check_tensor, storage_dtype
+
+
+class ReqToTokenPool:
+    """Rows of full-pool slots, one row per live request; row 0 is a padding row never handed out.
+
+    Args:
+        size (int): how many requests can live at once (rows ``1..size``).
+        max_context_len (int): columns per row.
+        device: where ``req_to_token`` lives.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device="cpu"):
+        check_int("size", size, minimum=1)
+        check_int("max_context_len", max_context_len, minimum=1)
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros(size + 1, max_context_len, dtype=torch.int32, device=self.device)
+        self.free_slots = list(range(1, size + 1))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int) -> list[int] | None:
+        """Hand out ``need_size`` rows, or return None (and change nothing) when too few are free."""
+        check_int("need_size", need_size, minimum=0)
+        if need_size > len(self.free_slots):
+            return None
+        rows, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        return rows
+
+    def free(self, free_index) -> None:
+        """Return rows (an int or a list of ints) to the free list."""
+        rows = [free_index] if isinstance(free_index, int) else [int(r) for r in free_index]
+        for r in rows:
+            if not 1 <= r <= self.size:
+                raise ValueError(f"free_index holds row {r}, outside 1..{self.size} (row 0 is padding)")
+        self.free_slots.extend(rows)
+
+    def write(self, indices, values: torch.Tensor) -> None:
+        """``req_to_token[indices] = values`` (SGLang's spelling)."""
+        self.req_to_token[indices] = values.to(torch.int32)
+
+    def clear(self) -> None:
+        self.free_slots = list(range(1, self.size + 1))
+
+
+def _layer_id(layer) -> int:
+    layer_id = getattr(layer, "layer_id", layer)
+    return check_int("layer.layer_id", layer_id)
+
+
+class MHATokenToKVPool:
+    """Per-layer K and V buffers of one head geometry.
+
+    Args:
+        size (int): usable token slots (a multiple of ``page_size``); buffers have ``size + page_size``
+            rows because page 0 is the dummy.
+        page_size (int): tokens per page.
+        dtype (torch.dtype): float16, bfloat16, float32 or float8_e4m3fn (stored as uint8, viewed back).
+        head_num (int): KV heads; ``head_dim`` K head dim; ``v_head_dim`` V head dim (default ``head_dim``).
+        layer_num (int): layers in this pool; ``start_layer`` is the model layer id of the first.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device="cpu",
+        v_head_dim: int | None = None,
+        start_layer: int = 0,
+    ):
+        check_int("size", size, minimum=0)
+        check_int("page_size", page_size, minimum=1)
+        if size % page_size:
+            raise ValueError(f"size ({size}) must be a multiple of page_size ({page_size})")
+        if dtype not in KV_DTYPES:
+            raise TypeError(f"dtype must be one of {KV_DTYPES}, got {dtype}")
+        check_int("head_num", head_num, minimum=1)
+        check_int("head_dim", head_dim, minimum=1)
+        check_int("layer_num", layer_num, minimum=1)
+        v_head_dim = head_dim if v_head_dim is None else check_int("v_head_dim", v_head_dim, minimum=1)
+        self.size, self.page_size, self.dtype = size, page_size, dtype
+        self.store_dtype = storage_dtype(dtype)
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_head_dim
+        self.layer_num, self.start_layer = layer_num, start_layer
+        self.device = torch.device(device)
+        rows = size + page_size
+        self.k_buffer = [torch.zeros(rows, head_num, head_dim, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
+        self.v_buffer = [torch.zeros(rows, head_num, v_head_dim, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
+
+    def _index(self, layer_id: int) -> int:
+        i = layer_id - self.start_layer
+        if not 0 <= i < self.layer_num:
+            raise ValueError(f"layer_id {layer_id} is not in this pool (layers {self.start_layer}..{self.start_layer + self.layer_num - 1})")
+        return i
+
+    def _view(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.k_buffer[self._index(layer_id)])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.v_buffer[self._index(layer_id)])
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None, layer_id_override=None):
+        """Write ``cache_k``/``cache_v`` `[n, H, D]` at slots ``loc`` `[n]` of a layer.
+
+        ``layer`` is a layer object with ``layer_id`` (or the id itself); ``layer_id_override`` wins.
+        Values in another dtype are divided by ``k_scale``/``v_scale`` when given, then cast.
+        """
+        layer_id = layer_id_override if layer_id_override is not None else _layer_id(layer)
+        i = self._index(layer_id)
+        check_tensor("loc", loc, dtype=(torch.int32, torch.int64), device=self.device, ndim=1)
+        n = loc.shape[0]
+        check_tensor("cache_k", cache_k, device=self.device, shape=(n, self.head_num, self.head_dim))
+        check_tensor("cache_v", cache_v, device=self.device, shape=(n, self.head_num, self.v_head_dim))
+        for buf, x, scale in ((self.k_buffer[i], cache_k, k_scale), (self.v_buffer[i], cache_v, v_scale)):
+            if x.dtype != self.dtype:
+                if scale is not None:
+                    x = x / scale
+                x = x.to(self.dtype)
+            buf[loc.long()] = x.view(self.store_dtype) if self.store_dtype != self.dtype else x
+
+
+class BaseSWAKVPool(ABC):
+    """Abstract base of every pool with an SWA sub-pool; the policy of SPEC §3 tests for this type."""
+
+    swa_kv_pool: MHATokenToKVPool
+    full_kv_pool: MHATokenToKVPool
+    layers_mapping: dict[int, tuple[int, bool]]
+    full_to_swa_index_mapping: torch.Tensor | None
+
+    @abstractmethod
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor: ...
+
+
+class SWAKVPool(BaseSWAKVPool):
+    """A full sub-pool for full-attention layers and an SWA sub-pool for sliding layers.
+
+    ``layers_mapping[layer_id] = (index_in_subpool, is_swa)``. The sub-pools may differ in head count
+    and head dims (Gemma 4): ``head_num``/``head_dim``/``v_head_dim`` give both, and the ``swa_`` and
+    ``full_`` variants override one side.
+
+    Args:
+        size (int): full-pool token slots; ``size_swa`` SWA-pool token slots.
+        page_size (int): shared by both sub-pools (their allocators run in lockstep).
+        swa_attention_layer_ids, full_attention_layer_ids (list[int]): model layer ids of each kind.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        size_swa: int,
+        page_size: int,
+        dtype: torch.dtype,
+        swa_attention_layer_ids,
+        full_attention_layer_ids,
+        device="cpu",
+        head_num: int | None = None,
+        head_dim: int | None = None,
+        v_head_dim: int | None = None,
+        swa_head_num: int | None = None,
+        swa_head_dim: int | None = None,
+        swa_v_head_dim: int | None = None,
+        full_head_num: int | None = None,
+        full_head_dim: int | None = None,
+        full_v_head_dim: int | None = None,
+    ):
+        swa_ids, full_ids = [int(i) for i in swa_attention_layer_ids], [int(i) for i in full_attention_layer_ids]
+        if set(swa_ids) & set(full_ids):
+            raise ValueError(f"layer ids {sorted(set(swa_ids) & set(full_ids))} are both sliding and full")
+        if not swa_ids:
+            raise ValueError("swa_attention_layer_ids must name at least one layer")
+
+        def pick(side, own, shared):
+            value = own if own is not None else shared
+            if value is None:
+                raise ValueError(f"{side} head geometry missing: give head_num/head_dim or their {side}_ variants")
+            return value
+
+        self.size, self.size_swa, self.page_size, self.dtype = size, size_swa, page_size, dtype
+        self.device = torch.device(device)
+        self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
+        swa_hd = pick("swa", swa_head_dim, head_dim)
+        self.swa_kv_pool = MHATokenToKVPool(
+            size_swa, page_size, dtype, pick("swa", swa_head_num, head_num), swa_hd, len(swa_ids), device,
+            v_head_dim=swa_v_head_dim if swa_v_head_dim is not None else (v_head_dim if swa_head_dim is None else swa_hd),
+        )
+        self.full_kv_pool = None
+        if full_ids:
+            full_hd = pick("full", full_head_dim, head_dim)
+            self.full_kv_pool = MHATokenToKVPool(
+                size, page_size, dtype, pick("full", full_head_num, head_num), full_hd, len(full_ids), device,
+                v_head_dim=full_v_head_dim if full_v_head_dim is not None else (v_head_dim if full_head_dim is None else full_hd),
+            )
+        self.layers_mapping = {}
+        for i, layer_id in enumerate(full_ids):
+            self.layers_mapping[layer_id] = (i, False)
+        for i, layer_id in enumerate(swa_ids):
+            self.layers_mapping[layer_id] = (i, True)
+        self.full_to_swa_index_mapping = None
+
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
+        """Share the SWA allocator's mapping (by reference: later allocations show up here)."""
+        check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=torch.int64,
+                     device=self.device, shape=(self.size + self.page_size + 1,))
+        self.full_to_swa_index_mapping = full_to_swa_index_mapping
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """SWA slots of full slots, as int32 (0 where evicted, -1 for -1)."""
+        if self.full_to_swa_index_mapping is None:
+            raise ValueError("no full_to_swa_index_mapping registered: call register_mapping first")
+        check_tensor("kv_indices", kv_indices, dtype=(torch.int32, torch.int64), device=self.device)
+        return self.full_to_swa_index_mapping[kv_indices.long()].to(torch.int32)
+
+    def route(self, layer_id: int) -> tuple[MHATokenToKVPool, int, bool]:
+        """(sub-pool, layer id inside it, is_swa) of a model layer."""
+        if layer_id not in self.layers_mapping:
+            raise ValueError(f"layer_id {layer_id} is not in layers_mapping (known: {sorted(self.layers_mapping)})")
+        index, is_swa = self.layers_mapping[layer_id]
+        return (self.swa_kv_pool if is_swa else self.full_kv_pool), index, is_swa
+
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return self.route(layer_id)[2]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        pool, index, _ = self.route(layer_id)
+        return pool.get_key_buffer(index)
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        pool, index, _ = self.route(layer_id)
+        return pool.get_value_buffer(index)
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pool, index, _ = self.route(layer_id)
+        return pool.get_kv_buffer(index)
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None):
+        """Write a layer's new K/V at full slots ``loc``; a sliding layer writes at ``mapping[loc]``."""
+        pool, index, is_swa = self.route(_layer_id(layer))
+        if is_swa:
+            loc = self.translate_loc_from_full_to_swa(loc)
+        pool.set_kv_buffer(None, loc, cache_k, cache_v, k_scale, v_scale, layer_id_override=index)
