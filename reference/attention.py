@@ -54,6 +54,8 @@ def attention(
     if hq % h != 0:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({h})")
     group = hq // h
+    if tk == 0:
+        return torch.zeros(tq, hq, dv, dtype=torch.float64, device=q.device)
     qf = q.to(torch.float64)
     kf = k.to(torch.float64).repeat_interleave(group, dim=1)  # [Tk, HQ, D]
     vf = v.to(torch.float64).repeat_interleave(group, dim=1)  # [Tk, HQ, Dv]
@@ -74,8 +76,6 @@ def attention(
     if sinks is not None:
         weights = weights[..., :tk]
     probs = torch.where(denom > 0, weights / torch.where(denom > 0, denom, 1.0), torch.zeros_like(weights))
-    if tk == 0:
-        return torch.zeros(tq, hq, dv, dtype=torch.float64, device=q.device)
     return torch.einsum("hqk,khd->qhd", probs, vf)
 
 
