@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-
 import triton_swa_reference as ref
+
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = pytest.mark.reference

@@ -15,6 +15,7 @@ import torch
 
 def demo(args) -> int:
     import triton_swa_reference as ref
+
     from triton_swa import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, evict_swa_window
     from triton_swa.testing import assert_close
 

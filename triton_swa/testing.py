@@ -152,7 +152,7 @@ class PoolState:
 
         window_of = window_of or (lambda r: extend_window_start(r.prefix_len, self.window_left))
         pool = self.kv_pool
-        for layer_id, (index, is_swa) in pool.layers_mapping.items():
+        for index, is_swa in pool.layers_mapping.values():
             sub = pool.swa_kv_pool if is_swa else pool.full_kv_pool
             live = []
             for r in self.requests:

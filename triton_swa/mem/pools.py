@@ -112,7 +112,8 @@ class MHATokenToKVPool:
     def _index(self, layer_id: int) -> int:
         i = layer_id - self.start_layer
         if not 0 <= i < self.layer_num:
-            raise ValueError(f"layer_id {layer_id} is not in this pool (layers {self.start_layer}..{self.start_layer + self.layer_num - 1})")
+            last = self.start_layer + self.layer_num - 1
+            raise ValueError(f"layer_id {layer_id} is not in this pool (layers {self.start_layer}..{last})")
         return i
 
     def _view(self, buf: torch.Tensor) -> torch.Tensor:
@@ -209,17 +210,20 @@ class SWAKVPool(BaseSWAKVPool):
         self.size, self.size_swa, self.page_size, self.dtype = size, size_swa, page_size, dtype
         self.device = torch.device(device)
         self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
+        def first(*values):
+            return next(v for v in values if v is not None)
+
         swa_hd = pick("swa", swa_head_dim, head_dim)
         self.swa_kv_pool = MHATokenToKVPool(
             size_swa, page_size, dtype, pick("swa", swa_head_num, head_num), swa_hd, len(swa_ids), device,
-            v_head_dim=swa_v_head_dim if swa_v_head_dim is not None else (v_head_dim if swa_head_dim is None else swa_hd),
+            v_head_dim=first(swa_v_head_dim, v_head_dim, swa_hd),
         )
         self.full_kv_pool = None
         if full_ids:
             full_hd = pick("full", full_head_dim, head_dim)
             self.full_kv_pool = MHATokenToKVPool(
                 size, page_size, dtype, pick("full", full_head_num, head_num), full_hd, len(full_ids), device,
-                v_head_dim=full_v_head_dim if full_v_head_dim is not None else (v_head_dim if full_head_dim is None else full_hd),
+                v_head_dim=first(full_v_head_dim, v_head_dim, full_hd),
             )
         self.layers_mapping = {}
         for i, layer_id in enumerate(full_ids):
@@ -266,6 +270,7 @@ class SWAKVPool(BaseSWAKVPool):
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None):
         """Write a layer's new K/V at full slots ``loc``; a sliding layer writes at ``mapping[loc]``."""
         pool, index, is_swa = self.route(_layer_id(layer))
+        check_tensor("loc", loc, dtype=(torch.int32, torch.int64), device=self.device, ndim=1)
         if is_swa:
             loc = self.translate_loc_from_full_to_swa(loc)
         pool.set_kv_buffer(None, loc, cache_k, cache_v, k_scale, v_scale, layer_id_override=index)

@@ -1,0 +1,280 @@
+"""Pools and allocators: SPEC §2 invariants under permuted free lists, eviction and failure."""
+
+import copy
+from unittest import mock
+
+import pytest
+import torch
+import triton_swa_reference as ref
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from triton_swa import (
+    BaseSWAKVPool,
+    MHATokenToKVPool,
+    PagedTokenToKVPoolAllocator,
+    ReqToTokenPool,
+    SWAKVPool,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+    evict_swa_window,
+)
+from triton_swa.testing import assert_close, make_pool_state
+
+pytestmark = pytest.mark.reference
+
+
+def make_swa(size=64, size_swa=32, page_size=1, dtype=torch.float16, **kw):
+    pool = SWAKVPool(size, size_swa, page_size, dtype, swa_attention_layer_ids=[0, 2], full_attention_layer_ids=[1],
+                     swa_head_num=kw.get("swa_h", 2), swa_head_dim=kw.get("swa_d", 8),
+                     full_head_num=kw.get("full_h", 1), full_head_dim=kw.get("full_d", 16))
+    alloc = SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, "cpu", pool)
+    return pool, alloc
+
+
+def snapshot(alloc):
+    return (alloc.full_attn_allocator.free_pages.clone(), alloc.swa_attn_allocator.free_pages.clone(),
+            alloc.full_to_swa_index_mapping.clone())
+
+
+def assert_same_snapshot(a, b):
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_pool_shapes_and_dummy_slot():
+    pool, alloc = make_swa(size=64, size_swa=32, page_size=4, swa_d=8, full_d=16)
+    assert pool.swa_kv_pool.k_buffer[0].shape == (32 + 4, 2, 8)
+    assert pool.full_kv_pool.k_buffer[0].shape == (64 + 4, 1, 16)
+    assert pool.layers_mapping == {1: (0, False), 0: (0, True), 2: (1, True)}
+    mapping = alloc.full_to_swa_index_mapping
+    assert mapping.dtype == torch.int64 and mapping.shape == (64 + 4 + 1,) and int(mapping[-1]) == -1
+    assert pool.full_to_swa_index_mapping is mapping, "the mapping is shared by reference"
+    assert alloc.get_kvcache() is pool and isinstance(pool, BaseSWAKVPool)
+    # Free lists start after the dummy page 0.
+    assert int(alloc.full_attn_allocator.free_pages.min()) == 1
+
+
+def test_mha_pool_v_head_dim_and_fp8_storage():
+    pool = MHATokenToKVPool(8, 1, torch.float8_e4m3fn, head_num=2, head_dim=8, layer_num=2, v_head_dim=4)
+    assert pool.k_buffer[0].dtype == torch.uint8 and pool.v_buffer[1].shape == (9, 2, 4)
+    k, v = pool.get_kv_buffer(1)
+    assert k.dtype == torch.float8_e4m3fn and v.shape == (9, 2, 4)
+    ck, cv = torch.randn(3, 2, 8), torch.randn(3, 2, 4)
+    pool.set_kv_buffer(1, torch.tensor([1, 5, 7]), ck, cv, k_scale=0.5, v_scale=0.25)
+    assert_close(pool.get_key_buffer(1)[[1, 5, 7]].float() * 0.5, ck, atol=0.13, rtol=0.13)
+    assert_close(pool.get_value_buffer(1)[[1, 5, 7]].float() * 0.25, cv, atol=0.07, rtol=0.13)
+    assert pool.get_key_buffer(0).float().abs().sum() == 0, "other layers untouched"
+
+
+def test_swa_pool_routes_writes_through_the_mapping():
+    pool, alloc = make_swa(dtype=torch.float32)
+    alloc.swa_attn_allocator.shuffle_free_list(torch.Generator().manual_seed(1))
+    loc = alloc.alloc(5)
+    swa = alloc.full_to_swa_index_mapping[loc]
+    assert not torch.equal(loc, swa)
+    k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    pool.set_kv_buffer(mock.Mock(layer_id=2), loc, k, v)
+    assert torch.equal(pool.get_key_buffer(2)[swa], k) and torch.equal(pool.get_value_buffer(2)[swa], v)
+    fk, fv = torch.randn(5, 1, 16), torch.randn(5, 1, 16)
+    pool.set_kv_buffer(1, loc, fk, fv)
+    assert torch.equal(pool.get_key_buffer(1)[loc], fk)
+    assert torch.equal(pool.translate_loc_from_full_to_swa(loc), swa.int())
+    assert pool.translate_loc_from_full_to_swa(loc).dtype == torch.int32
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda p: p.get_key_buffer(7), ValueError, "layer_id 7"),
+    (lambda p: p.set_kv_buffer(0, torch.tensor([1.0]), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)), TypeError, "loc"),
+    (lambda p: p.set_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 2, 9), torch.zeros(1, 2, 8)), ValueError, "cache_k"),
+    (lambda p: p.set_kv_buffer(1, torch.tensor([1]), torch.zeros(1, 1, 16), torch.zeros(2, 1, 16)), ValueError, "cache_v"),
+    (lambda p: p.register_mapping(torch.zeros(5, dtype=torch.int64)), ValueError, "full_to_swa_index_mapping"),
+    (lambda p: p.register_mapping(torch.zeros(66, dtype=torch.int32)), TypeError, "full_to_swa_index_mapping"),
+])
+def test_pool_bad_input(call, error, match):
+    pool, _ = make_swa()
+    with pytest.raises(error, match=match):
+        call(pool)
+
+
+@pytest.mark.parametrize("build, error, match", [
+    (lambda: MHATokenToKVPool(10, 4, torch.float16, 1, 8, 1), ValueError, "multiple of page_size"),
+    (lambda: MHATokenToKVPool(8, 4, torch.int32, 1, 8, 1), TypeError, "dtype"),
+    (lambda: MHATokenToKVPool(8, 4, torch.float16, 0, 8, 1), ValueError, "head_num"),
+    (lambda: SWAKVPool(8, 8, 1, torch.float16, [0], [0], head_num=1, head_dim=8), ValueError, "both sliding and full"),
+    (lambda: PagedTokenToKVPoolAllocator(8, 2, torch.float16, "cpu", MHATokenToKVPool(8, 4, torch.float16, 1, 8, 1)),
+     ValueError, "disagrees"),
+    (lambda: SWATokenToKVPoolAllocator(8, 8, 1, torch.float16, "cpu", MHATokenToKVPool(8, 1, torch.float16, 1, 8, 1)),
+     TypeError, "kvcache"),
+    (lambda: ReqToTokenPool(0, 8), ValueError, "size"),
+])
+def test_construction_bad_input(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_req_to_token_pool_keeps_row_zero_for_padding():
+    rtp = ReqToTokenPool(3, 16)
+    assert rtp.req_to_token.shape == (4, 16) and rtp.req_to_token.dtype == torch.int32
+    rows = rtp.alloc(3)
+    assert sorted(rows) == [1, 2, 3] and rtp.alloc(1) is None
+    rtp.free(rows[1])
+    assert rtp.alloc(1) == [rows[1]]
+    with pytest.raises(ValueError, match="row 0"):
+        rtp.free([0])
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_alloc_failure_leaves_everything_unchanged(page_size):
+    pool, alloc = make_swa(size=32, size_swa=16, page_size=page_size)
+    alloc.full_attn_allocator.shuffle_free_list(torch.Generator().manual_seed(0))
+    first = alloc.alloc(8)
+    assert first is not None
+    before = snapshot(alloc)
+    assert alloc.alloc(16) is None  # the SWA side has only 8 slots left
+    assert_same_snapshot(before, snapshot(alloc))
+    # alloc_extend: one request fits on both sides in pages, the whole batch does not.
+    prefix = torch.tensor([0, 0])
+    assert alloc.alloc_extend(prefix, torch.tensor([4, 8]), torch.tensor([-1, -1]), 12) is None
+    assert_same_snapshot(before, snapshot(alloc))
+    assert alloc.alloc_extend(prefix[:1], torch.tensor([8]), torch.tensor([-1]), 8) is not None
+
+
+def test_alloc_size_checks():
+    _, alloc = make_swa(page_size=4)
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        alloc.alloc(3)
+    with pytest.raises(ValueError, match="extend_num_tokens"):
+        alloc.alloc_extend(torch.tensor([0]), torch.tensor([5]), torch.tensor([-1]), 4)
+    with pytest.raises(TypeError, match="prefix_lens"):
+        alloc.full_attn_allocator.alloc_extend(torch.tensor([0.0]), torch.tensor([5]), torch.tensor([-1]))
+
+
+def _grow(alloc, rtp, rows, lens, new):
+    """alloc_extend for a batch; writes req_to_token; returns the slots."""
+    prefix = torch.tensor(lens)
+    seq = prefix + torch.tensor(new)
+    last = torch.tensor([int(rtp.req_to_token[r, n - 1]) if n else -1 for r, n in zip(rows, lens)])
+    slots = alloc.alloc_extend(prefix, seq, last, int(sum(new)))
+    if slots is None:
+        return None
+    at = 0
+    for r, n, m in zip(rows, lens, new):
+        rtp.req_to_token[r, n:n + m] = slots[at:at + m].int()
+        at += m
+    return slots
+
+
+def check_invariants(alloc, rtp, rows, lens, evicted, page_size):
+    mapping = alloc.full_to_swa_index_mapping
+    live_full, live_swa = [], []
+    for r, n, e in zip(rows, lens, evicted):
+        full = rtp.req_to_token[r, :n].long()
+        assert (full > 0).all()
+        # Page-aligned: token t at offset t % page_size, on both sides.
+        assert torch.equal(full % page_size, torch.arange(n) % page_size)
+        swa = mapping[full]
+        assert (swa[:e] == 0).all(), "evicted tokens map to 0"
+        assert (swa[e:] > 0).all(), "tokens after the eviction mark keep their SWA slot"
+        assert torch.equal(swa[e:] % page_size, full[e:] % page_size), "lockstep in-page offsets"
+        live_full.append(full)
+        live_swa.append(swa[e:])
+    live_full, live_swa = torch.cat(live_full), torch.cat(live_swa)
+    assert live_full.unique().numel() == live_full.numel(), "a full slot handed out twice"
+    assert live_swa.unique().numel() == live_swa.numel(), "an SWA slot handed out twice"
+    for side, live in ((alloc.full_attn_allocator, live_full), (alloc.swa_attn_allocator, live_swa)):
+        free = side.free_pages
+        assert free.unique().numel() == free.numel(), "a page is on the free list twice"
+        used = (live // page_size).unique()
+        assert not torch.isin(used, free).any(), "a live page is on the free list"
+        assert len(free) + used.numel() == side.num_pages, "pages leaked"
+    # Every full slot that is not live maps to 0.
+    dead = torch.ones(len(mapping) - 1, dtype=torch.bool)
+    dead[live_full] = False
+    assert (mapping[:-1][dead] == 0).all() and int(mapping[-1]) == -1
+
+
+@settings(max_examples=25, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 4]), window_left=st.integers(0, 12), seed=st.integers(0, 10**6),
+       steps=st.lists(st.lists(st.integers(0, 7), min_size=3, max_size=3), min_size=1, max_size=8))
+def test_allocator_invariants_under_growth_and_eviction(page_size, window_left, seed, steps):
+    g = torch.Generator().manual_seed(seed)
+    _, alloc = make_swa(size=256, size_swa=96, page_size=page_size)
+    alloc.full_attn_allocator.shuffle_free_list(g)
+    alloc.swa_attn_allocator.shuffle_free_list(g)
+    rtp = ReqToTokenPool(4, 128)
+    rows = rtp.alloc(3)
+    lens, evicted = [0, 0, 0], [0, 0, 0]
+    for new in steps:
+        before = snapshot(alloc)
+        if _grow(alloc, rtp, rows, lens, new) is None:
+            assert_same_snapshot(before, snapshot(alloc))
+            continue
+        lens = [n + m for n, m in zip(lens, new)]
+        check_invariants(alloc, rtp, rows, lens, evicted, page_size)
+        for i, r in enumerate(rows):
+            evicted[i] = evict_swa_window(alloc, rtp.req_to_token, r, lens[i], window_left, evicted[i])
+            next_window = ref.extend_window_start(lens[i], window_left)
+            assert evicted[i] <= next_window, "evicted a token the next query can see"
+            assert next_window - evicted[i] < page_size, "kept a whole page nobody can see"
+        check_invariants(alloc, rtp, rows, lens, evicted, page_size)
+    # Finishing every request returns every page.
+    for r, n in zip(rows, lens):
+        alloc.free(rtp.req_to_token[r, :n].long())
+    assert alloc.full_available_size() == 256 and alloc.swa_available_size() == 96
+    assert (alloc.full_to_swa_index_mapping[:-1] == 0).all()
+
+
+def test_free_swa_sets_zero_and_skips_unmapped():
+    _, alloc = make_swa()
+    loc = alloc.alloc(6)
+    swa_free_before = alloc.swa_available_size()
+    alloc.free_swa(loc[:3])
+    assert (alloc.full_to_swa_index_mapping[loc[:3]] == 0).all()
+    assert alloc.swa_available_size() == swa_free_before + 3
+    alloc.free_swa(loc[:3])  # already 0: nothing more is freed
+    assert alloc.swa_available_size() == swa_free_before + 3
+    full_before = alloc.full_available_size()
+    alloc.free(loc)
+    assert alloc.full_available_size() == full_before + 6 and alloc.swa_available_size() == swa_free_before + 6
+
+
+def test_decode_alloc_continues_pages_in_lockstep():
+    _, alloc = make_swa(size=64, size_swa=32, page_size=4)
+    alloc.swa_attn_allocator.shuffle_free_list(torch.Generator().manual_seed(3))
+    rtp = ReqToTokenPool(2, 32)
+    rows = rtp.alloc(1)
+    _grow(alloc, rtp, rows, [0], [6])
+    for n in range(6, 11):
+        last = rtp.req_to_token[rows[0], n - 1].long().reshape(1)
+        loc = alloc.alloc_decode(torch.tensor([n + 1]), last)
+        rtp.req_to_token[rows[0], n] = loc.int()
+        swa = alloc.full_to_swa_index_mapping[loc]
+        assert int(loc) % 4 == n % 4 == int(swa) % 4
+        if n % 4:
+            assert int(loc) == int(last) + 1
+
+
+def test_plain_allocator_and_clear():
+    pool = MHATokenToKVPool(16, 1, torch.float16, 1, 8, 1)
+    alloc = TokenToKVPoolAllocator(16, torch.float16, "cpu", pool)
+    a = alloc.alloc(10)
+    assert a.tolist() == list(range(1, 11)) and alloc.available_size() == 6 and alloc.alloc(7) is None
+    alloc.free(a[:4])
+    assert alloc.available_size() == 10
+    alloc.clear()
+    assert alloc.available_size() == 16 and alloc.get_kvcache() is pool
+
+
+def test_make_pool_state_poisons_everything_outside_windows():
+    state = make_pool_state(seq_lens=[3, 20, 41], window_left=6, page_size=4, new_tokens=[1, 3, 2])
+    k_buf, _ = state.kv_pool.get_kv_buffer(0)
+    readable = set()
+    for r in state.requests:
+        start = ref.extend_window_start(r.prefix_len, 6)
+        full = state.req_to_token[r.req_pool_index, start:r.seq_len].long()
+        readable |= set(state.mapping[full].tolist())
+    finite = set(torch.isfinite(k_buf).all(-1).all(-1).nonzero().flatten().tolist())
+    assert finite == readable and 0 not in finite
+    assert copy.copy(state.seq_lens().tolist()) == [3, 20, 41]
+    assert state.prefix_lens().tolist() == [2, 17, 39]
