@@ -1,0 +1,688 @@
+"""Fused index metadata of a forward step: window indices, SWA page tables, SWA slots, K/V stores.
+
+A step builds its index metadata once and every sliding layer reuses it. Engines usually do it in two
+passes (gather the window's full slots from ``req_to_token``, then gather them through
+``full_to_swa_index_mapping``); here each product is one launch that reads ``req_to_token`` and the
+mapping in the same kernel. ``triton_swa_reference.indices`` is the meaning; outputs equal it exactly.
+
+Public functions (all launch one kernel, never synchronise with the host when sizes are given, and
+so run inside CUDA-graph capture with fixed buffers):
+
+- :func:`build_window_indices`: CSR ``kv_indptr`` / ``kv_indices`` / ``window_starts`` of each
+  request's window (decode, extend/chunked prefill, verify, or full layers).
+- :func:`build_window_page_table`: the same windows as a ``[B, max_pages]`` page table.
+- :func:`swa_out_cache_loc`: the new tokens' SWA slots (optionally into a fixed buffer, tail zeroed).
+- :func:`store_kv`: write a layer's new K/V at its slots, translated for sliding layers, fp8 with scale.
+
+Host helpers for sizing buffers without touching the device: :func:`window_index_count`,
+:func:`max_window_len`, :func:`max_window_pages`.
+
+Windows (SPEC §1): decode at length ``L`` reads positions ``[max(0, L - W - 1), L)``; extend,
+chunked prefill and verify with a cached prefix ``P`` read ``[max(0, P - W), P)``; ``W = -1`` (full
+layers) reads ``[0, L)`` or ``[0, P)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import KV_DTYPES, check_int, check_tensor
+
+_INT = (torch.int32, torch.int64)
+
+
+class WindowIndices(NamedTuple):
+    """The CSR list of every request's window, oldest token first.
+
+    Attributes:
+        kv_indptr (torch.Tensor): int32 `[B + 1]`; request ``b`` owns
+            ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``.
+        kv_indices (torch.Tensor): int32 `[capacity]`; SWA slots when a mapping was given, else full
+            slots. Entries past ``kv_indptr[B]`` are left untouched (readers never go past it).
+        window_starts (torch.Tensor): int32 `[B]`; position of each window's first token.
+    """
+
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    window_starts: torch.Tensor
+
+
+class WindowPageTable(NamedTuple):
+    """Every request's window as a row of pool pages.
+
+    Attributes:
+        page_table (torch.Tensor): int32 `[B, max_pages]`; entry ``[b, j]`` is the page holding window
+            positions ``[(first + j) * page_size, (first + j + 1) * page_size)`` where
+            ``first = window_starts[b] // page_size``; SWA pages when a mapping was given. Entries past
+            a request's last page are 0 (the dummy page).
+        window_starts (torch.Tensor): int32 `[B]`; the window begins at in-page offset
+            ``window_starts[b] % page_size`` of ``page_table[b, 0]``.
+    """
+
+    page_table: torch.Tensor
+    window_starts: torch.Tensor
+
+
+# ----------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["B", "shift", "capacity", "num_splits", "n_mapping"])
+def _swa_window_indices_kernel(
+    p_req_to_token, stride_rt_r, stride_rt_t,
+    p_req_pool_indices, p_lens,
+    p_mapping, n_mapping,
+    p_out, stride_out_b,
+    p_indptr, p_starts,
+    B, shift, capacity, num_splits,
+    HAS_WINDOW: tl.constexpr,
+    HAS_MAPPING: tl.constexpr,
+    PAGE_TABLE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """One program per (request, split); split ``s`` walks blocks ``s, s + num_splits, ...``.
+
+    Window of request ``b`` with length ``len`` (``seq_lens`` for decode, ``prefix_lens`` for extend):
+    ``[max(0, len - shift), len)`` (``shift`` = W + 1 for decode, W for extend), or ``[0, len)``.
+    CSR mode writes the window's slots at ``kv_indices[offset:]``, where ``offset`` is the sum of the
+    earlier requests' window lengths (computed here, so that no cumsum launch is needed).
+    PAGE_TABLE mode writes the pages of the window's pages' first slots to row ``b`` and 0 after them.
+    """
+    i_b = tl.program_id(0)
+    i_s = tl.program_id(1)
+    row = tl.load(p_req_pool_indices + i_b).to(tl.int64)
+    length = tl.maximum(tl.load(p_lens + i_b).to(tl.int64), 0)
+    if HAS_WINDOW:
+        start = tl.maximum(length - shift, 0)
+    else:
+        start = length * 0
+    count = length - start
+    p_row = p_req_to_token + row * stride_rt_r
+
+    if PAGE_TABLE:
+        first = start // PAGE_SIZE
+        num = tl.where(count > 0, (length - 1) // PAGE_SIZE + 1 - first, 0)
+        extent = capacity
+        p_dst = p_out + i_b.to(tl.int64) * stride_out_b
+        offset = start * 0
+    else:
+        # Exclusive prefix sum of window lengths min(len, shift) (or len) over requests < b.
+        # [BLOCK_B]
+        b_acc = tl.zeros([BLOCK_B], dtype=tl.int64)
+        for b0 in range(0, i_b, BLOCK_B):
+            o_b = b0 + tl.arange(0, BLOCK_B)
+            b_len = tl.maximum(tl.load(p_lens + o_b, mask=o_b < i_b, other=0).to(tl.int64), 0)
+            if HAS_WINDOW:
+                b_len = tl.minimum(b_len, shift)
+            b_acc += b_len
+        offset = tl.sum(b_acc, axis=0)
+        extent = count
+        p_dst = p_out + offset
+
+    if i_s == 0:
+        tl.store(p_starts + i_b, start.to(tl.int32))
+        if not PAGE_TABLE:
+            tl.store(p_indptr + i_b + 1, (offset + count).to(tl.int32))
+            if i_b == 0:
+                tl.store(p_indptr, 0)
+
+    for e0 in range(i_s * BLOCK, extent, num_splits * BLOCK):
+        o_e = e0 + tl.arange(0, BLOCK).to(tl.int64)
+        if PAGE_TABLE:
+            m_e = o_e < num
+            o_pos = (first + o_e) * PAGE_SIZE
+            m_store = o_e < extent
+        else:
+            m_e = o_e < count
+            o_pos = start + o_e
+            # Never write past the buffer, even when the caller undersized it.
+            m_store = m_e & (offset + o_e < capacity)
+        # [BLOCK]
+        b_slot = tl.load(p_row + o_pos * stride_rt_t, mask=m_e, other=0).to(tl.int64)
+        if HAS_MAPPING:
+            # Python indexing semantics of mapping[loc]: -1 is the last element (which holds -1).
+            b_slot = tl.where(b_slot < 0, b_slot + n_mapping, b_slot)
+            b_slot = tl.load(p_mapping + b_slot, mask=m_e, other=0).to(tl.int64)
+        if PAGE_TABLE:
+            if PAGE_SIZE > 1:
+                b_page = b_slot // PAGE_SIZE
+                # Floor, not C truncation, for negative slots (torch's //).
+                b_slot = tl.where((b_slot < 0) & (b_page * PAGE_SIZE != b_slot), b_page - 1, b_page)
+            b_slot = tl.where(m_e, b_slot, 0)
+        tl.store(p_dst + o_e, b_slot.to(tl.int32), mask=m_store)
+
+
+@triton.jit(do_not_specialize=["n", "capacity", "n_mapping"])
+def _swa_translate_kernel(p_loc, stride_loc, p_mapping, n_mapping, p_out, n, capacity, BLOCK: tl.constexpr):
+    """``out[i] = mapping[loc[i]]`` for ``i < n`` and ``out[i] = 0`` for ``n <= i < capacity``."""
+    i_p = tl.program_id(0)
+    o_i = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m_i = o_i < n
+    # [BLOCK]
+    b_loc = tl.load(p_loc + o_i * stride_loc, mask=m_i, other=0).to(tl.int64)
+    b_loc = tl.where(b_loc < 0, b_loc + n_mapping, b_loc)
+    b_swa = tl.load(p_mapping + b_loc, mask=m_i, other=0)
+    tl.store(p_out + o_i, tl.where(m_i, b_swa, 0).to(tl.int32), mask=o_i < capacity)
+
+
+@triton.jit
+def _swa_store_rows(p_buf, stride_buf_s, stride_buf_h, stride_buf_d, slot,
+                    p_x, stride_x_n, stride_x_h, stride_x_d, i_n,
+                    scale, p_scale, H, D, i_h,
+                    SCALE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``."""
+    o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    o_d = tl.arange(0, BLOCK_D)
+    m_hd = (o_h < H)[:, None] & (o_d < D)[None, :]
+    # [BLOCK_H, BLOCK_D]
+    b_x = tl.load(p_x + i_n * stride_x_n + o_h[:, None] * stride_x_h + o_d[None, :] * stride_x_d,
+                  mask=m_hd, other=0.0).to(tl.float32)
+    # Correctly rounded division, as torch's x / scale (Triton's `/` on fp32 is approximate).
+    # (div_rn does not broadcast: the scale is spread over the tile first.)
+    if SCALE == 1:
+        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * scale)
+    elif SCALE == 2:
+        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * tl.load(p_scale).to(tl.float32))
+    p_dst = p_buf + slot * stride_buf_s + o_h[:, None] * stride_buf_h + o_d[None, :] * stride_buf_d
+    tl.store(p_dst, b_x.to(p_buf.dtype.element_ty), mask=m_hd)
+
+
+@triton.jit(do_not_specialize=["n_mapping", "num_slots_k", "num_slots_v"])
+def _swa_store_kv_kernel(
+    p_k_buf, stride_kb_s, stride_kb_h, stride_kb_d,
+    p_v_buf, stride_vb_s, stride_vb_h, stride_vb_d,
+    p_k, stride_k_n, stride_k_h, stride_k_d,
+    p_v, stride_v_n, stride_v_h, stride_v_d,
+    p_loc, stride_loc, p_mapping, n_mapping, num_slots_k, num_slots_v,
+    k_scale, p_k_scale, v_scale, p_v_scale,
+    H, D, HV, DV,
+    HAS_MAPPING: tl.constexpr,
+    K_SCALE: tl.constexpr,
+    V_SCALE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """One program per (token, block of heads): translate the slot once, write its K and V rows.
+
+    ``K_SCALE``/``V_SCALE``: 0 no scale, 1 scale passed by value, 2 scale read from a 1-element tensor.
+    """
+    i_n = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    slot = tl.load(p_loc + i_n * stride_loc).to(tl.int64)
+    if HAS_MAPPING:
+        slot = tl.where(slot < 0, slot + n_mapping, slot)
+        slot = tl.load(p_mapping + slot).to(tl.int64)
+    slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
+    slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
+    _swa_store_rows(p_k_buf, stride_kb_s, stride_kb_h, stride_kb_d, slot_k,
+                    p_k, stride_k_n, stride_k_h, stride_k_d, i_n, k_scale, p_k_scale, H, D, i_h,
+                    K_SCALE, BLOCK_H, BLOCK_D)
+    _swa_store_rows(p_v_buf, stride_vb_s, stride_vb_h, stride_vb_d, slot_v,
+                    p_v, stride_v_n, stride_v_h, stride_v_d, i_n, v_scale, p_v_scale, HV, DV, i_h,
+                    V_SCALE, BLOCK_H, BLOCK_DV)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Heuristics
+# ----------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _index_block(max_extent: int) -> int:
+    """Indices per program iteration: 1024 (4 KB of int32 written, 8 per thread at 4 warps) keeps
+    enough independent gathers in flight to hide DRAM latency, while a 4k window still spreads over
+    four programs; short windows get a block no wider than needed (at least 16)."""
+    return max(16, min(1024, triton.next_power_of_2(max(max_extent, 1))))
+
+
+def _index_splits(num_requests: int, max_extent: int, block: int, device: torch.device) -> int:
+    """Programs per request: enough for about 8 programs per SM over the whole batch (a gather is
+    latency-bound), but never more than the longest window has blocks, and within the grid's y-limit."""
+    blocks = max(1, triton.cdiv(max_extent, block))
+    want = max(1, triton.cdiv(8 * _num_sms(device), max(num_requests, 1)))
+    return int(min(blocks, want, 65535))
+
+
+def _reqs_block(num_requests: int) -> int:
+    """Requests summed per step of the in-kernel prefix sum: the whole batch up to 1024 (one vector
+    load); bigger batches loop. At least 16 so that small batches share one compiled variant."""
+    return max(16, min(1024, triton.next_power_of_2(max(num_requests, 1))))
+
+
+def _store_blocks(H: int, D: int, DV: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_D, BLOCK_DV): head dims padded to powers of two; heads grouped so that a
+    program moves about 4k elements of K plus V (enough bytes per program, few programs per token)."""
+    block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(DV)
+    block_h = max(1, min(triton.next_power_of_2(H), 4096 // max(block_d, block_dv)))
+    return block_h, block_d, block_dv
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host helpers (no device work)
+# ----------------------------------------------------------------------------------------------------
+
+
+def max_window_len(window_left: int, max_context_len: int, *, extend: bool = False) -> int:
+    """Most positions one request's window can hold: the per-request size of a CUDA-graph buffer.
+
+    Args:
+        window_left (int): ``W`` (``-1``: full attention).
+        max_context_len (int): columns of ``req_to_token``.
+        extend (bool): the cached prefix window of extend/verify (``W`` keys) instead of decode's
+            ``W + 1``.
+
+    Returns:
+        int: ``min(W + 1, max_context_len)`` (decode), ``min(W, max_context_len)`` (extend), or
+        ``max_context_len`` for ``W = -1``.
+    """
+    _check_window_left(window_left)
+    check_int("max_context_len", max_context_len, minimum=0)
+    if window_left < 0:
+        return max_context_len
+    return min(window_left + (0 if extend else 1), max_context_len)
+
+
+def max_window_pages(window_left: int, page_size: int, max_context_len: int, *, extend: bool = False) -> int:
+    """Most pages one window can span (a window may start anywhere in its first page): a safe
+    ``max_pages`` for :func:`build_window_page_table` under CUDA graphs."""
+    check_int("page_size", page_size, minimum=1)
+    n = max_window_len(window_left, max_context_len, extend=extend)
+    if n == 0:
+        return 0
+    if window_left < 0:
+        return triton.cdiv(n, page_size)
+    return min((n + page_size - 2) // page_size + 1, triton.cdiv(max_context_len, page_size))
+
+
+def window_index_count(seq_lens, window_left: int, prefix_lens=None) -> int:
+    """Total ``kv_indices`` of :func:`build_window_indices` for these lengths, computed on the host.
+
+    Pass the engine's CPU copies (``seq_lens_cpu``); device tensors work too but synchronise.
+
+    Args:
+        seq_lens (torch.Tensor | list[int]): `[B]` decode lengths.
+        window_left (int): ``W`` (``-1``: full attention).
+        prefix_lens (torch.Tensor | list[int] | None): `[B]`; when given, the extend/verify window of
+            the cached prefix is counted instead.
+
+    Returns:
+        int: ``sum(min(len, W + 1))`` (decode), ``sum(min(P, W))`` (extend), or the sum of lengths.
+    """
+    _check_window_left(window_left)
+    lens = torch.as_tensor(prefix_lens if prefix_lens is not None else seq_lens).long().cpu().clamp(min=0)
+    if window_left >= 0:
+        lens = lens.clamp(max=window_left + (0 if prefix_lens is not None else 1))
+    return int(lens.sum())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checks and launchers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _check_window_left(window_left) -> int:
+    if isinstance(window_left, bool) or not isinstance(window_left, int):
+        raise TypeError(f"window_left must be an int (-1 for full attention), got {type(window_left).__name__}")
+    if window_left < -1:
+        raise ValueError(f"window_left must be >= -1 (-1 means full attention), got {window_left}")
+    return window_left
+
+
+def _check_mapping(mapping, device, page_size: int | None) -> None:
+    check_tensor("mapping", mapping, dtype=_INT, device=device, ndim=1)
+    if mapping.stride(0) != 1:
+        raise ValueError(f"mapping must be contiguous, got stride {mapping.stride(0)}")
+    # The allocator's mapping has size + page_size + 1 entries with size a multiple of page_size.
+    if page_size is not None and (mapping.numel() - 1) % page_size:
+        raise ValueError(
+            f"page_size={page_size} disagrees with the pool: full_to_swa_index_mapping has "
+            f"{mapping.numel()} entries, which is not size + page_size + 1 for a size that is a multiple "
+            f"of page_size")
+
+
+def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping,
+                         page_size):
+    check_tensor("req_to_token", req_to_token, dtype=torch.int32, ndim=2)
+    device = req_to_token.device
+    check_tensor("req_pool_indices", req_pool_indices, dtype=_INT, device=device, ndim=1)
+    B = req_pool_indices.shape[0]
+    check_tensor("seq_lens", seq_lens, dtype=_INT, device=device, shape=(B,))
+    if prefix_lens is not None:
+        check_tensor("prefix_lens", prefix_lens, dtype=_INT, device=device, shape=(B,))
+    _check_window_left(window_left)
+    if page_size is not None:
+        check_int("page_size", page_size, minimum=1)
+    if mapping is not None:
+        _check_mapping(mapping, device, page_size)
+    for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens), ("prefix_lens", prefix_lens)):
+        if t is not None and t.numel() and t.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
+    return B
+
+
+def _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_window, mapping, out, stride_out_b,
+                          indptr, starts, capacity, page_table, page_size, max_extent, block, num_splits,
+                          block_reqs):
+    B = req_pool_indices.shape[0]
+    block = _index_block(max_extent) if block is None else block
+    num_splits = _index_splits(B, max_extent, block, req_to_token.device) if num_splits is None else num_splits
+    block_reqs = _reqs_block(B) if block_reqs is None else block_reqs
+    for name, v in (("block", block), ("block_reqs", block_reqs)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    check_int("num_splits", num_splits, minimum=1)
+    if num_splits > 65535:
+        raise ValueError(f"num_splits must be <= 65535 (grid y-limit), got {num_splits}")
+    if B == 0:
+        return
+    _swa_window_indices_kernel[(B, num_splits)](
+        req_to_token, req_to_token.stride(0), req_to_token.stride(1),
+        req_pool_indices, lens,
+        mapping if mapping is not None else req_to_token, mapping.numel() if mapping is not None else 0,
+        out, stride_out_b,
+        indptr, starts,
+        B, shift, capacity, num_splits,
+        HAS_WINDOW=has_window, HAS_MAPPING=mapping is not None, PAGE_TABLE=page_table,
+        PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs,
+    )
+
+
+def _mode(seq_lens, prefix_lens, window_left):
+    """(lens the window ends at, shift, has_window) of decode or extend/verify."""
+    if prefix_lens is None:
+        return seq_lens, window_left + 1, window_left >= 0
+    return prefix_lens, window_left, window_left >= 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------------
+
+
+def build_window_indices(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    window_left: int,
+    prefix_lens: torch.Tensor | None = None,
+    mapping: torch.Tensor | None = None,
+    page_size: int | None = None,
+    num_indices: int | None = None,
+    out: WindowIndices | None = None,
+    block: int | None = None,
+    num_splits: int | None = None,
+    block_reqs: int | None = None,
+) -> WindowIndices:
+    """Every request's window slots as a CSR list, translated to SWA slots, in one launch.
+
+    Modes: decode (``prefix_lens`` None) reads positions ``[max(0, L - W - 1), L)`` of each request;
+    extend, chunked prefill and verify (``prefix_lens`` given; for verify ``P`` is the committed length
+    ahead of the draft tokens) read the cached prefix window ``[max(0, P - W), P)``; ``window_left=-1``
+    with ``mapping=None`` gives a full layer's ``[0, L)`` (or ``[0, P)``). Equals
+    ``triton_swa_reference.decode_window_indices`` / ``extend_window_indices`` exactly.
+
+    Output size: give ``num_indices`` (the exact total, e.g. :func:`window_index_count` of the
+    engine's ``seq_lens_cpu``), or ``out`` buffers (the CUDA-graph path: ``kv_indices`` of a maximum
+    size such as ``max_bs * max_window_len(...)``). With neither, the total is read back from the
+    device (a host synchronisation, not allowed under graph capture). Writes never go past
+    ``kv_indices``; an undersized buffer truncates the list.
+
+    Args:
+        req_to_token (torch.Tensor): int32 `[num_rows, max_context_len]`, full slots; row 0 padding.
+        req_pool_indices (torch.Tensor): int32/int64 `[B]`, rows of ``req_to_token``.
+        seq_lens (torch.Tensor): int32/int64 `[B]`, lengths including the current token (decode).
+        window_left (int): ``W >= 0``, or ``-1`` for full attention.
+        prefix_lens (torch.Tensor | None): int32/int64 `[B]`; selects the extend/verify window.
+        mapping (torch.Tensor | None): ``full_to_swa_index_mapping`` int64/int32 `[size + page_size + 1]`;
+            when given, ``kv_indices`` are SWA slots (0 where evicted).
+        page_size (int | None): the pool's page size, only checked against ``mapping`` (the list is per
+            token whatever the page size).
+        num_indices (int | None): length of the returned ``kv_indices``.
+        out (WindowIndices | None): preallocated int32 buffers ``kv_indptr [B + 1]``,
+            ``kv_indices [capacity]``, ``window_starts [B]``; filled in place and returned.
+        block, num_splits, block_reqs (int | None): overrides of the heuristics (indices per program
+            iteration, programs per request, requests per prefix-sum step; powers of two for blocks).
+
+    Returns:
+        WindowIndices: ``(kv_indptr, kv_indices, window_starts)``.
+
+    Raises:
+        TypeError, ValueError: on a wrong dtype, device or shape, ``window_left < -1``, or a page size
+            that disagrees with the mapping; raised before any launch.
+    """
+    B = _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping,
+                             page_size)
+    device = req_to_token.device
+    lens, shift, has_window = _mode(seq_lens, prefix_lens, window_left)
+    if out is None:
+        if num_indices is None:
+            num_indices = window_index_count(seq_lens, window_left, prefix_lens)
+        check_int("num_indices", num_indices, minimum=0)
+        out = WindowIndices(
+            torch.empty(B + 1, dtype=torch.int32, device=device),
+            torch.empty(num_indices, dtype=torch.int32, device=device),
+            torch.empty(B, dtype=torch.int32, device=device),
+        )
+    else:
+        if num_indices is not None:
+            raise ValueError("give num_indices or out, not both (out's kv_indices length is the capacity)")
+        if not isinstance(out, WindowIndices):
+            raise TypeError(f"out must be a WindowIndices of buffers, got {type(out).__name__}")
+        check_tensor("out.kv_indptr", out.kv_indptr, dtype=torch.int32, device=device, shape=(B + 1,), contiguous=True)
+        check_tensor("out.kv_indices", out.kv_indices, dtype=torch.int32, device=device, ndim=1, contiguous=True)
+        check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,),
+                     contiguous=True)
+    if B == 0:
+        out.kv_indptr.zero_()
+        return out
+    max_extent = max_window_len(window_left, req_to_token.shape[1], extend=prefix_lens is not None)
+    _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_window, mapping, out.kv_indices, 0,
+                          out.kv_indptr, out.window_starts, out.kv_indices.numel(), False, 1, max_extent, block,
+                          num_splits, block_reqs)
+    return out
+
+
+def build_window_page_table(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    window_left: int,
+    page_size: int,
+    prefix_lens: torch.Tensor | None = None,
+    mapping: torch.Tensor | None = None,
+    max_pages: int | None = None,
+    out: WindowPageTable | None = None,
+    block: int | None = None,
+    num_splits: int | None = None,
+) -> WindowPageTable:
+    """Every request's window as a page table of (SWA) pool pages, in one launch.
+
+    Windows as in :func:`build_window_indices`. Entry ``[b, j]`` is ``mapping[slot] // page_size``
+    (or ``slot // page_size`` without a mapping) for ``slot = req_to_token[r, (first + j) * page_size]``,
+    the slot of the first token of the window's ``j``-th page, ``first = window_starts[b] // page_size``.
+    Full and SWA slots share their in-page offset (SPEC §2), so the window starts at offset
+    ``window_starts[b] % page_size`` of page ``[b, 0]``. Entries past a request's last page are 0 (the
+    dummy page); every entry of the table is written. Equals ``triton_swa_reference.window_page_table``.
+
+    Args:
+        req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens, mapping: as in
+            :func:`build_window_indices`.
+        page_size (int): the pool's page size (checked against ``mapping``'s length).
+        max_pages (int | None): table width; must be at least the pages any window spans (for CUDA
+            graphs: :func:`max_window_pages`). Pages past it are dropped. None: the widest window, read
+            back from the device (a host synchronisation).
+        out (WindowPageTable | None): preallocated int32 ``page_table [B, width]`` (may be a view with a
+            row stride) and ``window_starts [B]``; filled in place and returned.
+        block, num_splits (int | None): overrides (table entries per program iteration, programs per
+            request).
+
+    Returns:
+        WindowPageTable: ``(page_table, window_starts)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`build_window_indices`, before any launch.
+    """
+    B = _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping,
+                             page_size)
+    device = req_to_token.device
+    lens, shift, has_window = _mode(seq_lens, prefix_lens, window_left)
+    if out is None:
+        if max_pages is None:
+            ends = lens.long().cpu().clamp(min=0)
+            starts = (ends - shift).clamp(min=0) if has_window else ends * 0
+            first = starts // page_size
+            spans = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, 0)
+            max_pages = int(spans.max()) if B else 0
+        check_int("max_pages", max_pages, minimum=0)
+        out = WindowPageTable(torch.empty(B, max_pages, dtype=torch.int32, device=device),
+                              torch.empty(B, dtype=torch.int32, device=device))
+    else:
+        if max_pages is not None:
+            raise ValueError("give max_pages or out, not both (out's page_table width is max_pages)")
+        if not isinstance(out, WindowPageTable):
+            raise TypeError(f"out must be a WindowPageTable of buffers, got {type(out).__name__}")
+        check_tensor("out.page_table", out.page_table, dtype=torch.int32, device=device, shape=(B, None))
+        if out.page_table.shape[1] > 1 and out.page_table.stride(1) != 1:
+            raise ValueError("out.page_table rows must be contiguous")
+        check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,),
+                     contiguous=True)
+    width = out.page_table.shape[1]
+    _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_window, mapping, out.page_table,
+                          out.page_table.stride(0), out.window_starts, out.window_starts, width, True, page_size,
+                          width, block, num_splits, None)
+    return out
+
+
+def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out: torch.Tensor | None = None,
+                      block: int | None = None) -> torch.Tensor:
+    """The new tokens' SWA slots ``mapping[out_cache_loc]`` as int32, in one launch.
+
+    Args:
+        out_cache_loc (torch.Tensor): int32/int64 `[n]`, full slots of the step's new tokens (-1 gives -1,
+            an evicted or unallocated slot gives 0).
+        mapping (torch.Tensor): ``full_to_swa_index_mapping`` int64/int32 `[size + page_size + 1]`.
+        out (torch.Tensor | None): a fixed int32 `[capacity >= n]` buffer (CUDA graphs): ``[:n]`` is
+            written and ``[n:]`` zeroed, in place.
+        block (int | None): override of the elements per program (a power of two).
+
+    Returns:
+        torch.Tensor: int32 `[n]`, or ``out``.
+
+    Raises:
+        TypeError, ValueError: on a wrong dtype, device or shape, before any launch.
+    """
+    check_tensor("out_cache_loc", out_cache_loc, dtype=_INT, ndim=1)
+    device = out_cache_loc.device
+    _check_mapping(mapping, device, None)
+    n = out_cache_loc.shape[0]
+    if out is None:
+        out = torch.empty(n, dtype=torch.int32, device=device)
+    else:
+        check_tensor("out", out, dtype=torch.int32, device=device, ndim=1, contiguous=True)
+        if out.shape[0] < n:
+            raise ValueError(f"out holds {out.shape[0]} entries, fewer than the {n} of out_cache_loc")
+    capacity = out.shape[0]
+    block = 1024 if block is None else block
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block}")
+    if capacity:
+        _swa_translate_kernel[(triton.cdiv(capacity, block),)](
+            out_cache_loc, out_cache_loc.stride(0), mapping, mapping.numel(), out, n, capacity, BLOCK=block)
+    return out
+
+
+def _scale_arg(name: str, scale, device):
+    """(mode, value, pointer) of a scale: None -> 0; a number -> 1 (by value); a tensor -> 2 (read in-kernel,
+    so that a graph replays with the tensor's current value)."""
+    if scale is None:
+        return 0, 1.0, None
+    if isinstance(scale, torch.Tensor):
+        check_tensor(name, scale, device=device)
+        if scale.numel() != 1 or not scale.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a 1-element floating tensor, got {scale.dtype} {tuple(scale.shape)}")
+        return 2, 1.0, scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{name} must be a float or a 1-element tensor, got {type(scale).__name__}")
+    return 1, float(scale), None
+
+
+def store_kv(
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mapping: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+) -> None:
+    """Write a layer's new K/V rows at full slots ``loc``, translated to SWA slots in the same kernel.
+
+    ``k_buffer[slot] = (k / k_scale).to(k_buffer.dtype)`` (division only when a scale is given, in
+    float32, correctly rounded), likewise for V, with ``slot = mapping[loc]`` for a sliding layer and
+    ``loc`` for a full layer. Equals ``triton_swa_reference.store_kv`` bit for bit.
+
+    Args:
+        k_buffer (torch.Tensor): `[num_slots, H, D]` float16/bfloat16/float32/float8_e4m3fn, or uint8
+            storage of float8_e4m3fn (as the pools keep fp8); written in place.
+        v_buffer (torch.Tensor): `[num_slots_v, HV, DV]`, same dtype rules.
+        loc (torch.Tensor): int32/int64 `[n]` full slots (negative slots index from the end, like torch).
+        k (torch.Tensor): `[n, H, D]` floating; ``v`` `[n, HV, DV]`. Any strides.
+        mapping (torch.Tensor | None): ``full_to_swa_index_mapping`` for a sliding layer.
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales (a 1-element tensor is read in
+            the kernel, so CUDA-graph replays see its current value).
+
+    Raises:
+        TypeError, ValueError: on a wrong dtype, device or shape, before any launch.
+    """
+    allowed = KV_DTYPES + (torch.uint8,)
+    check_tensor("k_buffer", k_buffer, dtype=allowed, ndim=3)
+    device = k_buffer.device
+    check_tensor("v_buffer", v_buffer, dtype=allowed, device=device, ndim=3)
+    check_tensor("loc", loc, dtype=_INT, device=device, ndim=1)
+    n = loc.shape[0]
+    _, H, D = k_buffer.shape
+    _, HV, DV = v_buffer.shape
+    check_tensor("k", k, device=device, shape=(n, H, D))
+    check_tensor("v", v, device=device, shape=(n, HV, DV))
+    for name, x in (("k", k), ("v", v)):
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must be floating, got {x.dtype}")
+    if mapping is not None:
+        _check_mapping(mapping, device, None)
+    k_mode, k_val, k_ptr = _scale_arg("k_scale", k_scale, device)
+    v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
+    if n == 0:
+        return
+    # uint8 buffers are fp8 storage: the typed view lets the kernel cast and store e4m3 bytes.
+    kb = k_buffer.view(torch.float8_e4m3fn) if k_buffer.dtype == torch.uint8 else k_buffer
+    vb = v_buffer.view(torch.float8_e4m3fn) if v_buffer.dtype == torch.uint8 else v_buffer
+    block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
+    grid = (n, triton.cdiv(max(H, HV), block_h))
+    _swa_store_kv_kernel[grid](
+        kb, *kb.stride(), vb, *vb.stride(), k, *k.stride(), v, *v.stride(),
+        loc, loc.stride(0), mapping if mapping is not None else loc, mapping.numel() if mapping is not None else 0,
+        kb.shape[0], vb.shape[0],
+        k_val, k_ptr if k_ptr is not None else kb, v_val, v_ptr if v_ptr is not None else vb,
+        H, D, HV, DV,
+        HAS_MAPPING=mapping is not None, K_SCALE=k_mode, V_SCALE=v_mode,
+        BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
+    )
