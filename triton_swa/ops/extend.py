@@ -1,0 +1,662 @@
+"""Paged sliding-window extend: prefill, chunked prefill, draft extend and speculative verify.
+
+Request ``b`` brings ``E = qo_indptr[b+1] - qo_indptr[b]`` new tokens at positions ``P + i`` after a
+committed prefix of ``P = prefix_lens[b]`` tokens. The new tokens attend
+
+- the cached window prefix, positions ``[max(0, P - W), P)``, read from the KV pool through either a
+  CSR index list (``kv_indptr``/``kv_indices``, as built by ``extend_window_indices``) or a page table
+  (``page_table``/``window_starts``, as built by ``window_page_table``); a cached key at position ``k``
+  is seen by new token ``i`` when ``P + i - k <= W``;
+- each other, from the contiguous ``k``/``v`` of the step: causally (a prompt chunk, a draft chain),
+  all at once (``causal=False``: a draft block proposed together), or through a per-request ``[E, E]``
+  ``custom_mask`` (tree verify), always within the window by position.
+
+``reference.extend_attention`` is the meaning of this op.
+
+Work is proportional to ``tokens x min(W + 1, context)``: every program owns one query tile of one
+request and one group of query heads, and visits only the key tiles that intersect its rows' windows,
+in up to five loops: prefix tiles on the window's lower edge (masked), prefix tiles every row sees
+(no mask), new-key tiles on the lower edge (masked), new-key tiles every row sees (no mask), and the
+causal diagonal (masked). Index entries outside ``[max(0, P - W), P)`` are never read.
+
+GQA packing: a tile's rows are ``BLOCK_M // GP`` tokens times ``GP`` query heads of one KV head
+(``GP`` divides the group size), so each K/V tile loaded serves ``GP`` heads, as in decode; with one
+token per request (decode-like extend) or a few drafts (verify) a single tile holds the whole request
+and its window is streamed once per KV head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import check_int, check_tensor
+
+__all__ = ["ExtendConfig", "extend_config", "swa_extend"]
+
+_LOG2E = 1.4426950408889634
+_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_MAX_HEAD_DIM = 512
+
+
+@triton.jit
+def _load_2d(ptrs, m_rows, m_cols, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Load a tile, masking rows and/or columns only where the constexpr flags ask for it."""
+    if ROWS:
+        if COLS:
+            x = tl.load(ptrs, mask=m_rows[:, None] & m_cols[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=m_rows[:, None], other=0.0)
+    else:
+        if COLS:
+            x = tl.load(ptrs, mask=m_cols[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _swa_extend_tiles(
+    acc, m_i, l_i, b_q,
+    s_begin, s_end, qk_scale, v_scale, logit_cap,
+    K_SRC, V_SRC, stride_kt, stride_kh, stride_vt, stride_vh,
+    KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+    CUSTOM_MASK, mask_off, Q_POS, q_start,
+    i_kvh, P, E, lo, window_left,
+    o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+    PREFIX: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
+    WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
+    SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Online-softmax update of one query tile with the key tiles ``[s_begin, s_end)``.
+
+    Key indices ``j`` are relative to the first new token: the cached prefix is ``j < 0`` (position
+    ``P + j``, read through the index list or page table), the new keys are ``0 <= j < E`` (read from
+    the step's contiguous ``k``/``v``). Scores are in log2 units (``qk_scale`` holds ``log2(e)``).
+    Unmasked calls (``MASKED=False``) must only cover tiles that every row of the tile fully sees.
+    """
+    for s in range(s_begin, s_end, BLOCK_N):
+        o_j = s + o_n
+        # [BLOCK_N]
+        if PREFIX:
+            m_key = o_j >= lo
+            if PAGED:
+                pos = P + o_j
+                if MASKED:
+                    pos = tl.where(m_key, pos, P - 1)
+                p_page = PAGE_TABLE + page_base + (pos // PAGE - ws_page)
+                if MASKED:
+                    b_page = tl.load(p_page, mask=m_key, other=0)
+                else:
+                    b_page = tl.load(p_page)
+                b_slot = b_page.to(tl.int64) * PAGE + (pos % PAGE)
+            else:
+                if MASKED:
+                    b_slot = tl.load(KV_INDICES + kv_end + o_j, mask=m_key, other=0).to(tl.int64)
+                else:
+                    b_slot = tl.load(KV_INDICES + kv_end + o_j).to(tl.int64)
+            p_k = K_SRC + b_slot[:, None] * stride_kt + i_kvh * stride_kh + o_d[None, :]
+            p_v = V_SRC + b_slot[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
+        else:
+            m_key = o_j < E
+            o_t = (q_start + o_j).to(tl.int64)
+            p_k = K_SRC + o_t[:, None] * stride_kt + i_kvh * stride_kh + o_d[None, :]
+            p_v = V_SRC + o_t[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
+        # [BLOCK_N, BLOCK_D]
+        b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
+        # [BLOCK_M, BLOCK_N]
+        b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PREC)
+        if SOFTCAP:
+            # cap * tanh(s / cap), with tanh(x) = 2 * sigmoid(2x) - 1 (no tanh in the interpreter)
+            b_s = logit_cap * (2.0 * tl.sigmoid(b_s * (2.0 * qk_scale / logit_cap)) - 1.0) * 1.4426950408889634
+        else:
+            b_s = b_s * qk_scale
+        if MASKED:
+            m_s = m_key[None, :]
+            if PREFIX:
+                if WINDOW:
+                    m_s = m_s & (r_i[:, None] - o_j[None, :] <= window_left)
+            else:
+                if WINDOW:
+                    if HAS_QPOS:
+                        r_j = tl.load(Q_POS + q_start + o_j, mask=m_key, other=0).to(tl.int32) - P
+                        m_s = m_s & (r_i[:, None] - r_j[None, :] <= window_left)
+                    else:
+                        m_s = m_s & (o_i[:, None] - o_j[None, :] <= window_left)
+                if HAS_MASK:
+                    p_cm = CUSTOM_MASK + mask_off + o_i.to(tl.int64)[:, None] * E + o_j[None, :]
+                    b_cm = tl.load(p_cm, mask=(o_i < E)[:, None] & m_key[None, :], other=0)
+                    m_s = m_s & (b_cm != 0)
+                elif CAUSAL:
+                    m_s = m_s & (o_j[None, :] <= o_i[:, None])
+            b_s = tl.where(m_s, b_s, float("-inf"))
+        # [BLOCK_M]
+        m_ij = tl.maximum(m_i, tl.max(b_s, 1))
+        if MASKED:
+            # a row with no visible key yet keeps m = -inf; subtract 0 instead so that exp2 gives 0, not NaN
+            m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        else:
+            m_ij_safe = m_ij
+        b_p = tl.math.exp2(b_s - m_ij_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_ij_safe)
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        acc = acc * alpha[:, None]
+        # [BLOCK_N, BLOCK_DV]
+        b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
+        if KV_FP8:
+            b_p = b_p * v_scale
+        acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
+        m_i = m_ij
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _swa_extend_kernel(
+    Q, K, V, K_BUF, V_BUF, O,
+    QO_INDPTR, PREFIX_LENS,
+    KV_INDPTR, KV_INDICES, PAGE_TABLE, WINDOW_STARTS,
+    CUSTOM_MASK, MASK_INDPTR, Q_POS, SINKS,
+    k_scale, v_scale, sm_scale, logit_cap, window_left,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_bkt, stride_bkh, stride_bvt, stride_bvh, stride_ot, stride_oh, stride_pt,
+    G: tl.constexpr, GP: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, PAGE: tl.constexpr,
+    WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, SCALE_PTR: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``."""
+    TOK: tl.constexpr = BLOCK_M // GP
+    EVEN_D: tl.constexpr = D == BLOCK_D
+    EVEN_DV: tl.constexpr = DV == BLOCK_DV
+    i_m = tl.program_id(0)
+    i_hg = tl.program_id(1)
+    i_b = tl.program_id(2)
+
+    q_start = tl.load(QO_INDPTR + i_b).to(tl.int32)
+    E = tl.load(QO_INDPTR + i_b + 1).to(tl.int32) - q_start
+    m0 = i_m * TOK
+    if m0 >= E:
+        return
+    P = tl.load(PREFIX_LENS + i_b).to(tl.int32)
+    m_last = tl.minimum(m0 + TOK, E) - 1
+
+    o_m = tl.arange(0, BLOCK_M)
+    o_i = m0 + o_m // GP
+    o_h = i_hg * GP + o_m % GP
+    i_kvh = (i_hg * GP) // G
+    m_row = (o_i < E) & (o_m < TOK * GP)
+    o_n = tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_d = o_d < D
+    m_dv = o_dv < DV
+
+    # [BLOCK_M, BLOCK_D]
+    o_qt = (q_start + o_i).to(tl.int64)
+    p_q = Q + o_qt[:, None] * stride_qt + o_h[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_row[:, None] & m_d[None, :], other=0.0)
+
+    # Row positions relative to P (r_i), and the tile's first/last row positions.
+    if HAS_QPOS:
+        r_i = tl.load(Q_POS + q_start + o_i, mask=m_row, other=0).to(tl.int32) - P
+        r_min = tl.min(tl.where(m_row, r_i, 2147483647), 0)
+        r_max = tl.max(tl.where(m_row, r_i, -2147483647), 0)
+    else:
+        r_i = o_i
+        r_min = m0
+        r_max = m_last
+
+    if SCALE_PTR:
+        ks = tl.load(k_scale).to(tl.float32)
+        vs = tl.load(v_scale).to(tl.float32)
+    else:
+        ks = k_scale
+        vs = v_scale
+    qk_scale = sm_scale * 1.4426950408889634
+    if SOFTCAP:
+        qk_scale = sm_scale
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # ---- cached prefix: keys j in [lo, 0), j = position - P ----
+    if PAGED:
+        first = tl.load(WINDOW_STARTS + i_b).to(tl.int32)
+        ws_page = first // PAGE
+        page_base = i_b.to(tl.int64) * stride_pt
+        kv_end = 0
+    else:
+        kv_end = tl.load(KV_INDPTR + i_b + 1).to(tl.int32)
+        first = P - (kv_end - tl.load(KV_INDPTR + i_b).to(tl.int32))
+        ws_page = 0
+        page_base = 0
+    lo = tl.maximum(first, 0) - P
+    if WINDOW:
+        lo = tl.maximum(lo, r_min - window_left)
+    lo = tl.minimum(lo, 0)
+    # prefix tiles end at j = 0; the lowest one starts at -ceil(-lo / BLOCK_N) * BLOCK_N
+    s_lo = -((-lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    # first tile that every row sees whole: all its keys at or after both lo and r_max - W
+    x = lo
+    if WINDOW:
+        x = tl.maximum(x, r_max - window_left)
+    s_mid = tl.where(x >= 0, 0, -((-x) // BLOCK_N) * BLOCK_N)
+    s_mid = tl.maximum(s_mid, s_lo)
+    pre_scale = qk_scale
+    if KV_FP8:
+        pre_scale = qk_scale * ks
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, s_lo, s_mid, pre_scale, vs, logit_cap,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        True, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, KV_FP8, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, KV_FP8, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+
+    # ---- new keys j in [0, E) from the step's contiguous k/v ----
+    n_lo = 0
+    if WINDOW:
+        if not HAS_QPOS:
+            n_lo = (tl.maximum(m0 - window_left, 0) // BLOCK_N) * BLOCK_N
+    if CAUSAL and not HAS_MASK and not HAS_QPOS:
+        # lower-edge tiles (masked), tiles every row sees (no mask), then the diagonal (masked)
+        n_diag = ((m0 + 1) // BLOCK_N) * BLOCK_N
+        n_mid = n_lo
+        if WINDOW:
+            y = tl.maximum(m_last - window_left, 0)
+            n_mid = tl.minimum(tl.maximum(((y + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, n_lo), n_diag)
+        n_hi = m_last + 1
+    else:
+        n_mid = n_lo
+        n_diag = n_lo
+        n_hi = E
+        if CAUSAL and not HAS_MASK:
+            n_hi = m_last + 1
+    mask_off = 0
+    if HAS_MASK:
+        mask_off = tl.load(MASK_INDPTR + i_b).to(tl.int64)
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, n_lo, n_mid, qk_scale, 1.0, logit_cap,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, n_mid, n_diag, qk_scale, 1.0, logit_cap,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        False, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, n_diag, n_hi, qk_scale, 1.0, logit_cap,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+
+    if HAS_SINKS:
+        # the sink joins the denominator only; a row with no visible key stays all zeros
+        b_sink = tl.load(SINKS + o_h).to(tl.float32) * 1.4426950408889634
+        l_i = l_i + tl.where(m_i == float("-inf"), 0.0, tl.math.exp2(b_sink - m_i))
+    b_o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    # [BLOCK_M, BLOCK_DV]
+    p_o = O + o_qt[:, None] * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
+    tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_row[:, None] & m_dv[None, :])
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """Tile shape and launch knobs of one extend launch.
+
+    ``block_m`` rows per program (``block_m // pack`` tokens x ``pack`` query heads of one KV head),
+    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size).
+    """
+
+    block_m: int
+    block_n: int
+    pack: int
+    num_warps: int
+    num_stages: int
+
+
+def _pow2_divisor(n: int) -> int:
+    return n & -n
+
+
+def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: int,
+                  dtype: torch.dtype = torch.bfloat16) -> ExtendConfig:
+    """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
+
+    Why these numbers (Hopper-class budget: 227 KB shared memory, 255 registers per thread):
+
+    - ``pack``: all query heads of a KV head that a power of two can hold share one tile, so a K/V
+      tile loaded from the pool serves the whole group (decode's GQA packing) and a tile spans fewer
+      tokens, which trims the masked diagonal and window-edge work of long prompts.
+    - Long prompts are compute bound: ``block_m`` 128 keeps the tensor cores fed for ``D <= 256``;
+      ``block_n`` shrinks as ``D`` grows so that the fp32 accumulator (``block_m x Dv``) plus
+      the score tile stay in registers and the K/V pipeline stages fit shared memory; ``D = 512``
+      halves ``block_m`` as well.
+    - Verify and short extends (few tokens per request): ``block_m`` shrinks to the request's rows
+      (tokens x packed heads) so that no program streams the window for padding rows; the window
+      is then read once per KV head, as in decode, so wide key tiles keep more bytes in flight.
+    - fp32 inputs (tests, reference-grade runs) use smaller tiles: fp32 tiles take twice the space.
+    """
+    d = max(head_dim, v_head_dim)
+    if d <= 64:
+        block_m, block_n, warps, stages = 128, 64, 4, 3
+    elif d <= 128:
+        block_m, block_n, warps, stages = 128, 64, 8, 3
+    elif d <= 256:
+        block_m, block_n, warps, stages = 128, 32, 8, 2
+    else:
+        block_m, block_n, warps, stages = 64, 32, 8, 2
+    if dtype == torch.float32:
+        block_m, block_n, stages = max(16, block_m // 2), max(16, block_n // 2), min(stages, 2)
+    pack = min(_pow2_divisor(group), block_m)
+    rows = max(1, max_extend_len) * pack
+    if rows < block_m:
+        # a short request: one tile holds it whole; tiles below 16 rows do not map to tensor cores
+        block_m = max(16, triton.next_power_of_2(rows))
+        block_n = 64 if d <= 256 else 32
+        warps = 4
+        stages = 3 if d <= 128 else 2
+    return ExtendConfig(block_m, block_n, pack, warps, stages)
+
+
+def _check_pow2(name: str, value: int, minimum: int) -> int:
+    check_int(name, value, minimum=minimum)
+    if value & (value - 1):
+        raise ValueError(f"{name} must be a power of two, got {value}")
+    return value
+
+
+def _as_scale(name: str, value, device) -> float | torch.Tensor:
+    """A per-tensor scale: a Python number (passed by value) or a one-element float tensor (read in-kernel)."""
+    if value is None:
+        return 1.0
+    if isinstance(value, torch.Tensor):
+        check_tensor(name, value, dtype=(torch.float32, torch.float16, torch.bfloat16), device=device)
+        if value.numel() != 1:
+            raise ValueError(f"{name} must hold one value (per-tensor scale), got shape {list(value.shape)}")
+        return value.reshape(1)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or a one-element tensor, got {type(value).__name__}")
+    return float(value)
+
+
+def swa_extend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    window_left: int,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    window_starts: torch.Tensor | None = None,
+    page_size: int = 1,
+    causal: bool = True,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    max_extend_len: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    pack: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Sliding-window attention of new tokens over their cached window prefix and each other.
+
+    Semantics are those of ``reference.extend_attention``: request ``b`` has ``E`` new tokens at
+    positions ``P + i`` (``P = prefix_lens[b]``); new token ``i`` sees cached position ``k`` when
+    ``P + i - k <= W`` and new token ``j`` when ``j <= i`` (``causal``), always (``causal=False``) or
+    where ``custom_mask`` says (which then replaces ``causal``), within the window by position. A
+    row that sees no key (and no sink) is all zeros.
+
+    Args:
+        q (torch.Tensor): new queries `[T, HQ, D]`, fp16, bf16 or fp32, packed by ``qo_indptr``.
+        k (torch.Tensor): new keys `[T, H, D]` in ``q``'s dtype (``HQ % H == 0``).
+        v (torch.Tensor): new values `[T, H, Dv]` in ``q``'s dtype.
+        k_buffer (torch.Tensor): the layer's key pool `[slots, H, D]` (or `[pages, page_size, H, D]`),
+            ``q``'s dtype or fp8 e4m3 (``float8_e4m3fn`` or its ``uint8`` storage).
+        v_buffer (torch.Tensor): the layer's value pool `[slots, H, Dv]`, same dtype as ``k_buffer``.
+        qo_indptr (torch.Tensor): int `[B + 1]`, request ``b``'s tokens are ``[qo_indptr[b], qo_indptr[b+1])``.
+        prefix_lens (torch.Tensor): int `[B]`, committed tokens before the new ones.
+        window_left (int): ``W``; ``-1`` is full attention.
+        kv_indptr, kv_indices (torch.Tensor): CSR form of the cached window: request ``b``'s slots
+            ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` hold positions ending at ``P - 1``, oldest first
+            (``extend_window_indices``); only the last ``min(len, W)`` entries are read.
+        page_table, window_starts (torch.Tensor): paged form instead: int32 `[B, max_pages]` and int
+            `[B]`; ``page_table[b, j]`` is the pool page of the ``j``-th page of a window that begins at
+            position ``window_starts[b]`` (``window_page_table``), so position ``t`` sits at slot
+            ``page_table[b, t // page_size - window_starts[b] // page_size] * page_size + t % page_size``.
+        page_size (int): tokens per page of the paged form.
+        causal (bool): new tokens see earlier new tokens only (prefill, chunk, chain verify);
+            ``False`` lets a draft block see all of itself.
+        custom_mask (torch.Tensor | None): flat bool/uint8, request ``b``'s row-major `[E, E]` block
+            (query row, new-key column) at ``mask_indptr[b]`` (tree verify).
+        mask_indptr (torch.Tensor | None): int `[B]` (or `[B + 1]`) offsets into ``custom_mask``.
+        q_positions (torch.Tensor | None): int `[T]` absolute positions of the new tokens for the
+            window test (tree drafts sit at ``P + depth``); default ``P + i``.
+        sm_scale (float | None): score scale, default ``1 / sqrt(D)``.
+        logit_cap (float): soft cap ``cap * tanh(s / cap)`` when ``> 0``.
+        sinks (torch.Tensor | None): `[HQ]` one logit per query head, joins the softmax denominator.
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales of fp8 pools (a number, or
+            a one-element device tensor read in the kernel, CUDA-graph friendly).
+        out (torch.Tensor | None): `[T, HQ, Dv]` in ``q``'s dtype, written in place; rows of
+            requests are written, nothing else.
+        max_extend_len (int | None): host bound on ``E`` that sizes the grid. Without it the bound is
+            computed from ``qo_indptr`` (one device sync), or is ``T`` while a CUDA graph is captured.
+        block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
+            (tests use small blocks to walk multi-tile paths).
+
+    Returns:
+        torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).
+
+    Raises:
+        TypeError, ValueError: on a bad argument, before anything is launched.
+    """
+    _check_tensor_args(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens)
+    T, HQ, D = q.shape
+    H, DV = k.shape[1], v.shape[2]
+    dev = q.device
+    B = prefix_lens.shape[0]
+    if k_buffer.dim() == 4:
+        k_buffer = k_buffer.view(-1, *k_buffer.shape[2:])
+        v_buffer = v_buffer.view(-1, *v_buffer.shape[2:])
+    kv_fp8 = k_buffer.dtype in (torch.float8_e4m3fn, torch.uint8)
+    if k_buffer.dtype == torch.uint8:
+        k_buffer = k_buffer.view(torch.float8_e4m3fn)
+        v_buffer = v_buffer.view(torch.float8_e4m3fn)
+    if not isinstance(window_left, int) or isinstance(window_left, bool):
+        raise TypeError(f"window_left must be an int (-1 for full attention), got {type(window_left).__name__}")
+    if window_left < -1:
+        raise ValueError(f"window_left must be >= -1 (-1 means full attention), got {window_left}")
+
+    paged = page_table is not None or window_starts is not None
+    if paged:
+        if kv_indptr is not None or kv_indices is not None:
+            raise ValueError("give either kv_indptr/kv_indices or page_table/window_starts, not both")
+        check_tensor("page_table", page_table, dtype=_INDEX_DTYPES, device=dev, ndim=2)
+        if page_table.shape[0] != B:
+            raise ValueError(f"page_table must have {B} rows (one per request), got {page_table.shape[0]}")
+        if page_table.stride(1) != 1 and page_table.shape[1] > 1:
+            raise ValueError("page_table rows must be contiguous (stride 1 along pages)")
+        check_tensor("window_starts", window_starts, dtype=_INDEX_DTYPES, device=dev, shape=(B,))
+        check_int("page_size", page_size, minimum=1)
+        kv_indptr_arg, kv_indices_arg = prefix_lens, prefix_lens
+        page_table_arg, window_starts_arg, stride_pt = page_table, window_starts, page_table.stride(0)
+    else:
+        if kv_indptr is None or kv_indices is None:
+            raise ValueError("the cached window is missing: give kv_indptr and kv_indices, or page_table and window_starts")
+        check_tensor("kv_indptr", kv_indptr, dtype=_INDEX_DTYPES, device=dev, shape=(B + 1,))
+        check_tensor("kv_indices", kv_indices, dtype=_INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
+        kv_indptr_arg, kv_indices_arg = kv_indptr, kv_indices
+        page_table_arg, window_starts_arg, stride_pt = prefix_lens, prefix_lens, 0
+        page_size = 1
+
+    if isinstance(causal, torch.Tensor) or not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    has_mask = custom_mask is not None
+    if has_mask:
+        check_tensor("custom_mask", custom_mask, dtype=(torch.bool, torch.uint8, torch.int8), device=dev,
+                     ndim=1, contiguous=True)
+        if mask_indptr is None:
+            raise ValueError("custom_mask needs mask_indptr (each request's offset into it)")
+        check_tensor("mask_indptr", mask_indptr, dtype=_INDEX_DTYPES, device=dev, ndim=1)
+        if mask_indptr.shape[0] < B:
+            raise ValueError(f"mask_indptr must have at least {B} entries, got {mask_indptr.shape[0]}")
+        mask_arg = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
+        mask_indptr_arg = mask_indptr
+    elif mask_indptr is not None:
+        raise ValueError("mask_indptr given without custom_mask")
+    else:
+        mask_arg, mask_indptr_arg = prefix_lens, prefix_lens
+    if q_positions is not None:
+        check_tensor("q_positions", q_positions, dtype=_INDEX_DTYPES, device=dev, shape=(T,))
+    qpos_arg = q_positions if q_positions is not None else prefix_lens
+
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    if isinstance(logit_cap, bool) or not isinstance(logit_cap, (int, float)) or logit_cap < 0:
+        raise ValueError(f"logit_cap must be a float >= 0, got {logit_cap!r}")
+    if sinks is not None:
+        check_tensor("sinks", sinks, dtype=(torch.float32, torch.float16, torch.bfloat16), device=dev,
+                     shape=(HQ,), contiguous=True)
+    if not kv_fp8 and (k_scale is not None or v_scale is not None):
+        raise ValueError(f"k_scale/v_scale apply to fp8 pools only; k_buffer is {k_buffer.dtype}")
+    ks, vs = _as_scale("k_scale", k_scale, dev), _as_scale("v_scale", v_scale, dev)
+    scale_ptr = isinstance(ks, torch.Tensor) or isinstance(vs, torch.Tensor)
+    if scale_ptr:
+        ks = ks if isinstance(ks, torch.Tensor) else torch.full((1,), ks, dtype=torch.float32, device=dev)
+        vs = vs if isinstance(vs, torch.Tensor) else torch.full((1,), vs, dtype=torch.float32, device=dev)
+
+    if out is None:
+        out = torch.empty(T, HQ, DV, dtype=q.dtype, device=dev)
+    else:
+        check_tensor("out", out, dtype=q.dtype, device=dev, shape=(T, HQ, DV))
+        if out.stride(2) != 1:
+            raise ValueError("out must be contiguous along its last dimension")
+
+    if max_extend_len is None:
+        max_extend_len = _max_extend_len(qo_indptr, T)
+    check_int("max_extend_len", max_extend_len, minimum=0)
+
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, q.dtype)
+    bm = cfg.block_m if block_m is None else _check_pow2("block_m", block_m, 16)
+    bn = cfg.block_n if block_n is None else _check_pow2("block_n", block_n, 16)
+    gp = min(cfg.pack, bm) if pack is None else check_int("pack", pack, minimum=1)
+    if (HQ // H) % gp or bm % gp:
+        raise ValueError(f"pack ({gp}) must divide the GQA group size ({HQ // H}) and block_m ({bm})")
+    warps = cfg.num_warps if num_warps is None else check_int("num_warps", num_warps, minimum=1)
+    stages = cfg.num_stages if num_stages is None else check_int("num_stages", num_stages, minimum=1)
+
+    if T == 0 or B == 0 or max_extend_len == 0:
+        return out
+    grid = (triton.cdiv(max_extend_len, bm // gp), HQ // gp, B)
+    _swa_extend_kernel[grid](
+        q, k, v, k_buffer, v_buffer, out,
+        qo_indptr, prefix_lens,
+        kv_indptr_arg, kv_indices_arg, page_table_arg, window_starts_arg,
+        mask_arg, mask_indptr_arg, qpos_arg, sinks if sinks is not None else q,
+        ks, vs, float(sm_scale), float(logit_cap), window_left,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        out.stride(0), out.stride(1), stride_pt,
+        G=HQ // H, GP=gp, D=D, DV=DV,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_M=bm, BLOCK_N=bn, PAGED=paged, PAGE=page_size,
+        WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
+        HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
+        KV_FP8=kv_fp8, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages,
+    )
+    return out
+
+
+def _max_extend_len(qo_indptr: torch.Tensor, total: int) -> int:
+    """Longest request of the batch: read from the host copy, or ``T`` while a CUDA graph captures."""
+    if qo_indptr.shape[0] < 2:
+        return 0
+    if qo_indptr.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return total
+    return int((qo_indptr[1:] - qo_indptr[:-1]).max())
+
+
+def _check_tensor_args(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens) -> None:
+    check_tensor("q", q, dtype=_Q_DTYPES, ndim=3)
+    dev = q.device
+    T, HQ, D = q.shape
+    check_tensor("k", k, dtype=q.dtype, device=dev, ndim=3)
+    if k.shape[0] != T or k.shape[2] != D:
+        raise ValueError(f"k must have shape [{T}, H, {D}] (q is {list(q.shape)}), got {list(k.shape)}")
+    H = k.shape[1]
+    if H < 1 or HQ % H:
+        raise ValueError(f"query heads ({HQ}) must be a multiple of KV heads ({H})")
+    check_tensor("v", v, dtype=q.dtype, device=dev, ndim=3)
+    if v.shape[0] != T or v.shape[1] != H:
+        raise ValueError(f"v must have shape [{T}, {H}, Dv], got {list(v.shape)}")
+    DV = v.shape[2]
+    for name, d in (("head_dim", D), ("v head_dim", DV)):
+        if not 1 <= d <= _MAX_HEAD_DIM:
+            raise ValueError(f"{name} must be in [1, {_MAX_HEAD_DIM}], got {d}")
+    kv_dtypes = (q.dtype, torch.float8_e4m3fn, torch.uint8)
+    check_tensor("k_buffer", k_buffer, dtype=kv_dtypes, device=dev)
+    check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
+    if k_buffer.dim() not in (3, 4) or k_buffer.shape[-2:] != (H, D):
+        raise ValueError(f"k_buffer must have shape [slots, {H}, {D}] or [pages, page_size, {H}, {D}], "
+                         f"got {list(k_buffer.shape)}")
+    if v_buffer.shape[:-1] != k_buffer.shape[:-1] or v_buffer.shape[-1] != DV:
+        raise ValueError(f"v_buffer must have shape {list(k_buffer.shape[:-1]) + [DV]}, got {list(v_buffer.shape)}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous along its last dimension (strides {x.stride()})")
+    for name, buf in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if buf.dim() == 4 and buf.stride(0) != buf.shape[1] * buf.stride(1):
+            raise ValueError(f"a 4-D {name} must have its pages and in-page slots contiguous")
+    check_tensor("prefix_lens", prefix_lens, dtype=_INDEX_DTYPES, device=dev, ndim=1)
+    B = prefix_lens.shape[0]
+    check_tensor("qo_indptr", qo_indptr, dtype=_INDEX_DTYPES, device=dev, shape=(B + 1,))
