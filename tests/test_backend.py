@@ -1,0 +1,304 @@
+"""The attention backend: SPEC §3 policy, and a model-level run against the reference path.
+
+The model-level test drives a stack of random attention layers (sliding and full with different
+head geometry, a KV-shared tail layer) through prefill, chunked prefill, decode and speculative
+verify with rejected drafts, evicting out-of-window SWA slots after every step. Before each step
+every pool slot that no layer may read is set to NaN; each layer's output is compared with dense
+windowed attention over that request's own token history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from unittest.mock import MagicMock
+
+import pytest
+import torch
+import triton_swa_reference as ref
+
+from triton_swa import (
+    MHATokenToKVPool,
+    ReqToTokenPool,
+    SWAKVPool,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+    evict_swa_window,
+)
+from triton_swa.backend import TritonSWAAttnBackend
+from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo, SpeculativeAlgorithm
+from triton_swa.testing import assert_close
+
+# ----- policy ----------------------------------------------------------------------------------------
+
+
+def _swa_pool(size=16, size_swa=16):
+    return SWAKVPool(size, size_swa, 1, torch.float32, [0], [1], head_num=1, head_dim=8)
+
+
+def _plain_pool():
+    return MHATokenToKVPool(16, 1, torch.float32, 1, 8, 2)
+
+
+def _mock_runner(active, draft, algo, kvcache):
+    r = MagicMock(spec=ModelRunner)
+    r.token_to_kv_pool = active
+    r.is_draft_worker = draft
+    r.spec_algorithm = algo
+    r.token_to_kv_pool_allocator = MagicMock()
+    r.token_to_kv_pool_allocator.get_kvcache.return_value = kvcache
+    r.req_to_token_pool = MagicMock()
+    r.req_to_token_pool.req_to_token = torch.zeros(2, 8, dtype=torch.int32)
+    r.sliding_window_size = 3
+    r.device = "cpu"
+    return r
+
+
+A = SpeculativeAlgorithm
+POLICY_CASES = [
+    pytest.param("swa", False, A.NONE, None, "active", id="swa-active"),
+    pytest.param("plain", False, A.NONE, "swa", "allocator", id="plain-active-swa-allocator"),
+    pytest.param("plain", False, A.NONE, "plain", None, id="all-plain"),
+    pytest.param("plain", True, A.EAGLE, "swa", None, id="eagle-draft"),
+    pytest.param("plain", True, A.FROZEN_KV_MTP, "swa", "allocator", id="frozen-kv-mtp-draft"),
+    pytest.param("plain", False, A.EAGLE, "swa", "allocator", id="eagle-target"),
+    pytest.param("swa", True, A.DFLASH, "plain", "active", id="dflash-draft"),
+    pytest.param("swa", True, A.EAGLE, "swa", "active", id="swa-active-eagle-draft"),
+    pytest.param("plain", True, A.FROZEN_KV_MTP, "plain", None, id="frozen-kv-mtp-plain"),
+]
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("active_kind, draft, algo, alloc_kind, want", POLICY_CASES)
+@pytest.mark.parametrize("real_runner", [False, True], ids=["magicmock", "dataclass"])
+def test_policy(active_kind, draft, algo, alloc_kind, want, real_runner):
+    make = {"swa": _swa_pool, "plain": _plain_pool, None: lambda: None}
+    active, kvcache = make[active_kind](), make[alloc_kind]()
+    if real_runner:
+        allocator = MagicMock()
+        allocator.get_kvcache.return_value = kvcache
+        runner = ModelRunner(active, allocator, ReqToTokenPool(1, 8), sliding_window_size=3, is_draft_worker=draft,
+                             spec_algorithm=algo)
+    else:
+        runner = _mock_runner(active, draft, algo, kvcache)
+    backend = TritonSWAAttnBackend(runner)
+    expected = {"active": active, "allocator": kvcache, None: None}[want]
+    assert backend._swa_kv_pool is expected
+    assert backend.use_sliding_window_kv_pool == (expected is not None)
+    assert TritonSWAAttnBackend._resolve_swa_kv_pool(runner) is ref.resolve_swa_kv_pool(runner)
+
+
+# ----- model-level simulation ------------------------------------------------------------------------
+
+HQ = 4
+
+
+def model_layers(window_left):
+    return [
+        AttentionLayer(0, HQ, 2, 16, sliding_window_size=window_left),
+        AttentionLayer(1, HQ, 1, 32, v_head_dim=24, sliding_window_size=-1),
+        AttentionLayer(2, HQ, 2, 16, sliding_window_size=window_left, logit_cap=4.0),
+        AttentionLayer(3, HQ, 2, 16, sliding_window_size=window_left, kv_shared_layer_id=2),
+    ]
+
+
+@dataclass
+class Sim:
+    """The serving state plus each request's per-layer K/V history (position -> vectors)."""
+
+    window_left: int
+    page_size: int
+    pool: SWAKVPool
+    alloc: SWATokenToKVPoolAllocator
+    rtp: ReqToTokenPool
+    rows: list
+    lens: list
+    evicted: list
+    hist: dict = field(default_factory=dict)  # (layer, row) -> (k list, v list)
+    g: torch.Generator = None
+
+    def last_loc(self, i):
+        n = self.lens[i]
+        return int(self.rtp.req_to_token[self.rows[i], n - 1]) if n else -1
+
+    def allocate(self, new):
+        prefix = torch.tensor(self.lens)
+        seq = prefix + torch.tensor(new)
+        last = torch.tensor([self.last_loc(i) for i in range(len(self.rows))])
+        slots = self.alloc.alloc_extend(prefix, seq, last, int(sum(new)))
+        assert slots is not None, "simulation pools too small"
+        at = 0
+        for i, m in enumerate(new):
+            self.rtp.req_to_token[self.rows[i], self.lens[i]:self.lens[i] + m] = slots[at:at + m].int()
+            at += m
+        return slots
+
+    def poison(self):
+        """NaN in every slot that no layer may read in the coming step (dummy slot 0 included)."""
+        mapping = self.alloc.full_to_swa_index_mapping
+        swa_live, full_live = [], []
+        for r, n in zip(self.rows, self.lens):
+            full = self.rtp.req_to_token[r, :n].long()
+            full_live.append(full)
+            start = ref.extend_window_start(n, self.window_left)
+            swa_live.append(mapping[full[start:]])
+        for sub, live in ((self.pool.swa_kv_pool, torch.cat(swa_live)), (self.pool.full_kv_pool, torch.cat(full_live))):
+            dead = torch.ones(sub.k_buffer[0].shape[0], dtype=torch.bool)
+            dead[live] = False
+            for buf in sub.k_buffer + sub.v_buffer:
+                buf[dead] = float("nan")
+
+    def evict(self):
+        for i, r in enumerate(self.rows):
+            self.evicted[i] = evict_swa_window(self.alloc, self.rtp.req_to_token, r, self.lens[i], self.window_left,
+                                               self.evicted[i])
+
+
+def make_sim(window_left, page_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    pool = SWAKVPool(256, 96, page_size, torch.float32, swa_attention_layer_ids=[0, 2], full_attention_layer_ids=[1],
+                     swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32, full_v_head_dim=24)
+    alloc = SWATokenToKVPoolAllocator(256, 96, page_size, torch.float32, "cpu", pool)
+    alloc.full_attn_allocator.shuffle_free_list(g)
+    alloc.swa_attn_allocator.shuffle_free_list(g)
+    rtp = ReqToTokenPool(4, 64)
+    rows = rtp.alloc(4)[1:]  # rows 2..4: row 1 stays unused, row 0 is padding
+    return Sim(window_left, page_size, pool, alloc, rtp, rows, [0, 0, 0], [0, 0, 0], g=g)
+
+
+def expected_outputs(sim, layer, q, new_k, new_v, new_counts, q_pos_of):
+    """Dense attention over each request's history (after appending the step's new K/V)."""
+    src = layer.kv_shared_layer_id if layer.kv_shared_layer_id is not None else layer.layer_id
+    outs, at = [], 0
+    for i, r in enumerate(sim.rows):
+        m = new_counts[i]
+        ks, vs = sim.hist.setdefault((src, r), ([], []))
+        if layer.kv_shared_layer_id is None:
+            ks.extend(new_k[at:at + m])
+            vs.extend(new_v[at:at + m])
+        if m:
+            k, v = torch.stack(ks), torch.stack(vs)
+            q_pos = q_pos_of(i)
+            mask = ref.window_mask(q_pos, torch.arange(len(ks)), layer.sliding_window_size)
+            outs.append(ref.attention(q[at:at + m], k, v, mask, sm_scale=layer.scaling, logit_cap=layer.logit_cap))
+        at += m
+    return torch.cat(outs).reshape(-1, HQ * layer.v_head_dim)
+
+
+def run_step(sim, backend, layers, mode, new, *, draft_num=None):
+    """One forward step over every layer; returns nothing, asserts each layer's output."""
+    bs = len(sim.rows)
+    committed = list(sim.lens)
+    sim.poison()
+    out_cache_loc = sim.allocate(new)
+    rows = torch.tensor(sim.rows)
+    if mode == ForwardMode.TARGET_VERIFY:
+        batch = ForwardBatch(mode, bs, rows, torch.tensor(committed), out_cache_loc,
+                             seq_lens_cpu=torch.tensor(committed), spec_info=SpecInfo(draft_num))
+    elif mode == ForwardMode.DECODE:
+        seq = torch.tensor(committed) + 1
+        batch = ForwardBatch(mode, bs, rows, seq, out_cache_loc, seq_lens_cpu=seq)
+    else:
+        seq = torch.tensor(committed) + torch.tensor(new)
+        batch = ForwardBatch(mode, bs, rows, seq, out_cache_loc, seq_lens_cpu=seq,
+                             extend_prefix_lens=torch.tensor(committed), extend_seq_lens=torch.tensor(new),
+                             extend_prefix_lens_cpu=committed, extend_seq_lens_cpu=list(new))
+    backend.init_forward_metadata(batch)
+    t = sum(new)
+    for layer in layers:
+        q = torch.randn(t, HQ, layer.head_dim, generator=sim.g)
+        k = torch.randn(t, layer.tp_k_head_num, layer.head_dim, generator=sim.g)
+        v = torch.randn(t, layer.tp_k_head_num, layer.v_head_dim, generator=sim.g)
+        out = torch.full((t, HQ * layer.v_head_dim), float("nan"))
+        out.copy_(backend.forward(q, k, v, layer, batch))
+        want = expected_outputs(sim, layer, q, list(k), list(v), new,
+                                lambda i: committed[i] + torch.arange(new[i]))
+        assert_close(out, want, name=f"{mode.name} layer {layer.layer_id}")
+    for i, m in enumerate(new):
+        sim.lens[i] += m
+
+
+def reject_drafts(sim, layers, accepted, draft_num):
+    """Keep ``accepted[i]`` of request i's drafts; free the rest (full and SWA slots)."""
+    for i, r in enumerate(sim.rows):
+        keep_upto = sim.lens[i] - draft_num + accepted[i]
+        rejected = sim.rtp.req_to_token[r, keep_upto:sim.lens[i]].long()
+        sim.alloc.free(rejected)
+        sim.lens[i] = keep_upto
+        for layer in layers:
+            if layer.kv_shared_layer_id is None:
+                ks, vs = sim.hist[(layer.layer_id, r)]
+                del ks[keep_upto:], vs[keep_upto:]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("window_left, page_size", [pytest.param(5, 1, id="W5-P1"), pytest.param(6, 4, id="W6-P4")])
+def test_model_level_steps_match_reference(window_left, page_size):
+    sim = make_sim(window_left, page_size, seed=window_left)
+    runner = ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left)
+    backend = TritonSWAAttnBackend(runner)
+    assert backend.use_sliding_window_kv_pool
+    layers = model_layers(window_left)
+    run_step(sim, backend, layers, ForwardMode.EXTEND, [7, 3, 12])  # prefill
+    sim.evict()
+    run_step(sim, backend, layers, ForwardMode.EXTEND, [2, 0, 9])  # chunked prefill, an empty entry
+    sim.evict()
+    for _ in range(2):
+        run_step(sim, backend, layers, ForwardMode.DECODE, [1, 1, 1])
+        sim.evict()
+    run_step(sim, backend, layers, ForwardMode.TARGET_VERIFY, [3, 3, 3], draft_num=3)
+    reject_drafts(sim, layers, [1, 3, 0], 3)
+    sim.evict()
+    run_step(sim, backend, layers, ForwardMode.DECODE, [1, 1, 1])
+    assert sim.alloc.full_to_swa_index_mapping[sim.rtp.req_to_token[sim.rows[2], 0].long()] == 0, "eviction ran"
+
+
+@pytest.mark.interpreter
+def test_draft_worker_regression_policy_vs_legacy_rule():
+    """Gemma 4 + DFlash: the draft's active pool is SWA-backed and shares the target's mapping, its
+    allocator is not the SWA allocator's type. The policy translates and reads the right K/V; the
+    legacy rule does not translate, and once SWA and full slots differ it reads wrong K/V."""
+    w = 3
+    # The draft owns its own SWA pool (own buffers), registered on the target's mapping. Same
+    # sizes on both sides so that the legacy rule's wrong slots stay in bounds.
+    draft_pool = SWAKVPool(256, 256, 1, torch.float32, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                           head_num=2, head_dim=16)
+    plain_alloc = TokenToKVPoolAllocator(256, torch.float32, "cpu", _plain_pool())
+    layer = AttentionLayer(0, HQ, 2, 16, sliding_window_size=w)
+    outs = {}
+    for name, legacy in (("policy", None), ("legacy", SWATokenToKVPoolAllocator)):
+        sim = make_sim(w, 1, seed=11)  # the same allocation history as `target`
+        draft_pool.register_mapping(sim.alloc.full_to_swa_index_mapping)
+        for buf in draft_pool.swa_kv_pool.k_buffer + draft_pool.swa_kv_pool.v_buffer:
+            buf.fill_(float("nan"))
+        runner = ModelRunner(draft_pool, plain_alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
+                             spec_algorithm=SpeculativeAlgorithm.DFLASH)
+        backend = TritonSWAAttnBackend(runner, legacy_resolve_by_allocator_type=legacy)
+        g = torch.Generator().manual_seed(5)
+        # Prefill 9 tokens per request, then one decode step; compare the decode output.
+        new = [9, 9, 9]
+        loc = sim.allocate(new)
+        rows = torch.tensor(sim.rows)
+        seq = torch.tensor(new)
+        batch = ForwardBatch(ForwardMode.EXTEND, 3, rows, seq, loc, seq_lens_cpu=seq, extend_prefix_lens=torch.zeros(3, dtype=torch.int64),
+                             extend_seq_lens=seq, extend_prefix_lens_cpu=[0, 0, 0], extend_seq_lens_cpu=new)
+        backend.init_forward_metadata(batch)
+        k_all = torch.randn(27, 2, 16, generator=g)
+        v_all = torch.randn(27, 2, 16, generator=g)
+        backend.forward(torch.randn(27, HQ, 16, generator=g), k_all, v_all, layer, batch)
+        sim.lens = list(new)
+        loc = sim.allocate([1, 1, 1])
+        seq = torch.tensor([10, 10, 10])
+        batch = ForwardBatch(ForwardMode.DECODE, 3, rows, seq, loc, seq_lens_cpu=seq)
+        backend.init_forward_metadata(batch)
+        q, k1, v1 = torch.randn(3, HQ, 16, generator=g), torch.randn(3, 2, 16, generator=g), torch.randn(3, 2, 16, generator=g)
+        outs[name] = backend.forward(q, k1, v1, layer, batch).reshape(3, HQ, 16)
+        want = []
+        for i in range(3):
+            k = torch.cat([k_all[9 * i:9 * i + 9], k1[i:i + 1]])
+            v = torch.cat([v_all[9 * i:9 * i + 9], v1[i:i + 1]])
+            mask = ref.window_mask(torch.tensor([9]), torch.arange(10), w)
+            want.append(ref.attention(q[i:i + 1], k, v, mask, sm_scale=layer.scaling))
+        outs["want"] = torch.cat(want)
+    assert_close(outs["policy"], outs["want"], name="policy-resolved draft decode")
+    legacy_err = (outs["legacy"].double() - outs["want"]).abs().nan_to_num(1e9).max()
+    assert legacy_err > 1e-2, "the legacy rule should read wrong K/V once SWA and full slots differ"
