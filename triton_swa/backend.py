@@ -18,7 +18,7 @@ from .engine import ForwardMode
 from .mem.pools import BaseSWAKVPool
 from .ops.decode import swa_decode
 from .ops.extend import swa_extend
-from .ops.indices import build_window_indices, store_kv
+from .ops.indices import WindowIndices, build_window_indices, max_window_len, store_kv
 
 
 def _dequantize(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
@@ -118,7 +118,10 @@ class TritonSWAAttnBackend:
             prefix_lens=lens if extend else None, mapping=self.mapping if translate else None,
             num_indices=None if out is not None else int(counts.sum()), out=out,
         )
-        max_window = int(counts.max()) if len(counts) else 0
+        # Decode splits are sized by what the layer can hold, not by this batch: W + 1 for sliding
+        # layers, req_to_token's width for full ones. Eager and CUDA-graph replay then pick the same
+        # splits and agree bit for bit.
+        max_window = window_left + 1 if window_left >= 0 else self.req_to_token.shape[1]
         return LayerIndices(built.kv_indptr, built.kv_indices, built.window_starts, max_window, translate)
 
     def init_forward_metadata(self, forward_batch) -> None:
@@ -144,6 +147,86 @@ class TritonSWAAttnBackend:
         meta.full = self._indices(req, prefix, prefix_cpu, window_left=-1, extend=True, translate=False)
         if w >= 0:
             meta.sliding = self._indices(req, prefix, prefix_cpu, window_left=w, extend=True, translate=translate)
+        self.forward_metadata = meta
+
+    # ----- CUDA graphs ----------------------------------------------------------------------------
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        """``seq_lens`` value of padded batch entries (they point at ``req_to_token`` row 0)."""
+        return 1
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Allocate the fixed buffers every captured graph reads its metadata from."""
+        max_ctx = self.req_to_token.shape[1]
+        w, dev = self.sliding_window_size, self.device
+
+        def buffers(per_request: int) -> WindowIndices:
+            return WindowIndices(torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+                                 torch.zeros(max(1, max_bs * per_request), dtype=torch.int32, device=dev),
+                                 torch.zeros(max_bs, dtype=torch.int32, device=dev))
+
+        self.cuda_graph = {
+            "max_bs": max_bs,
+            "max_num_tokens": max_num_tokens,
+            "full": buffers(max_ctx),
+            "sliding": buffers(max_window_len(w, max_ctx)) if w >= 0 else None,
+            "qo_indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+            "prefix_lens": torch.zeros(max_bs, dtype=torch.int32, device=dev),
+            "custom_mask": None,
+            "mask_indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+        }
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens,
+                                                 forward_mode, spec_info) -> None:
+        """Metadata for capture: the same fixed buffers that replay refills."""
+        self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens,
+                                                forward_mode, spec_info, seq_lens_cpu=None) -> None:
+        """Refill the fixed buffers for a replay (padded entries use row 0 and the fill length)."""
+        self._graph_metadata(bs, req_pool_indices[:bs], seq_lens[:bs], forward_mode, spec_info)
+
+    def _graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info) -> None:
+        if self.cuda_graph is None:
+            raise ValueError("init_cuda_graph_state must run before capture or replay")
+        g = self.cuda_graph
+        if bs > g["max_bs"]:
+            raise ValueError(f"bs={bs} exceeds the max_bs={g['max_bs']} of init_cuda_graph_state")
+        if not (forward_mode.is_decode() or forward_mode.is_target_verify()):
+            raise ValueError(f"CUDA graphs cover DECODE and TARGET_VERIFY, not {forward_mode.name}")
+        w, max_ctx = self.sliding_window_size, self.req_to_token.shape[1]
+        extend = forward_mode.is_target_verify()
+        # Everything a captured kernel reads must live in the fixed buffers: a tensor made here would
+        # be freed once the next replay replaces the metadata.
+        lens = g["prefix_lens"][:bs].copy_(seq_lens) if extend else seq_lens
+
+        def build(which, window_left, translate, max_window):
+            buf = g[which]
+            out = WindowIndices(buf.kv_indptr[: bs + 1], buf.kv_indices, buf.window_starts[:bs])
+            built = build_window_indices(self.req_to_token, req_pool_indices, lens, window_left=window_left,
+                                         prefix_lens=lens if extend else None,
+                                         mapping=self.mapping if translate else None, out=out)
+            return LayerIndices(built.kv_indptr, built.kv_indices, built.window_starts, max_window, translate)
+
+        full = build("full", -1, False, max_ctx)
+        sliding = build("sliding", w, self.use_sliding_window_kv_pool, w + 1) if w >= 0 else None
+        meta = ForwardMetadata(forward_mode, full, sliding)
+        if extend:
+            n = spec_info.draft_token_num
+            qo = g["qo_indptr"][: bs + 1]
+            qo.copy_(torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=self.device))
+            meta.qo_indptr, meta.prefix_lens, meta.max_extend_len = qo, lens, n
+            meta.causal = spec_info.causal
+            if spec_info.custom_mask is not None:
+                size = g["max_bs"] * n * n
+                if g["custom_mask"] is None or g["custom_mask"].numel() != size:
+                    g["custom_mask"] = torch.zeros(size, dtype=spec_info.custom_mask.dtype, device=self.device)
+                mask = g["custom_mask"][: bs * n * n]
+                mask.copy_(spec_info.custom_mask[: bs * n * n])
+                meta.custom_mask = mask
+                meta.mask_indptr = g["mask_indptr"][:bs].copy_(
+                    torch.arange(0, bs * n * n, n * n, dtype=torch.int32, device=self.device))
+            meta.q_positions = spec_info.positions
         self.forward_metadata = meta
 
     def _extend_layout(self, forward_batch) -> ForwardMetadata:
