@@ -15,7 +15,7 @@ what=${1:-all}
 filter=${2:-}
 shift $(( $# > 2 ? 2 : $# ))
 benches=("$@")
-[ ${#benches[@]} -eq 0 ] && benches=(indices decode extend)
+[ ${#benches[@]} -eq 0 ] && benches=(indices decode extend step)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 status=0
@@ -29,6 +29,10 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     echo "== bench_$b"
     timeout 300 python3 "bench/bench_$b.py" 2>&1 | tee "$out/bench-$b.log" | tail -60
   done
-  cp bench/results/*.csv "$out/" 2>/dev/null
+  if [[ " ${benches[*]} " == *" step "* ]]; then
+    python3 -m pytest bench/test_metadata_host.py -q -p no:cacheprovider --benchmark-only \
+      --benchmark-columns=min,median,max,rounds --benchmark-json="bench/results/metadata-host-$(date +%F).json" 2>&1 | tail -8
+  fi
+  cp bench/results/*.csv bench/results/*.json "$out/" 2>/dev/null
 fi
 exit $status
