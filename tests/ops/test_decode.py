@@ -1,0 +1,395 @@
+"""swa_decode against the reference decode over realistic pool states.
+
+States come from ``make_pool_state`` (real allocators, permuted free lists, window eviction, NaN in every
+slot no window may read, the dummy slot included); outputs are pre-filled with NaN. So a kernel that
+reads one slot outside a window, or leaves one output element unwritten, fails.
+
+CPU tier (interpreter): tiny shapes with forced splits and 16-token blocks, so that multi-block,
+multi-page, split and merge paths all run. GPU tier: the issue's feature grid (head dims 64 to 512,
+Dv != D, GQA 1 to 16 and MQA, fp16/bf16, fp8 KV, softcap, sinks, pages 1/16/64), the default
+heuristics, and CUDA-graph capture with fixed buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+import triton_swa_reference as ref
+
+from triton_swa.ops.decode import MAX_SPLITS, swa_decode
+from triton_swa.testing import assert_close, make_pool_state
+
+HAS_CUDA = torch.cuda.is_available()
+FP8 = torch.float8_e4m3fn
+SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Case:
+    seq_lens: tuple[int, ...]
+    window_left: int
+    hq: int
+    h: int
+    d: int
+    dv: int | None = None
+    page: int = 1
+    form: str = "csr"  # or "paged" (page table)
+    dtype: torch.dtype = torch.float32
+    fp8: bool = False
+    softcap: float = 0.0
+    sinks: bool = False
+    num_splits: int | None = None
+    block_n: int | None = None
+
+    @property
+    def id(self) -> str:
+        parts = [f"B{len(self.seq_lens)}", f"L{max(self.seq_lens)}", f"W{self.window_left}", f"HQ{self.hq}",
+                 f"H{self.h}", f"D{self.d}"]
+        if self.dv is not None:
+            parts.append(f"DV{self.dv}")
+        parts += [f"P{self.page}", self.form, SHORT[self.dtype]]
+        if self.fp8:
+            parts.append("fp8")
+        if self.softcap:
+            parts.append("cap")
+        if self.sinks:
+            parts.append("sink")
+        parts.append(f"S{self.num_splits or 'auto'}")
+        if self.block_n:
+            parts.append(f"N{self.block_n}")
+        return "-".join(parts)
+
+
+def _cpu_cases() -> list[Case]:
+    f16, bf16 = torch.float16, torch.bfloat16
+    return [
+        # W = 5 over odd lengths, a 1-token request, split into 2.
+        Case((37, 1, 12), 5, 2, 2, 16, num_splits=2, block_n=16),
+        # Several 16-token blocks per split, non-power-of-two D, Dv != D, GQA 4.
+        Case((50, 7, 45), 40, 8, 2, 24, dv=40, dtype=f16, num_splits=3, block_n=16),
+        # One split, several blocks (no merge), over a paged pool read through CSR slots.
+        Case((61, 33), 44, 4, 1, 16, page=4, dtype=f16, num_splits=1, block_n=16),
+        # Page tables: window not page-aligned, pages of 4 and 16, W = 0, W + 1 >= L.
+        Case((37, 20, 3), 19, 8, 2, 16, page=4, form="paged", num_splits=2, block_n=16),
+        Case((70, 18), 33, 4, 2, 32, page=16, form="paged", dtype=f16, num_splits=3, block_n=16),
+        Case((9, 1, 4), 0, 4, 2, 16, page=4, form="paged", num_splits=2, block_n=16),
+        Case((13, 6), 40, 2, 1, 16, page=4, form="paged", dtype=f16, num_splits=4, block_n=16),
+        # A full layer (window_left = -1), direct and split.
+        Case((33, 17), -1, 4, 2, 32, page=16, form="paged", dtype=f16, num_splits=1, block_n=16),
+        Case((41, 5), -1, 4, 1, 16, dtype=f16, num_splits=3, block_n=16),
+        # Softcap and sinks, through the merge and through the direct path.
+        Case((45, 2, 30), 29, 8, 2, 16, dtype=f16, softcap=2.0, sinks=True, num_splits=3, block_n=16),
+        Case((45, 2), 29, 8, 2, 16, page=4, form="paged", softcap=2.0, sinks=True, num_splits=1, block_n=16),
+        # fp8 KV with scales (a float and a device tensor), Dv != D.
+        Case((40, 11), 27, 4, 2, 16, dv=32, dtype=f16, fp8=True, num_splits=2, block_n=16),
+        Case((40, 11), 27, 4, 2, 16, page=4, form="paged", dtype=f16, fp8=True, sinks=True, num_splits=1,
+             block_n=16),
+        # bf16 through the interpreter's dot shim (SPEC §8).
+        Case((29, 8), 17, 4, 2, 16, dtype=bf16, num_splits=2, block_n=16),
+        # MQA with a group wider than one program's 64 rows.
+        Case((23, 4), 9, 72, 1, 16, dtype=f16, num_splits=2, block_n=16),
+        # Default tiles and splits.
+        Case((38, 3), 20, 4, 2, 16, page=4, form="paged", dtype=f16),
+        Case((38, 3), 20, 4, 2, 16, dtype=f16),
+    ]
+
+
+def _gpu_cases() -> list[Case]:
+    f16, bf16 = torch.float16, torch.bfloat16
+    lens = (1, 77, 1300, 611)
+    cases = []
+    # Every head dim, each with its own GQA ratio, page size, index form and dtype.
+    grid = [
+        (64, None, 64, 8, 1, "csr", bf16),
+        (64, None, 32, 32, 16, "paged", f16),  # G = 1
+        (80, None, 16, 4, 16, "paged", bf16),
+        (80, None, 32, 2, 1, "csr", f16),  # G = 16
+        (96, None, 24, 8, 64, "paged", f16),  # G = 3
+        (96, 64, 32, 1, 1, "csr", bf16),  # MQA, Dv != D
+        (128, None, 32, 16, 1, "csr", bf16),
+        (128, None, 32, 8, 16, "paged", f16),
+        (128, 96, 12, 2, 64, "paged", bf16),  # G = 6
+        (256, None, 32, 16, 16, "paged", bf16),
+        (256, 128, 16, 1, 1, "csr", f16),  # MQA G = 16
+        (512, None, 32, 4, 16, "paged", bf16),
+        (512, None, 16, 16, 1, "csr", f16),
+        (512, 256, 8, 1, 64, "paged", bf16),
+    ]
+    for d, dv, hq, h, page, form, dtype in grid:
+        for w in (127, 1023):
+            cases.append(Case(lens, w, hq, h, d, dv, page, form, dtype))
+        cases.append(Case(lens, -1, hq, h, d, dv, page, form, dtype))
+    # Features on two geometries: softcap, sinks, fp8 KV (with both scale kinds), forced splits.
+    for d, hq, h, page, form in ((128, 32, 8, 16, "paged"), (64, 64, 8, 1, "csr"), (256, 32, 16, 64, "paged")):
+        for dtype in (f16, bf16):
+            cases.append(Case(lens, 127, hq, h, d, None, page, form, dtype, softcap=30.0, sinks=True))
+            cases.append(Case(lens, 1023, hq, h, d, None, page, form, dtype, fp8=True))
+            cases.append(Case(lens, 1023, hq, h, d, None, page, form, dtype, fp8=True, softcap=30.0, sinks=True,
+                              num_splits=7))
+    cases.append(Case((0, 900, 0, 5), 511, 16, 4, 128, None, 16, "paged", bf16, sinks=True))
+    cases.append(Case((0, 900, 0, 5), 511, 16, 4, 128, None, 1, "csr", bf16, num_splits=MAX_SPLITS))
+    cases.append(Case((3000,), 2047, 32, 8, 128, None, 16, "paged", f16, num_splits=1))
+    cases.append(Case((45, 700), 300, 8, 2, 128, None, 16, "paged", torch.float32))
+    return cases
+
+
+def cases() -> list:
+    chosen = _gpu_cases() if HAS_CUDA else _cpu_cases()
+    return [pytest.param(c, id=c.id) for c in chosen]
+
+
+@dataclass
+class Built:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    page_table: torch.Tensor
+    window_starts: torch.Tensor
+    seq_lens: torch.Tensor
+    sinks: torch.Tensor | None
+    k_scale: float | None
+    v_scale: torch.Tensor | None
+
+
+def build(case: Case, device: str, seed: int = 0) -> Built:
+    """A pool state on the CPU (moved to ``device``), its window indices, and random queries."""
+    g = torch.Generator().manual_seed(seed)
+    full = case.window_left < 0
+    state = make_pool_state(
+        seq_lens=list(case.seq_lens), window_left=case.window_left, page_size=case.page,
+        swa_head_num=case.h, swa_head_dim=case.d, full_head_num=case.h, full_head_dim=case.d,
+        dtype=FP8 if case.fp8 else case.dtype, new_tokens=[1 if n else 0 for n in case.seq_lens],
+        chunk=max(5, max(case.seq_lens) // 12), generator=g,
+    )
+    # Layer 0 is the sliding layer (SWA slots through the mapping), layer 1 the full layer (full slots).
+    layer, mapping = (1, None) if full else (0, state.mapping)
+    k, v = state.kv_pool.get_kv_buffer(layer)
+    rpi, lens = state.req_pool_indices(), state.seq_lens()
+    kv_indptr, kv_indices, starts = ref.decode_window_indices(state.req_to_token, rpi, lens, case.window_left,
+                                                              mapping)
+    page_table = ref.window_page_table(state.req_to_token, rpi, starts, lens, case.page, mapping)
+    if case.dv is not None:
+        # A V pool of another head dim, NaN except at the windows' slots.
+        values = torch.full((v.shape[0], case.h, case.dv), float("nan"))
+        live = kv_indices.long().unique()
+        values[live] = torch.randn(len(live), case.h, case.dv, generator=g)
+        v = values.to(v.dtype)
+    q = torch.randn(len(case.seq_lens), case.hq, case.d, generator=g).to(case.dtype)
+    sinks = torch.randn(case.hq, generator=g) * 2 if case.sinks else None
+    k_scale, v_scale = (0.75, torch.tensor([1.25])) if case.fp8 else (None, None)
+    to = lambda x: None if x is None else x.to(device)
+    return Built(to(q), to(k), to(v), to(kv_indptr), to(kv_indices), to(page_table), to(starts), to(lens),
+                 to(sinks), k_scale, to(v_scale))
+
+
+def run(case: Case, b: Built, **kwargs) -> torch.Tensor:
+    out = torch.full((b.q.shape[0], case.hq, b.v.shape[-1]), float("nan"), dtype=b.q.dtype, device=b.q.device)
+    if case.form == "csr":
+        where = dict(kv_indptr=b.kv_indptr, kv_indices=b.kv_indices)
+    else:
+        where = dict(page_table=b.page_table, window_starts=b.window_starts, seq_lens=b.seq_lens,
+                     page_size=case.page)
+    got = swa_decode(b.q, b.k, b.v, **where, sm_scale=0.6 / case.d ** 0.5, logit_cap=case.softcap,
+                     sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale, out=out,
+                     num_splits=case.num_splits, block_n=case.block_n, **kwargs)
+    assert got is out
+    return got
+
+
+def expected(case: Case, b: Built) -> torch.Tensor:
+    return ref.decode_attention(b.q, b.k, b.v, b.kv_indptr, b.kv_indices, sm_scale=0.6 / case.d ** 0.5,
+                                logit_cap=case.softcap, sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", cases())
+def test_decode_matches_reference(case, device):
+    b = build(case, device)
+    assert_close(run(case, b), expected(case, b), name=case.id)
+
+
+@pytest.mark.interpreter
+def test_decode_fp8_uint8_storage(device):
+    """The pool's uint8 storage reads as fp8 e4m3, same as its typed view."""
+    case = Case((30, 9), 21, 4, 2, 16, dtype=torch.float16, fp8=True, num_splits=2, block_n=16)
+    b = build(case, device)
+    want = expected(case, b)
+    b.k, b.v = b.k.view(torch.uint8), b.v.view(torch.uint8)
+    assert_close(run(case, b), want)
+
+
+@pytest.mark.interpreter
+def test_decode_fixed_buffers_ignore_tails(device):
+    """CUDA-graph style buffers: kv_indices and page-table rows longer than the windows, their tails
+    pointing at the NaN dummy slot/page, and padding requests with empty windows."""
+    case = Case((0, 37, 12, 0), 19, 4, 2, 16, page=4, dtype=torch.float16, sinks=True, num_splits=3, block_n=16)
+    b = build(case, device)
+    want = expected(case, b)
+    b.kv_indices = torch.cat([b.kv_indices, torch.zeros(50, dtype=b.kv_indices.dtype, device=device)])
+    pad = torch.zeros(4, 6, dtype=b.page_table.dtype, device=device)
+    b.page_table = torch.cat([b.page_table, pad], dim=1)
+    assert_close(run(case, b, max_window=64), want)
+    paged = replace(case, form="paged")
+    assert_close(run(paged, b, max_window=64), want)
+    # Padding rows give exact zeros, sinks or not.
+    got = run(paged, b)
+    assert bool((got[0] == 0).all()) and bool((got[3] == 0).all())
+
+
+@pytest.mark.interpreter
+def test_decode_empty_batch(device):
+    q = torch.zeros(0, 4, 16, device=device)
+    k = torch.zeros(8, 2, 16, device=device)
+    got = swa_decode(q, k, k, kv_indptr=torch.zeros(1, dtype=torch.int32, device=device),
+                     kv_indices=torch.zeros(0, dtype=torch.int32, device=device))
+    assert got.shape == (0, 4, 16)
+
+
+def _valid(device="cpu"):
+    q = torch.randn(2, 4, 16, device=device)
+    k = torch.randn(16, 2, 16, device=device)
+    v = torch.randn(16, 2, 8, device=device)
+    indptr = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    indices = torch.tensor([1, 2, 3, 5, 6], dtype=torch.int32, device=device)
+    return dict(q=q, k_buffer=k, v_buffer=v, kv_indptr=indptr, kv_indices=indices)
+
+
+def _paged(device="cpu"):
+    args = _valid(device)
+    del args["kv_indptr"], args["kv_indices"]
+    return dict(args, page_table=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                window_starts=torch.tensor([2, 0], dtype=torch.int32),
+                seq_lens=torch.tensor([9, 4], dtype=torch.int64), page_size=4)
+
+
+def _with(base, **changes):
+    args = dict(base)
+    for key, value in changes.items():
+        if value is _DROP:
+            args.pop(key)
+        else:
+            args[key] = value
+    return args
+
+
+_DROP = object()
+_BAD = [
+    ("q-2d", lambda a: _with(a, q=a["q"][0]), ValueError, "q must have 3 dimensions"),
+    ("q-int", lambda a: _with(a, q=a["q"].long()), TypeError, "q must have dtype"),
+    ("k-dtype", lambda a: _with(a, k_buffer=a["k_buffer"].half(), v_buffer=a["v_buffer"].half()),
+     TypeError, "k_buffer must have q's dtype"),
+    ("v-dtype", lambda a: _with(a, v_buffer=a["v_buffer"].double()), TypeError, "v_buffer must have k_buffer's"),
+    ("head-ratio", lambda a: _with(a, q=torch.randn(2, 3, 16)), ValueError, "multiple of KV heads"),
+    ("k-head-dim", lambda a: _with(a, k_buffer=torch.randn(16, 2, 8)), ValueError, "k_buffer head dim"),
+    ("v-slots", lambda a: _with(a, v_buffer=torch.randn(15, 2, 8)), ValueError, "v_buffer must have k_buffer's"),
+    ("dv-too-wide", lambda a: _with(a, v_buffer=torch.randn(16, 2, 520)), ValueError, "v head dim"),
+    ("k-stride", lambda a: _with(a, k_buffer=torch.randn(16, 2, 32)[..., ::2]), ValueError,
+     "k_buffer must have a contiguous last dimension"),
+    ("no-window", lambda a: _with(a, kv_indptr=_DROP, kv_indices=_DROP), ValueError, "either as kv_indptr"),
+    ("both-forms", lambda a: _with(a, page_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError, "not both"),
+    ("indptr-only", lambda a: _with(a, kv_indices=_DROP), ValueError, "needs both kv_indptr and kv_indices"),
+    ("indptr-shape", lambda a: _with(a, kv_indptr=a["kv_indptr"][:2]), ValueError, "kv_indptr must have shape"),
+    ("indices-float", lambda a: _with(a, kv_indices=a["kv_indices"].float()), TypeError, "kv_indices must have"),
+    ("indices-device", lambda a: _with(a, kv_indices=a["kv_indices"].to("meta")), ValueError,
+     "kv_indices must be on device"),
+    ("csr-page", lambda a: _with(a, page_size=16), ValueError, "page_size must be 1 with CSR"),
+    ("page-zero", lambda a: _with(a, page_size=0), ValueError, "page_size must be >= 1"),
+    ("sinks-shape", lambda a: _with(a, sinks=torch.zeros(2)), ValueError, "sinks must have shape"),
+    ("sinks-int", lambda a: _with(a, sinks=torch.zeros(4, dtype=torch.int32)), TypeError, "sinks must be a float"),
+    ("out-dtype", lambda a: _with(a, out=torch.empty(2, 4, 8, dtype=torch.float16)), TypeError, "out must have dtype"),
+    ("out-shape", lambda a: _with(a, out=torch.empty(2, 4, 16)), ValueError, "out must have shape"),
+    ("cap-negative", lambda a: _with(a, logit_cap=-1.0), ValueError, "logit_cap"),
+    ("scale-type", lambda a: _with(a, k_scale="1"), TypeError, "k_scale"),
+    ("scale-numel", lambda a: _with(a, v_scale=torch.ones(2)), ValueError, "v_scale"),
+    ("splits", lambda a: _with(a, num_splits=MAX_SPLITS + 1), ValueError, "num_splits"),
+    ("block-n", lambda a: _with(a, block_n=24), ValueError, "block_n must be a power of two"),
+    ("max-window", lambda a: _with(a, max_window=-1), ValueError, "max_window"),
+]
+_BAD_PAGED = [
+    ("table-rows", lambda a: _with(a, page_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
+     "page_table must have 2 rows"),
+    ("table-missing", lambda a: _with(a, page_table=_DROP), ValueError, "needs page_table"),
+    ("starts-shape", lambda a: _with(a, window_starts=torch.zeros(3, dtype=torch.int32)), ValueError,
+     "window_starts must have shape"),
+    ("lens-dtype", lambda a: _with(a, seq_lens=torch.zeros(2)), TypeError, "seq_lens must have dtype"),
+    ("pool-pages", lambda a: _with(a, page_size=5), ValueError, "not a whole number of pages"),
+    ("table-stride", lambda a: _with(a, page_table=torch.zeros(2, 4, dtype=torch.int32)[:, ::2]), ValueError,
+     "page_table must have a contiguous last dimension"),
+]
+
+
+@pytest.mark.parametrize("make, error, match", [pytest.param(*x[1:], id=x[0]) for x in _BAD])
+def test_decode_rejects_bad_input(make, error, match):
+    args = make(_valid())
+    out = args.get("out")
+    if out is not None:
+        out.fill_(float("nan"))
+    with pytest.raises(error, match=match):
+        swa_decode(args.pop("q"), args.pop("k_buffer"), args.pop("v_buffer"), **args)
+    if out is not None and out.dtype.is_floating_point:
+        assert bool(out.isnan().all()), "nothing may be written before the error"
+
+
+@pytest.mark.parametrize("make, error, match", [pytest.param(*x[1:], id=x[0]) for x in _BAD_PAGED])
+def test_decode_rejects_bad_page_table(make, error, match):
+    args = make(_paged())
+    with pytest.raises(error, match=match):
+        swa_decode(args.pop("q"), args.pop("k_buffer"), args.pop("v_buffer"), **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["csr", "paged"])
+def test_decode_cuda_graph_replay(form):
+    """Capture once with fixed buffers and max_window, then replay on other windows: no host sync."""
+    base = Case((700, 5, 1200), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True)
+    other = Case((1500, 0, 64), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True)
+    first, second = build(base, "cuda", seed=1), build(other, "cuda", seed=2)
+    # Both states share buffers: the second's pools and indices are copied into the first's.
+    n_idx = max(len(first.kv_indices), len(second.kv_indices)) + 64
+    width = max(first.page_table.shape[1], second.page_table.shape[1]) + 2
+    static = {
+        "q": first.q.clone(), "k": torch.cat([first.k, second.k]), "v": torch.cat([first.v, second.v]),
+        "kv_indptr": first.kv_indptr.clone(), "kv_indices": torch.zeros(n_idx, dtype=torch.int32, device="cuda"),
+        "page_table": torch.zeros(3, width, dtype=torch.int32, device="cuda"),
+        "window_starts": first.window_starts.clone(), "seq_lens": first.seq_lens.clone(), "sinks": first.sinks,
+    }
+    offset_slots = first.k.shape[0]
+
+    def load(b: Built, shift: int):
+        static["q"].copy_(b.q)
+        static["kv_indptr"].copy_(b.kv_indptr)
+        static["kv_indices"].zero_()
+        static["kv_indices"][: len(b.kv_indices)] = b.kv_indices + shift
+        static["page_table"].zero_()
+        static["page_table"][:, : b.page_table.shape[1]] = b.page_table + shift // 16
+        static["window_starts"].copy_(b.window_starts)
+        static["seq_lens"].copy_(b.seq_lens)
+        static["sinks"].copy_(b.sinks)
+
+    out = torch.full((3, 32, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    if form == "csr":
+        where = dict(kv_indptr=static["kv_indptr"], kv_indices=static["kv_indices"])
+    else:
+        where = dict(page_table=static["page_table"], window_starts=static["window_starts"],
+                     seq_lens=static["seq_lens"], page_size=16)
+    call = lambda: swa_decode(static["q"], static["k"], static["v"], **where, sinks=static["sinks"], out=out,
+                              max_window=1024)
+    load(first, 0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for b, case, shift in ((first, base, 0), (second, other, offset_slots)):
+        load(b, shift)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, expected(case, b), name=f"graph replay {case.id}")
