@@ -22,6 +22,7 @@ from .mem import (
     TokenToKVPoolAllocator,
     evict_swa_window,
 )
+from .ops.decode import swa_decode
 
 __version__ = "0.1.0"
 
@@ -34,4 +35,5 @@ __all__ = [
     "SWATokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",
     "evict_swa_window",
+    "swa_decode",
 ]

@@ -1,0 +1,7 @@
+"""Triton kernels, one module per op."""
+
+from .decode import swa_decode
+
+__all__ = [
+    "swa_decode",
+]
