@@ -23,6 +23,17 @@ from .mem import (
     evict_swa_window,
 )
 from .ops.decode import swa_decode
+from .ops.indices import (
+    WindowIndices,
+    WindowPageTable,
+    build_window_indices,
+    build_window_page_table,
+    max_window_len,
+    max_window_pages,
+    store_kv,
+    swa_out_cache_loc,
+    window_index_count,
+)
 
 __version__ = "0.1.0"
 
@@ -36,4 +47,13 @@ __all__ = [
     "TokenToKVPoolAllocator",
     "evict_swa_window",
     "swa_decode",
+    "WindowIndices",
+    "WindowPageTable",
+    "build_window_indices",
+    "build_window_page_table",
+    "max_window_len",
+    "max_window_pages",
+    "store_kv",
+    "swa_out_cache_loc",
+    "window_index_count",
 ]

@@ -151,12 +151,11 @@ def _swa_window_indices_kernel(
             # Python indexing semantics of mapping[loc]: -1 is the last element (which holds -1).
             b_slot = tl.where(b_slot < 0, b_slot + n_mapping, b_slot)
             b_slot = tl.load(p_mapping + b_slot, mask=m_e, other=0).to(tl.int64)
-        if PAGE_TABLE:
-            if PAGE_SIZE > 1:
-                b_page = b_slot // PAGE_SIZE
-                # Floor, not C truncation, for negative slots (torch's //).
-                b_slot = tl.where((b_slot < 0) & (b_page * PAGE_SIZE != b_slot), b_page - 1, b_page)
-            b_slot = tl.where(m_e, b_slot, 0)
+        # Lanes past the window loaded 0, so unused table entries get page 0 (the dummy page).
+        if PAGE_TABLE and PAGE_SIZE > 1:
+            b_page = b_slot // PAGE_SIZE
+            # Floor, not C truncation, for negative slots (torch's //).
+            b_slot = tl.where((b_slot < 0) & (b_page * PAGE_SIZE != b_slot), b_page - 1, b_page)
         tl.store(p_dst + o_e, b_slot.to(tl.int32), mask=m_store)
 
 
@@ -174,11 +173,51 @@ def _swa_translate_kernel(p_loc, stride_loc, p_mapping, n_mapping, p_out, n, cap
 
 
 @triton.jit
+def _fp8_e4m3_bits(x):
+    """Bits (uint8) of the float8 e4m3fn value nearest to ``x`` (float32): ties to even, saturating at
+    448 as torch does (inf too), NaN as 0x7F; the sign is kept (-0.0 gives 0x80).
+
+    Encoded by hand because triton 3.6's interpreter converts float32 -> e4m3 wrongly (ties away from
+    even, a carry into the next binade drops a power of two: 7.99 -> 4.0, and -0.0 loses its sign).
+    The GPU's own conversion agrees with this one; it costs a few integer ops in a memory-bound kernel.
+    """
+    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
+    a = tl.where(tl.abs(x) < 464.0, tl.abs(x), 464.0)  # NaN -> 464, fixed below
+    # Binade exponent, clamped to -6 (the normal minimum; below it the subnormal step 2**-9).
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    y = a * ((127 + 3 - e) << 23).to(tl.float32, bitcast=True)  # a * 2**(3 - e): [8, 16) or subnormal [0, 8)
+    t = y.to(tl.int32)
+    frac = y - t.to(tl.float32)
+    n = t + ((frac > 0.5) | ((frac == 0.5) & ((t & 1) == 1))).to(tl.int32)
+    carry = n >> 4  # 16: the rounding reached the next binade
+    e += carry
+    n = tl.where(carry == 1, 8, n)
+    bits = tl.where(n >= 8, ((e + 7) << 3) | (n - 8), n)
+    bits = tl.where(x != x, 0x7F, tl.minimum(bits, 0x7E))
+    return (bits | sign).to(tl.uint8)
+
+
+@triton.jit
+def _bf16_bits(x):
+    """Bits (int16) of ``x`` (float32) rounded to bfloat16, ties to even; NaN as 0x7FC0 (torch's).
+
+    By hand because triton 3.6's interpreter truncates float32 -> bfloat16 instead of rounding.
+    """
+    b = x.to(tl.int32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).to(tl.int16)
+    return tl.where(x != x, 0x7FC0, r).to(tl.int16)
+
+
+@triton.jit
 def _swa_store_rows(p_buf, stride_buf_s, stride_buf_h, stride_buf_d, slot,
                     p_x, stride_x_n, stride_x_h, stride_x_d, i_n,
                     scale, p_scale, H, D, i_h,
-                    SCALE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``."""
+                    SCALE: tl.constexpr, ENC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``.
+
+    ``ENC``: 0 a plain cast to ``buf``'s dtype; 1 ``buf`` is int16 storage of bfloat16; 2 ``buf`` is
+    uint8 storage of float8 e4m3fn (both rounded by hand, exactly as torch rounds).
+    """
     o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
     o_d = tl.arange(0, BLOCK_D)
     m_hd = (o_h < H)[:, None] & (o_d < D)[None, :]
@@ -192,7 +231,12 @@ def _swa_store_rows(p_buf, stride_buf_s, stride_buf_h, stride_buf_d, slot,
     elif SCALE == 2:
         b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * tl.load(p_scale).to(tl.float32))
     p_dst = p_buf + slot * stride_buf_s + o_h[:, None] * stride_buf_h + o_d[None, :] * stride_buf_d
-    tl.store(p_dst, b_x.to(p_buf.dtype.element_ty), mask=m_hd)
+    if ENC == 2:
+        tl.store(p_dst, _fp8_e4m3_bits(b_x), mask=m_hd)
+    elif ENC == 1:
+        tl.store(p_dst, _bf16_bits(b_x), mask=m_hd)
+    else:
+        tl.store(p_dst, b_x.to(p_buf.dtype.element_ty), mask=m_hd)
 
 
 @triton.jit(do_not_specialize=["n_mapping", "num_slots_k", "num_slots_v"])
@@ -207,6 +251,8 @@ def _swa_store_kv_kernel(
     HAS_MAPPING: tl.constexpr,
     K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr,
+    K_ENC: tl.constexpr,
+    V_ENC: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -225,10 +271,10 @@ def _swa_store_kv_kernel(
     slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
     _swa_store_rows(p_k_buf, stride_kb_s, stride_kb_h, stride_kb_d, slot_k,
                     p_k, stride_k_n, stride_k_h, stride_k_d, i_n, k_scale, p_k_scale, H, D, i_h,
-                    K_SCALE, BLOCK_H, BLOCK_D)
+                    K_SCALE, K_ENC, BLOCK_H, BLOCK_D)
     _swa_store_rows(p_v_buf, stride_vb_s, stride_vb_h, stride_vb_d, slot_v,
                     p_v, stride_v_n, stride_v_h, stride_v_d, i_n, v_scale, p_v_scale, HV, DV, i_h,
-                    V_SCALE, BLOCK_H, BLOCK_DV)
+                    V_SCALE, V_ENC, BLOCK_H, BLOCK_DV)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -623,6 +669,16 @@ def _scale_arg(name: str, scale, device):
     return 1, float(scale), None
 
 
+def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The buffer as the kernel writes it, and its ``ENC``: bfloat16 as int16 bits (1), float8 e4m3fn
+    (typed, or the pools' uint8 storage) as uint8 bits (2), others as themselves (0)."""
+    if buf.dtype == torch.bfloat16:
+        return buf.view(torch.int16), 1
+    if buf.dtype in (torch.uint8, torch.float8_e4m3fn):
+        return buf.view(torch.uint8), 2
+    return buf, 0
+
+
 def store_kv(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
@@ -672,9 +728,8 @@ def store_kv(
     v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
     if n == 0:
         return
-    # uint8 buffers are fp8 storage: the typed view lets the kernel cast and store e4m3 bytes.
-    kb = k_buffer.view(torch.float8_e4m3fn) if k_buffer.dtype == torch.uint8 else k_buffer
-    vb = v_buffer.view(torch.float8_e4m3fn) if v_buffer.dtype == torch.uint8 else v_buffer
+    kb, k_enc = _store_view(k_buffer)
+    vb, v_enc = _store_view(v_buffer)
     block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
     grid = (n, triton.cdiv(max(H, HV), block_h))
     _swa_store_kv_kernel[grid](
@@ -684,5 +739,6 @@ def store_kv(
         k_val, k_ptr if k_ptr is not None else kb, v_val, v_ptr if v_ptr is not None else vb,
         H, D, HV, DV,
         HAS_MAPPING=mapping is not None, K_SCALE=k_mode, V_SCALE=v_mode,
+        K_ENC=k_enc, V_ENC=v_enc,
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
     )
