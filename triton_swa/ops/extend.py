@@ -28,6 +28,7 @@ and its window is streamed once per KV head.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -71,7 +72,7 @@ def _swa_extend_tiles(
     o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
     PREFIX: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
-    SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    SOFTCAP: tl.constexpr, KV_SCALE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Online-softmax update of one query tile with the key tiles ``[s_begin, s_end)``.
@@ -149,7 +150,7 @@ def _swa_extend_tiles(
         acc = acc * alpha[:, None]
         # [BLOCK_N, BLOCK_DV]
         b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
-        if KV_FP8:
+        if KV_SCALE:
             b_p = b_p * v_scale
         acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
         m_i = m_ij
@@ -170,7 +171,7 @@ def _swa_extend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, SCALE_PTR: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``."""
@@ -253,7 +254,7 @@ def _swa_extend_kernel(
     s_mid = tl.where(x >= 0, 0, -((-x) // BLOCK_N) * BLOCK_N)
     s_mid = tl.maximum(s_mid, s_lo)
     pre_scale = qk_scale
-    if KV_FP8:
+    if KV_SCALE:
         pre_scale = qk_scale * ks
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, s_lo, s_mid, pre_scale, vs, logit_cap,
@@ -262,7 +263,7 @@ def _swa_extend_kernel(
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         True, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_FP8, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
@@ -271,7 +272,7 @@ def _swa_extend_kernel(
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_FP8, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
 
     # ---- new keys j in [0, E) from the step's contiguous k/v ----
@@ -354,7 +355,7 @@ def _pow2_divisor(n: int) -> int:
 
 
 def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: int,
-                  dtype: torch.dtype = torch.bfloat16) -> ExtendConfig:
+                  dtype: torch.dtype = torch.bfloat16, interpret: bool = False) -> ExtendConfig:
     """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
 
     Why these numbers (Hopper-class budget: 227 KB shared memory, 255 registers per thread):
@@ -370,8 +371,13 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
       (tokens x packed heads) so that no program streams the window for padding rows; the window
       is then read once per KV head, as in decode, so wide key tiles keep more bytes in flight.
     - fp32 inputs (tests, reference-grade runs) use smaller tiles: fp32 tiles take twice the space.
+    - Under Triton's interpreter, which pays per element rather than per instruction, the smallest
+      legal tiles.
     """
     d = max(head_dim, v_head_dim)
+    if interpret:
+        pack = min(_pow2_divisor(group), 16)
+        return ExtendConfig(16, 16, pack, 1, 1)
     if d <= 64:
         block_m, block_n, warps, stages = 128, 64, 4, 3
     elif d <= 128:
@@ -482,8 +488,9 @@ def swa_extend(
         sm_scale (float | None): score scale, default ``1 / sqrt(D)``.
         logit_cap (float): soft cap ``cap * tanh(s / cap)`` when ``> 0``.
         sinks (torch.Tensor | None): `[HQ]` one logit per query head, joins the softmax denominator.
-        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales of fp8 pools (a number, or
-            a one-element device tensor read in the kernel, CUDA-graph friendly).
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales of the cached K/V (fp8
+            pools store ``value / scale``): a number, or a one-element device tensor read in the
+            kernel (CUDA-graph friendly). The step's new ``k``/``v`` are never scaled.
         out (torch.Tensor | None): `[T, HQ, Dv]` in ``q``'s dtype, written in place; rows of
             requests are written, nothing else.
         max_extend_len (int | None): host bound on ``E`` that sizes the grid. Without it the bound is
@@ -505,7 +512,6 @@ def swa_extend(
     if k_buffer.dim() == 4:
         k_buffer = k_buffer.view(-1, *k_buffer.shape[2:])
         v_buffer = v_buffer.view(-1, *v_buffer.shape[2:])
-    kv_fp8 = k_buffer.dtype in (torch.float8_e4m3fn, torch.uint8)
     if k_buffer.dtype == torch.uint8:
         k_buffer = k_buffer.view(torch.float8_e4m3fn)
         v_buffer = v_buffer.view(torch.float8_e4m3fn)
@@ -566,8 +572,7 @@ def swa_extend(
     if sinks is not None:
         check_tensor("sinks", sinks, dtype=(torch.float32, torch.float16, torch.bfloat16), device=dev,
                      shape=(HQ,), contiguous=True)
-    if not kv_fp8 and (k_scale is not None or v_scale is not None):
-        raise ValueError(f"k_scale/v_scale apply to fp8 pools only; k_buffer is {k_buffer.dtype}")
+    kv_scaled = k_scale is not None or v_scale is not None
     ks, vs = _as_scale("k_scale", k_scale, dev), _as_scale("v_scale", v_scale, dev)
     scale_ptr = isinstance(ks, torch.Tensor) or isinstance(vs, torch.Tensor)
     if scale_ptr:
@@ -585,7 +590,7 @@ def swa_extend(
         max_extend_len = _max_extend_len(qo_indptr, T)
     check_int("max_extend_len", max_extend_len, minimum=0)
 
-    cfg = extend_config(D, DV, HQ // H, max_extend_len, q.dtype)
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, q.dtype, os.environ.get("TRITON_INTERPRET", "0") == "1")
     bm = cfg.block_m if block_m is None else _check_pow2("block_m", block_m, 16)
     bn = cfg.block_n if block_n is None else _check_pow2("block_n", block_n, 16)
     gp = min(cfg.pack, bm) if pack is None else check_int("pack", pack, minimum=1)
@@ -611,7 +616,7 @@ def swa_extend(
         BLOCK_M=bm, BLOCK_N=bn, PAGED=paged, PAGE=page_size,
         WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
-        KV_FP8=kv_fp8, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages,
     )
     return out

@@ -1,0 +1,399 @@
+"""swa_extend against reference.extend_attention.
+
+Prefill, chunked prefill (prefix far beyond the window), prompts shorter than the window, one-token and
+zero-length extends, chain verify, tree verify (custom mask + positions), draft extend and non-causal
+draft blocks, over CSR lists and page tables, on NaN-poisoned pools (every slot outside a window is NaN)
+and NaN-prefilled outputs. The CPU tier (Triton's interpreter) forces 16-wide tiles so that tiny shapes
+walk several query tiles, prefix tiles, window edges and diagonals; the GPU tier widens the grid to
+real head dims, dtypes, page sizes and the default tile heuristics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+import triton_swa_reference as ref
+
+from triton_swa.ops.extend import extend_config, swa_extend
+from triton_swa.testing import assert_close, make_pool_state
+
+pytestmark = pytest.mark.interpreter
+
+HAS_CUDA = torch.cuda.is_available()
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One batch: request ``b`` holds ``seq_lens[b]`` tokens of which the last ``new[b]`` are new."""
+
+    seq_lens: tuple
+    new: tuple
+    W: int
+    HQ: int = 4
+    H: int = 2
+    D: int = 16
+    DV: int | None = None
+    ps: int = 1  # pool page size
+    paged: bool = False  # page-table form instead of the CSR list
+    mode: str = "causal"  # causal | noncausal | tree | mask_empty_rows
+    dtype: torch.dtype = torch.float32
+    softcap: float = 0.0
+    sinks: bool = False
+    fp8: str = ""  # "" | "float" (scale as a number) | "tensor" (one-element device tensor)
+    bm: int | None = 16
+    bn: int | None = 16
+    pack: int | None = None
+    chunk: int = 5
+
+    @property
+    def id(self) -> str:
+        parts = [f"B{len(self.seq_lens)}", f"L{max(self.seq_lens)}", f"E{sum(self.new)}", f"W{self.W}",
+                 f"HQ{self.HQ}", f"H{self.H}", f"D{self.D}"]
+        if self.DV is not None:
+            parts.append(f"DV{self.DV}")
+        parts.append(f"P{self.ps}" + ("pt" if self.paged else "csr"))
+        if self.mode != "causal":
+            parts.append(self.mode)
+        parts.append(str(self.dtype).replace("torch.", "").replace("float", "f"))
+        if self.softcap:
+            parts.append(f"cap{self.softcap:g}")
+        if self.sinks:
+            parts.append("sinks")
+        if self.fp8:
+            parts.append(f"fp8{self.fp8}")
+        if self.bm or self.bn:
+            parts.append(f"bm{self.bm}bn{self.bn}")
+        if self.pack:
+            parts.append(f"pack{self.pack}")
+        return "-".join(parts)
+
+
+def _tree_mask(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random draft tree of ``n`` nodes (parent before child): ancestor-or-self mask and depths."""
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.int64)
+    for i in range(n):
+        mask[i, i] = True
+        if i:
+            parent = int(torch.randint(0, i, (1,), generator=g))
+            mask[i] |= mask[parent]
+            depth[i] = depth[parent] + 1
+    return mask, depth
+
+
+def build(case: Case, device, seed: int = 0) -> dict:
+    """Pool state, new tokens and every argument of both the kernel and the reference."""
+    g = torch.Generator().manual_seed(seed)
+    pool_dtype = torch.float8_e4m3fn if case.fp8 else case.dtype
+    state = make_pool_state(seq_lens=list(case.seq_lens), window_left=case.W, page_size=case.ps,
+                            new_tokens=list(case.new), swa_head_num=case.H, swa_head_dim=case.D,
+                            dtype=pool_dtype, device=device, chunk=case.chunk, generator=g)
+    k_buf, v_buf = state.kv_pool.swa_kv_pool.get_kv_buffer(0)
+    dv = case.DV or case.D
+    if dv != case.D:
+        # a V pool of its own head dim, poisoned exactly where the K pool is
+        live = ~torch.isnan(k_buf.float()).any(-1).any(-1)
+        values = torch.full((k_buf.shape[0], case.H, dv), NAN)
+        values[live.cpu()] = torch.randn(int(live.sum()), case.H, dv, generator=g)
+        v_buf = values.to(pool_dtype).to(device)
+    prefix_lens = state.prefix_lens().to(device)
+    rpi = state.req_pool_indices()
+    kv_indptr, kv_indices, starts = ref.extend_window_indices(state.req_to_token, rpi, prefix_lens, case.W,
+                                                              state.mapping)
+    T = sum(case.new)
+    qo_indptr = torch.zeros(len(case.new) + 1, dtype=torch.int32)
+    qo_indptr[1:] = torch.cumsum(torch.tensor(case.new), 0)
+    rnd = lambda *shape: torch.randn(*shape, generator=g).to(case.dtype).to(device)
+    args = dict(q=rnd(T, case.HQ, case.D), k=rnd(T, case.H, case.D), v=rnd(T, case.H, dv),
+                k_buffer=k_buf, v_buffer=v_buf, qo_indptr=qo_indptr.to(device), prefix_lens=prefix_lens)
+    kw = dict(window_left=case.W, sm_scale=case.D ** -0.5 * 1.3, logit_cap=case.softcap,
+              causal=case.mode != "noncausal")
+    if case.sinks:
+        kw["sinks"] = (torch.randn(case.HQ, generator=g) * 2).to(device)
+    if case.fp8:
+        ks, vs = 0.7, 1.9
+        kw["k_scale"] = ks if case.fp8 == "float" else torch.tensor([ks], device=device)
+        kw["v_scale"] = vs if case.fp8 == "float" else torch.tensor([vs], device=device)
+    if case.mode in ("tree", "mask_empty_rows"):
+        blocks, positions, offsets = [], [], [0]
+        for p, n in zip(prefix_lens.tolist(), case.new):
+            if case.mode == "tree":
+                block, depth = _tree_mask(n, g)
+                positions.append(p + depth)
+            else:
+                block = torch.rand(n, n, generator=g) < 0.4
+                block[::3] = False  # rows that see no new key (and no key at all when p == 0)
+            blocks.append(block.reshape(-1))
+            offsets.append(offsets[-1] + n * n)
+        kw["custom_mask"] = torch.cat(blocks).to(device)
+        kw["mask_indptr"] = torch.tensor(offsets[:-1], dtype=torch.int64, device=device)
+        if case.mode == "tree":
+            kw["q_positions"] = torch.cat(positions).to(torch.int32).to(device)
+    ref_kw = {key: val for key, val in kw.items()}
+    for key in ("k_scale", "v_scale"):
+        if isinstance(ref_kw.get(key), torch.Tensor):
+            ref_kw[key] = float(ref_kw[key])
+    expected = ref.extend_attention(args["q"], args["k"], args["v"], k_buf, v_buf, args["qo_indptr"], kv_indptr,
+                                    kv_indices, prefix_lens, **ref_kw)
+    if case.paged:
+        page_table = ref.window_page_table(state.req_to_token, rpi, starts, prefix_lens, case.ps, state.mapping)
+        index = dict(page_table=page_table, window_starts=starts, page_size=case.ps)
+    else:
+        index = dict(kv_indptr=kv_indptr, kv_indices=kv_indices)
+    return dict(state=state, args=args, kw=kw, index=index, expected=expected, starts=starts)
+
+
+def run_kernel(case: Case, built: dict, **extra) -> torch.Tensor:
+    args = built["args"]
+    T, HQ = args["q"].shape[:2]
+    out = torch.full((T, HQ, case.DV or case.D), NAN, dtype=case.dtype, device=args["q"].device)
+    got = swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=case.bm,
+                     block_n=case.bn, pack=case.pack, **extra)
+    assert got is out
+    return out
+
+
+# Requests as (seq_len, new): chunked prefill far beyond the window, prefill without prefix,
+# a prompt shorter than the window, one-token extends and zero-length entries.
+MIX = ((75, 21), (23, 23), (9, 9), (60, 1), (14, 0), (40, 6))
+
+
+def _mix(*pairs):
+    return dict(seq_lens=tuple(p[0] for p in pairs), new=tuple(p[1] for p in pairs))
+
+
+def cpu_cases() -> list[Case]:
+    return [
+        Case(**_mix(*MIX), W=11),
+        Case(**_mix(*MIX), W=11, paged=True, ps=4),
+        Case(**_mix(*MIX), W=13, paged=True, ps=16),
+        Case(**_mix(*MIX), W=11, ps=4),  # CSR list over a paged pool
+        Case(**_mix(*MIX), W=0),
+        Case(**_mix(*MIX), W=1, paged=True, ps=4),
+        Case(**_mix(*MIX), W=-1),
+        Case(**_mix(*MIX), W=-1, paged=True, ps=4),
+        Case(**_mix(*MIX), W=100),  # the window covers every context
+        Case(**_mix(*MIX), W=16, bm=32, bn=16),  # W + 1 a multiple of the tile, boundaries on tile edges
+        Case(**_mix(*MIX), W=15, HQ=8, H=2, bm=32, bn=32),  # 4 heads packed: 8 tokens per tile
+        Case(**_mix(*MIX), W=11, HQ=8, H=2, pack=2, bm=16),  # a partial pack
+        Case(**_mix(*MIX), W=9, HQ=3, H=3),  # MHA
+        Case(**_mix(*MIX), W=9, HQ=6, H=1, pack=2),  # MQA, group of 6
+        Case(**_mix(*MIX), W=12, D=24),  # head dim not a power of two
+        Case(**_mix(*MIX), W=12, D=16, DV=40, paged=True, ps=4),  # V head dim of its own
+        Case(**_mix(*MIX), W=12, dtype=torch.float16),
+        Case(**_mix(*MIX), W=10, softcap=2.5),
+        Case(**_mix(*MIX), W=10, sinks=True, paged=True, ps=4),
+        Case(**_mix(*MIX), W=10, fp8="float"),
+        Case(**_mix(*MIX), W=10, fp8="tensor", paged=True, ps=4, dtype=torch.float16),
+        Case(**_mix((60, 7), (13, 13), (40, 4)), W=9, mode="noncausal"),  # DFlash draft blocks
+        Case(**_mix((60, 7), (13, 13), (40, 4)), W=9, mode="noncausal", paged=True, ps=4, HQ=8),
+        Case(**_mix((70, 6), (30, 8), (9, 5), (20, 0)), W=12, mode="tree", HQ=8),
+        Case(**_mix((70, 6), (30, 8), (9, 5)), W=3, mode="tree", paged=True, ps=4, sinks=True),
+        Case(**_mix((70, 9), (11, 11), (30, 5)), W=7, mode="mask_empty_rows", sinks=True),
+        Case(**_mix((50, 8), (37, 8), (70, 8), (8, 8)), W=19, HQ=8, bm=None, bn=None),  # chain verify, defaults
+    ]
+
+
+def gpu_cases() -> list[Case]:
+    long_mix = _mix((1500, 1500), (2100, 700), (900, 37), (3000, 1), (200, 0), (640, 129))
+    cases = []
+    for d, w in ((64, 127), (128, 1023), (256, 255), (512, 127)):
+        for ps, paged in ((1, False), (16, True), (64, True)):
+            cases.append(Case(**long_mix, W=w, HQ=8, H=2, D=d, ps=ps, paged=paged, dtype=torch.bfloat16,
+                              bm=None, bn=None, chunk=128))
+    big = dict(bm=None, bn=None, chunk=128)
+    cases += [
+        Case(**long_mix, W=1023, HQ=8, H=2, D=128, dtype=torch.float16, **big),
+        Case(**long_mix, W=-1, HQ=8, H=1, D=128, dtype=torch.bfloat16, paged=True, ps=16, **big),
+        Case(**long_mix, W=0, HQ=4, H=4, D=64, dtype=torch.float16, **big),
+        Case(**long_mix, W=100, HQ=32, H=4, D=80, dtype=torch.bfloat16, **big),
+        Case(**long_mix, W=255, HQ=8, H=2, D=192, DV=128, dtype=torch.bfloat16, paged=True, ps=16, **big),
+        Case(**long_mix, W=255, HQ=8, H=2, D=256, dtype=torch.bfloat16, softcap=30.0, sinks=True, **big),
+        Case(**long_mix, W=511, HQ=8, H=2, D=128, dtype=torch.bfloat16, fp8="tensor", paged=True, ps=16, **big),
+        Case(**long_mix, W=200, HQ=8, H=2, D=128, dtype=torch.bfloat16, bm=64, bn=32, pack=2, chunk=128),
+        Case(**_mix(*[(300 + 97 * i, 8) for i in range(24)]), W=1023, HQ=32, H=8, D=128, dtype=torch.bfloat16,
+             paged=True, ps=16, **big),  # chain verify
+        Case(**_mix(*[(300 + 97 * i, 16) for i in range(12)]), W=1023, HQ=16, H=4, D=256, dtype=torch.bfloat16,
+             mode="tree", paged=True, ps=64, **big),
+        Case(**_mix(*[(300 + 97 * i, 16) for i in range(12)]), W=255, HQ=16, H=4, D=128, dtype=torch.bfloat16,
+             mode="noncausal", **big),
+        Case(**_mix(*[(1 + 97 * i, 1) for i in range(40)]), W=511, HQ=32, H=8, D=256, dtype=torch.bfloat16,
+             paged=True, ps=16, **big),  # one-token extends
+    ]
+    return cases
+
+
+def _params(cases):
+    return [pytest.param(c, id=c.id) for c in cases]
+
+
+@pytest.mark.parametrize("case", _params(cpu_cases()))
+def test_extend_matches_reference(case, device):
+    built = build(case, device)
+    assert_close(run_kernel(case, built), built["expected"], name=case.id)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _params(gpu_cases() if HAS_CUDA else []))
+def test_extend_gpu_grid(case, device):
+    built = build(case, device, seed=3)
+    assert_close(run_kernel(case, built), built["expected"], name=case.id)
+
+
+def test_fully_masked_rows_are_zero(device):
+    case = Case(**_mix((9, 9), (5, 5)), W=4, mode="mask_empty_rows")
+    built = build(case, device)
+    out = run_kernel(case, built)
+    empty = torch.cat([(m.reshape(n, n).sum(1) == 0) for m, n in
+                       zip(torch.split(built["kw"]["custom_mask"].cpu(), [81, 25]), case.new)])
+    assert int(empty.sum()) >= 2, "the case must hold rows that see nothing"
+    assert torch.equal(out[empty.to(out.device)], torch.zeros_like(out[empty.to(out.device)]))
+    assert_close(out, built["expected"])
+
+
+def test_writes_only_request_rows(device):
+    """Rows past ``qo_indptr[-1]`` (CUDA-graph padding) keep what ``out`` held."""
+    case = Case(**_mix((40, 6), (9, 9)), W=5)
+    built = build(case, device)
+    args = built["args"]
+    pad = 3
+    for name in ("q", "k", "v"):
+        x = args[name]
+        args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
+    out = torch.full((args["q"].shape[0], case.HQ, case.D), NAN, device=args["q"].device)
+    swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16)
+    assert torch.isnan(out[-pad:]).all()
+    assert_close(out[:-pad], built["expected"])
+
+
+def test_reads_only_the_window(device):
+    """A list over the whole prefix, or a page table from position 0, still reads only the window.
+
+    Entries before the window point at the dummy slot or page 0 (NaN): reading one poisons a row.
+    """
+    case = Case(**_mix((75, 21), (60, 1), (40, 6)), W=11, ps=4)
+    built = build(case, device)
+    state, prefix = built["state"], built["args"]["prefix_lens"]
+    rpi = state.req_pool_indices()
+    zeros = torch.zeros_like(prefix)
+    indptr, indices = ref.window_index_list(state.req_to_token, rpi, zeros, prefix, state.mapping)
+    in_window = torch.cat([torch.arange(int(n)) >= int(n) - min(int(n), case.W) for n in prefix.cpu()])
+    indices = torch.where(in_window.to(indices.device), indices, torch.zeros_like(indices))
+    out = torch.full_like(built["expected"], NAN, dtype=case.dtype)
+    swa_extend(*built["args"].values(), kv_indptr=indptr, kv_indices=indices, **built["kw"], out=out,
+               block_m=16, block_n=16)
+    assert_close(out, built["expected"], name="csr over the whole prefix")
+
+    table = ref.window_page_table(state.req_to_token, rpi, zeros, prefix, case.ps, state.mapping)
+    first_page = (built["starts"].long() // case.ps).cpu()
+    cols = torch.arange(table.shape[1])
+    table = torch.where(cols[None, :] < first_page[:, None], 0, table.cpu()).to(table)
+    out = torch.full_like(built["expected"], NAN, dtype=case.dtype)
+    swa_extend(*built["args"].values(), page_table=table, window_starts=zeros.to(torch.int32),
+               page_size=case.ps, **built["kw"], out=out, block_m=16, block_n=16)
+    assert_close(out, built["expected"], name="page table from position 0")
+
+
+def test_default_config_and_empty_batch(device):
+    case = Case(**_mix((30, 12), (5, 0)), W=6, bm=None, bn=None)
+    built = build(case, device)
+    assert_close(run_kernel(case, built), built["expected"])
+    args = dict(built["args"])
+    args["qo_indptr"] = torch.zeros_like(args["qo_indptr"])
+    for name in ("q", "k", "v"):
+        args[name] = args[name][:0]
+    out = swa_extend(*args.values(), **built["index"], **built["kw"])
+    assert out.shape == (0, case.HQ, case.D)
+
+
+@pytest.mark.parametrize("d, dv, group, e", [(128, 128, 4, 8192), (256, 256, 2, 8192), (512, 512, 8, 100),
+                                             (128, 128, 4, 8), (80, 80, 6, 3), (128, 64, 1, 1)])
+def test_config_heuristic_is_legal(d, dv, group, e):
+    cfg = extend_config(d, dv, group, e)
+    assert cfg.block_m >= 16 and cfg.block_n >= 16 and cfg.block_m % cfg.pack == 0 and group % cfg.pack == 0
+    assert cfg.block_m & (cfg.block_m - 1) == 0 and cfg.block_n & (cfg.block_n - 1) == 0
+    if e * cfg.pack <= 16:
+        assert cfg.block_m == 16  # a one-tile request pads no more than the tensor-core minimum
+
+
+def _bad_inputs():
+    """(name, mutate(args, index, kw), exception, message fragment)."""
+
+    def with_(name, value):
+        def mutate(a, i, k):
+            a[name] = value(a) if callable(value) else value
+        return mutate
+
+    def kw(name, value):
+        def mutate(a, i, k):
+            k[name] = value(a) if callable(value) else value
+        return mutate
+
+    def idx(name, value):
+        def mutate(a, i, k):
+            i[name] = value(i) if callable(value) else value
+        return mutate
+
+    return [
+        ("q-int", with_("q", lambda a: a["q"].to(torch.int32)), TypeError, "q must have dtype"),
+        ("q-2d", with_("q", lambda a: a["q"][:, 0]), ValueError, "q must have 3 dimensions"),
+        ("k-dtype", with_("k", lambda a: a["k"].double()), TypeError, "k must have dtype"),
+        ("k-shape", with_("k", lambda a: a["k"][:-1]), ValueError, "k must have shape"),
+        ("heads", with_("k", lambda a: a["k"][:, :1].expand(-1, 3, -1)), ValueError, "multiple of KV heads"),
+        ("v-heads", with_("v", lambda a: a["v"][:, :1]), ValueError, "v must have shape"),
+        ("kbuf-dtype", with_("k_buffer", lambda a: a["k_buffer"].double()), TypeError, "k_buffer must have dtype"),
+        ("kbuf-shape", with_("k_buffer", lambda a: a["k_buffer"][:, :, :4]), ValueError, "k_buffer must have shape"),
+        ("vbuf-slots", with_("v_buffer", lambda a: a["v_buffer"][1:]), ValueError, "v_buffer must have shape"),
+        ("qo-len", with_("qo_indptr", lambda a: a["qo_indptr"][:-1]), ValueError, "qo_indptr must have shape"),
+        ("qo-float", with_("qo_indptr", lambda a: a["qo_indptr"].float()), TypeError, "qo_indptr must have dtype"),
+        ("q-stride", with_("q", lambda a: a["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+         "contiguous along its last"),
+        ("window", kw("window_left", -2), ValueError, "window_left must be >= -1"),
+        ("window-float", kw("window_left", 3.0), TypeError, "window_left must be an int"),
+        ("no-index", idx("kv_indices", None), ValueError, "cached window is missing"),
+        ("both-index", idx("page_table", lambda i: torch.zeros(6, 1, dtype=torch.int32,
+                                                              device=i["kv_indptr"].device)),
+         ValueError, "not both"),
+        ("indptr-len", idx("kv_indptr", lambda i: i["kv_indptr"][:-1]), ValueError, "kv_indptr must have shape"),
+        ("mask-no-indptr", kw("custom_mask", lambda a: torch.ones(10, dtype=torch.bool, device=a["q"].device)),
+         ValueError, "needs mask_indptr"),
+        ("qpos-len", kw("q_positions", lambda a: torch.zeros(3, dtype=torch.int32, device=a["q"].device)),
+         ValueError, "q_positions must have shape"),
+        ("sinks-len", kw("sinks", lambda a: torch.zeros(3, device=a["q"].device)), ValueError, "sinks must have shape"),
+        ("softcap", kw("logit_cap", -1.0), ValueError, "logit_cap"),
+        ("scale-shape", kw("k_scale", lambda a: torch.ones(2, device=a["q"].device)), ValueError, "one value"),
+        ("out-dtype", kw("out", lambda a: torch.empty(a["q"].shape, dtype=torch.float64, device=a["q"].device)),
+         TypeError, "out must have dtype"),
+        ("out-shape", kw("out", lambda a: torch.empty(1, 4, 16, device=a["q"].device)), ValueError,
+         "out must have shape"),
+        ("block", kw("block_n", 24), ValueError, "block_n must be a power of two"),
+        ("pack", kw("pack", 3), ValueError, "pack"),
+        ("causal", kw("causal", 1), TypeError, "causal must be a bool"),
+    ]
+
+
+@pytest.mark.parametrize("name, mutate, exc, match", [pytest.param(*b, id=b[0]) for b in _bad_inputs()])
+def test_bad_input_raises_before_launch(name, mutate, exc, match, device):
+    case = Case(**_mix(*MIX), W=11)
+    built = build(case, device)
+    args, index, kw = dict(built["args"]), dict(built["index"]), dict(built["kw"])
+    mutate(args, index, kw)
+    index = {k: v for k, v in index.items() if v is not None}
+    with pytest.raises(exc, match=match):
+        swa_extend(*args.values(), **index, **kw)
+
+
+def test_cases_cover_the_issue():
+    """The CPU grid holds every case the issue lists (a guard against trimming it silently)."""
+    cases = cpu_cases()
+    modes = {c.mode for c in cases}
+    assert {"causal", "noncausal", "tree", "mask_empty_rows"} <= modes
+    assert {0, -1} <= {c.W for c in cases} and any(c.paged for c in cases) and any(c.fp8 for c in cases)
+    mix = [c for c in cases if c.seq_lens == _mix(*MIX)["seq_lens"]][0]
+    kinds = {("no-prefix" if s == n else "zero" if n == 0 else "one" if n == 1 else "prefix")
+             for s, n in zip(mix.seq_lens, mix.new)}
+    assert kinds == {"no-prefix", "zero", "one", "prefix"}
+    assert replace(mix, W=11).id == cases[0].id
