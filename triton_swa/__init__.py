@@ -23,6 +23,7 @@ from .mem import (
     evict_swa_window,
 )
 from .ops.decode import swa_decode
+from .ops.extend import swa_extend
 from .ops.indices import (
     WindowIndices,
     WindowPageTable,
@@ -47,6 +48,7 @@ __all__ = [
     "TokenToKVPoolAllocator",
     "evict_swa_window",
     "swa_decode",
+    "swa_extend",
     "WindowIndices",
     "WindowPageTable",
     "build_window_indices",

@@ -1,6 +1,7 @@
 """Triton kernels, one module per op."""
 
 from .decode import swa_decode
+from .extend import swa_extend
 from .indices import (
     WindowIndices,
     WindowPageTable,
@@ -15,6 +16,7 @@ from .indices import (
 
 __all__ = [
     "swa_decode",
+    "swa_extend",
     "WindowIndices",
     "WindowPageTable",
     "build_window_indices",
