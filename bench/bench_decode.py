@@ -1,0 +1,368 @@
+"""Decode benchmark: ``swa_decode`` against FlexAttention and gather + SDPA on the same bytes (SPEC §7).
+
+Shapes (bf16, one decode query per request at sequence length L):
+
+- ``g3``: Gemma-3-like sliding layer, 32 query / 16 KV heads, D 128, W 1023;
+- ``g4swa``: Gemma-4-like sliding layer, 32 / 16, D 256, W 1023;
+- ``g4full``: Gemma-4-like full layer, 32 / 4, D 512, no window;
+- ``mistral``: Mistral-like, 32 / 8, D 128, W 4095;
+- ``gptoss``: gpt-oss-like, 64 / 8, D 64, W 127, with sinks;
+
+B in {1, 8, 64, 256}, L in {4k, 32k}, page sizes 1 (CSR token slots) and 16 (page table). The pool
+holds only what the windows need, pages scattered by a random permutation (as in a long-running
+server). Input sets rotate so that L2 does not serve them (one set when it is larger than 1 GiB);
+small cases are also timed by CUDA-graph replay (providers ``*_graph``).
+
+Providers, all on the same K/V values: ``triton_swa``; ``flex`` (FlexAttention decode over the window
+gathered into contiguous `[B, H, n, D]`, untimed); ``flex_paged`` (FlexAttention over the pool itself
+through a block mask of the window's pages, page size 16 only: it needs pages of at least 16 tokens);
+``gather_sdpa`` (gather the window from the pool, then SDPA; the gather is timed). Flex and SDPA have no
+sinks: on ``gptoss`` they do slightly less work than ``triton_swa``.
+
+``bytes`` counts the window's K and V once, q, o and the index metadata; ``flops`` counts attended
+(query, key) pairs only. Rows go to ``bench/results/decode-<date>-<gpu>.csv``; a compact table is
+printed last. Every output of set 0 is checked against a float32 PyTorch decode of a few requests
+(with sinks); a mismatch is reported and makes the exit status non-zero.
+
+    python bench/bench_decode.py                       # the issue's grid, about 4 minutes
+    python bench/bench_decode.py --models g3 --batch 1,64 --no-flex
+    python bench/bench_decode.py --sweep --models mistral --batch 64 --ctx 4k --pages 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
+from triton_swa.ops.decode import _launch_swa_decode, swa_decode  # noqa: E402
+
+GiB = 2**30
+DTYPE = torch.bfloat16
+DEVICE = "cuda"
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    hq: int
+    h: int
+    d: int
+    window_left: int
+    sinks: bool = False
+
+
+MODELS = {
+    "g3": Model("g3", 32, 16, 128, 1023),
+    "g4swa": Model("g4swa", 32, 16, 256, 1023),
+    "g4full": Model("g4full", 32, 4, 512, -1),
+    "mistral": Model("mistral", 32, 8, 128, 4095),
+    "gptoss": Model("gptoss", 64, 8, 64, 127, sinks=True),
+}
+
+
+@dataclass
+class Set:
+    """One input set: a pool holding B windows, queries, and both index forms."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    slots: torch.Tensor  # int64 [B, n]
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    page_table: torch.Tensor
+    window_starts: torch.Tensor
+    seq_lens: torch.Tensor
+    sinks: torch.Tensor | None
+    k_win: torch.Tensor | None = None  # contiguous [B, H, n, D] copies for flex
+    v_win: torch.Tensor | None = None
+
+
+def window_len(m: Model, L: int) -> int:
+    return L if m.window_left < 0 else min(L, m.window_left + 1)
+
+
+def make_set(m: Model, B: int, L: int, page: int, seed: int, contiguous: bool) -> Set:
+    dev = DEVICE
+    torch.manual_seed(seed)
+    n = window_len(m, L)
+    start = L - n
+    first = start // page
+    npg = (L - 1) // page - first + 1
+    total = B * npg + 1
+    pages = (torch.randperm(total - 1, device=dev)[: B * npg] + 1).view(B, npg).to(torch.int32)
+    pos = start + torch.arange(n, device=dev)
+    slots = pages[:, pos // page - first].long() * page + pos % page
+    k = torch.randn(total * page, m.h, m.d, dtype=DTYPE, device=dev)
+    v = torch.randn(total * page, m.h, m.d, dtype=DTYPE, device=dev)
+    s = Set(
+        q=torch.randn(B, m.hq, m.d, dtype=DTYPE, device=dev), k=k, v=v, slots=slots,
+        kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32),
+        kv_indices=slots.reshape(-1).to(torch.int32), page_table=pages,
+        window_starts=torch.full((B,), start, dtype=torch.int32, device=dev),
+        seq_lens=torch.full((B,), L, dtype=torch.int32, device=dev),
+        sinks=torch.randn(m.hq, device=dev) if m.sinks else None,
+    )
+    if contiguous:
+        s.k_win = k[slots].permute(0, 2, 1, 3).contiguous()
+        s.v_win = v[slots].permute(0, 2, 1, 3).contiguous()
+    return s
+
+
+def torch_decode(m: Model, s: Set, rows: int) -> torch.Tensor:
+    """float32 decode of the first ``rows`` requests, sinks included: the check of every provider."""
+    g = m.hq // m.h
+    q = s.q[:rows].float().view(rows, m.h, g, m.d)
+    k = s.k[s.slots[:rows]].float()  # [rows, n, H, D]
+    v = s.v[s.slots[:rows]].float()
+    scores = torch.einsum("bhgd,bnhd->bhgn", q, k) / math.sqrt(m.d)
+    if s.sinks is not None:
+        scores = torch.cat([scores, s.sinks.float().view(1, m.h, g, 1).expand(rows, -1, -1, 1)], dim=-1)
+    p = scores.softmax(-1)[..., : k.shape[1]]
+    return torch.einsum("bhgn,bnhd->bhgd", p, v).reshape(rows, m.hq, m.d)
+
+
+class Providers:
+    """Callables per provider for one set; FlexAttention compiled once per process."""
+
+    flex_fn = None
+
+    def __init__(self, m: Model, s: Set, page: int, L: int, flex: bool, flex_paged: bool, sdpa: bool):
+        self.m, self.s, self.page = m, s, page
+        B = s.q.shape[0]
+        self.sm_scale = 1.0 / math.sqrt(m.d)
+        self.out = torch.empty(B, m.hq, m.d, dtype=DTYPE, device=DEVICE)
+        self.max_window = window_len(m, L)
+        self.fns = {"triton_swa": self.triton_swa}
+        if flex and s.k_win is not None:
+            self.fns["flex"] = self.flex
+        if flex_paged and page >= 16:
+            self._build_paged_mask(L)
+            self.fns["flex_paged"] = self.flex_paged
+        if sdpa:
+            self.fns["gather_sdpa"] = self.gather_sdpa
+
+    def triton_swa(self, **override):
+        """The public call, or (with overrides: block_n, num_warps, num_stages, num_splits) its launcher."""
+        s = self.s
+        if self.page == 1:
+            where = dict(kv_indptr=s.kv_indptr, kv_indices=s.kv_indices)
+            none = dict(page_table=None, window_starts=None, seq_lens=None, page_size=1)
+        else:
+            where = dict(page_table=s.page_table, window_starts=s.window_starts, seq_lens=s.seq_lens,
+                         page_size=self.page)
+            none = dict(kv_indptr=None, kv_indices=None)
+        if override:
+            return _launch_swa_decode(s.q, s.k, s.v, self.out, **where, **none, sm_scale=self.sm_scale,
+                                      logit_cap=0.0, sinks=s.sinks, k_scale=1.0, k_scale_t=None, v_scale=1.0,
+                                      v_scale_t=None, max_window=self.max_window, **override)
+        return swa_decode(s.q, s.k, s.v, **where, sm_scale=self.sm_scale, sinks=s.sinks, out=self.out,
+                          max_window=self.max_window)
+
+    @classmethod
+    def _flex(cls):
+        if cls.flex_fn is None:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+            if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+                torch._dynamo.config.accumulated_cache_size_limit = 4096
+            cls.flex_fn = torch.compile(flex_attention)
+        return cls.flex_fn
+
+    def flex(self):
+        s = self.s
+        return self._flex()(s.q.unsqueeze(2), s.k_win, s.v_win, scale=self.sm_scale, enable_gqa=True)
+
+    def _build_paged_mask(self, L: int):
+        """A block mask over the pool `[1, H, slots, D]` whose KV blocks are the window's pages. The
+        mask_mod admits a slot when its page belongs to the request and the slot is inside the window
+        (the first and last pages are cut at the window's ends); compiled flex evaluates it only on the
+        listed pages, eager flex everywhere."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        s, page = self.s, self.page
+        B, npg = s.page_table.shape
+        start = L - self.max_window
+        owner = torch.full((s.k.shape[0] // page,), -1, dtype=torch.int64, device=DEVICE)
+        owner[s.page_table.long().view(-1)] = torch.arange(B, device=DEVICE).repeat_interleave(npg)
+        first_phys, last_phys = s.page_table[:, 0].long(), s.page_table[:, -1].long()
+        first_off, last_off = start % page, (L - 1) % page
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            pg, off = kv_idx // page, kv_idx % page
+            inside = ((pg != first_phys[b]) | (off >= first_off)) & ((pg != last_phys[b]) | (off <= last_off))
+            return (owner[pg] == b) & inside
+
+        num = torch.full((B, 1, 1), npg, dtype=torch.int32, device=DEVICE)
+        # Flex wants the mask's KV extent to cover the whole pool: one column per pool page.
+        idx = torch.zeros(B, 1, 1, owner.shape[0], dtype=torch.int32, device=DEVICE)
+        idx[:, 0, 0, :npg] = s.page_table
+        kwargs = dict(BLOCK_SIZE=(128, page), mask_mod=mask_mod, seq_lengths=(1, s.k.shape[0]))
+        try:
+            self.block_mask = BlockMask.from_kv_blocks(num, idx, compute_q_blocks=False, **kwargs)
+        except TypeError:
+            self.block_mask = BlockMask.from_kv_blocks(num, idx, **kwargs)
+        self.k_pool = s.k.unsqueeze(0).permute(0, 2, 1, 3)  # [1, H, slots, D], a view of the pool
+        self.v_pool = s.v.unsqueeze(0).permute(0, 2, 1, 3)
+
+    def flex_paged(self):
+        return self._flex()(self.s.q.unsqueeze(2), self.k_pool, self.v_pool, block_mask=self.block_mask,
+                            scale=self.sm_scale, enable_gqa=True)
+
+    def gather_sdpa(self):
+        """Gather the window, then SDPA with each KV head's query group as its query rows (no GQA
+        expansion of K/V, which the math backend would materialise)."""
+        s, m = self.s, self.m
+        B, n = s.slots.shape
+        flat = s.slots.view(-1)
+        k = s.k.index_select(0, flat).view(B, n, m.h, m.d).transpose(1, 2)
+        v = s.v.index_select(0, flat).view(B, n, m.h, m.d).transpose(1, 2)
+        q = s.q.view(B, m.h, m.hq // m.h, m.d)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=self.sm_scale)
+        return o.reshape(B, m.hq, m.d)
+
+
+def case_bytes(m: Model, B: int, L: int, page: int) -> int:
+    n = window_len(m, L)
+    kv = B * n * m.h * 2 * m.d * 2
+    qo = 2 * B * m.hq * m.d * 2
+    if page == 1:
+        index = 4 * (B * n + B + 1)
+    else:
+        index = 4 * (B * (math.ceil(n / page) + 1) + 2 * B)
+    return kv + qo + index
+
+
+def run_case(rec: Recorder, m: Model, B: int, L: int, page: int, args, failures: list) -> None:
+    n = window_len(m, L)
+    case = f"{m.name}-B{B}-L{L // 1024}k-W{m.window_left}-P{page}"
+    nbytes = case_bytes(m, B, L, page)
+    flops = 4 * B * m.hq * n * m.d
+    set_bytes = nbytes
+    n_sets = 1 if set_bytes >= GiB else rotation_count(set_bytes)
+    peers = not args.sweep and set_bytes <= args.peer_max_gib * GiB
+    want_flex = peers and not args.no_flex
+    sets = [make_set(m, B, L, page, seed=i, contiguous=want_flex) for i in range(n_sets)]
+    provs = [Providers(m, s, page, L, want_flex, want_flex and not args.no_flex_paged, peers) for s in sets]
+
+    if args.sweep:
+        sweep(rec, case, m, provs, nbytes, flops)
+        return
+
+    check_rows = min(B, 2)
+    want = torch_decode(m, sets[0], check_rows)
+    names = list(provs[0].fns)
+    graph = set_bytes <= args.graph_max_mib * 2**20
+    for name in names:
+        try:
+            got = provs[0].fns[name]()
+            if got.dim() == 4:
+                got = got.squeeze(2)
+            got = got[:check_rows].float()
+            # Peers have no sinks: on sink shapes only triton_swa is checked.
+            if (name == "triton_swa" or not m.sinks) and not torch.allclose(got, want, atol=2e-2, rtol=2e-2):
+                err = (got - want).abs().max().item()
+                failures.append(f"{case} {name}: max-abs error {err:.3e} against the float32 decode")
+                print(f"MISMATCH {case} {name}: max-abs error {err:.3e}", flush=True)
+            fns = [p.fns[name] for p in provs]
+            rec.add(case, name, time_rotated(fns, reps=args.reps), nbytes, flops)
+            if graph:
+                rec.add(case, f"{name}_graph", time_rotated(fns, reps=args.reps, use_graph=True), nbytes, flops)
+        except Exception as exc:  # a peer that does not run on this shape is reported, not fatal
+            msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+            print(f"  {case} {name}: did not run ({type(exc).__name__}: {msg})", flush=True)
+            if name == "triton_swa":
+                failures.append(f"{case} triton_swa raised {type(exc).__name__}: {msg}")
+    print(f"  {case}: {n_sets} set(s) of {set_bytes / 2**20:.1f} MiB, {len(names)} providers", flush=True)
+
+
+def sweep(rec: Recorder, case: str, m: Model, provs, nbytes: int, flops: int) -> None:
+    """Time triton_swa over tile/warp/stage/split choices; print the best few (no CSV rows)."""
+    results = []
+    block_ns = [16, 32, 64, 128] if m.d <= 128 else [16, 32, 64]
+    for block_n, warps, stages, splits in itertools.product(block_ns, [4, 8], [2, 3, 4], [None, 1, 2, 4, 8, 16]):
+        override = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits)
+        try:
+            fns = [lambda p=p, o=override: p.triton_swa(**o) for p in provs]
+            t = time_rotated(fns, reps=10)
+        except Exception as exc:
+            print(f"  {case} {override}: {type(exc).__name__}", flush=True)
+            continue
+        results.append((t[1], override))
+    results.sort(key=lambda r: r[0])
+    default = time_rotated([p.triton_swa for p in provs], reps=10)[1]
+    print(f"{case}: default {default:.1f} us ({nbytes / default / 1e6:.2f} TB/s)")
+    for us, override in results[:6]:
+        print(f"    {us:8.1f} us {nbytes / us / 1e6:6.2f} TB/s  {override}")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batch", default="1,8,64,256")
+    parser.add_argument("--ctx", default="4k,32k")
+    parser.add_argument("--pages", default="1,16")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--no-flex", action="store_true", help="skip both FlexAttention peers")
+    parser.add_argument("--no-flex-paged", action="store_true")
+    parser.add_argument("--peer-max-gib", type=float, default=20.0, help="skip peers on larger window sets")
+    parser.add_argument("--graph-max-mib", type=float, default=64.0, help="graph-replay timing up to this size")
+    parser.add_argument("--max-gib", type=float, default=20.0, help="skip cases whose window K/V is larger")
+    parser.add_argument("--budget-s", type=float, default=230.0, help="start no case after this many seconds")
+    parser.add_argument("--sweep", action="store_true", help="tile/split sweep of triton_swa only")
+    args = parser.parse_args()
+
+    t0 = time.time()
+    # `timeout` sends SIGTERM: save what was measured before leaving.
+    signal.signal(signal.SIGTERM, _interrupt)
+    rec = Recorder.start("decode")
+    print(f"copy ceiling {rec.copy_tbps:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
+    failures, skipped = [], []
+    # Context-major, so that a run cut short by the budget still covers every model at the first context.
+    grid = [(MODELS[name], int(b), int(c.rstrip("k")) * 1024, int(p))
+            for c in args.ctx.split(",") for p in args.pages.split(",")
+            for name in args.models.split(",") for b in args.batch.split(",")]
+    try:
+        for m, B, L, page in grid:
+            case = f"{m.name}-B{B}-L{L // 1024}k-P{page}"
+            if case_bytes(m, B, L, page) > args.max_gib * GiB:
+                skipped.append(f"{case} (window K/V over {args.max_gib:g} GiB)")
+                continue
+            if time.time() - t0 > args.budget_s:
+                skipped.append(f"{case} (time budget)")
+                continue
+            run_case(rec, m, B, L, page, args, failures)
+            torch.cuda.empty_cache()
+    except KeyboardInterrupt:
+        print("interrupted: saving the rows measured so far", flush=True)
+    finally:
+        if rec.rows:
+            print(f"saved {rec.save()}")
+    if skipped:
+        print(f"skipped {len(skipped)}: " + "; ".join(skipped))
+    print(f"total {time.time() - t0:.0f} s")
+    if rec.rows:
+        print(rec.table())
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
