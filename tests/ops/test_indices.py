@@ -164,9 +164,7 @@ def test_out_buffers_csr(device):
     _check_csr(got, expected, 3, sliding=True)
     assert bool((got.kv_indices[int(expected[0][-1]):] == SENTINEL).all())
     # An undersized buffer truncates and never writes past its end.
-    small = torch.full((10,), SENTINEL, dtype=torch.int32, device=device)
     backing = torch.full((14,), SENTINEL, dtype=torch.int32, device=device)
-    backing[:10] = small
     out = WindowIndices(torch.empty(B + 1, dtype=torch.int32, device=device), backing[:7],
                         torch.empty(B, dtype=torch.int32, device=device))
     build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, out=out, block=4)

@@ -73,14 +73,14 @@ class WindowPageTable(NamedTuple):
 # ----------------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["B", "shift", "capacity", "num_splits", "n_mapping"])
+@triton.jit(do_not_specialize=["shift", "capacity", "num_splits", "n_mapping"])
 def _swa_window_indices_kernel(
     p_req_to_token, stride_rt_r, stride_rt_t,
     p_req_pool_indices, p_lens,
     p_mapping, n_mapping,
     p_out, stride_out_b,
     p_indptr, p_starts,
-    B, shift, capacity, num_splits,
+    shift, capacity, num_splits,
     HAS_WINDOW: tl.constexpr,
     HAS_MAPPING: tl.constexpr,
     PAGE_TABLE: tl.constexpr,
@@ -442,7 +442,7 @@ def _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_windo
         mapping if mapping is not None else req_to_token, mapping.numel() if mapping is not None else 0,
         out, stride_out_b,
         indptr, starts,
-        B, shift, capacity, num_splits,
+        shift, capacity, num_splits,
         HAS_WINDOW=has_window, HAS_MAPPING=mapping is not None, PAGE_TABLE=page_table,
         PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs,
     )
@@ -612,7 +612,7 @@ def build_window_page_table(
     width = out.page_table.shape[1]
     _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_window, mapping, out.page_table,
                           out.page_table.stride(0), out.window_starts, out.window_starts, width, True, page_size,
-                          width, block, num_splits, None)
+                          width, block, num_splits, 16)  # block_reqs: no prefix sum in table mode
     return out
 
 
