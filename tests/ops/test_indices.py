@@ -384,9 +384,7 @@ def test_bad_input_raises_before_launch(device):
                  k_scale=torch.ones(2, device=device))
 
 
-# ----------------------------------------------------------------------------------------------------
 # GPU tier: big batches, 1M-token contexts (int64 address math), CUDA-graph capture.
-# ----------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu

@@ -68,11 +68,6 @@ class WindowPageTable(NamedTuple):
     window_starts: torch.Tensor
 
 
-# ----------------------------------------------------------------------------------------------------
-# Kernels
-# ----------------------------------------------------------------------------------------------------
-
-
 @triton.jit(do_not_specialize=["shift", "capacity", "num_splits", "n_mapping"])
 def _swa_window_indices_kernel(
     p_req_to_token, stride_rt_r, stride_rt_t,
@@ -277,11 +272,6 @@ def _swa_store_kv_kernel(
                     V_SCALE, V_ENC, BLOCK_H, BLOCK_DV)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Heuristics
-# ----------------------------------------------------------------------------------------------------
-
-
 @functools.lru_cache(maxsize=8)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
@@ -316,11 +306,6 @@ def _store_blocks(H: int, D: int, DV: int) -> tuple[int, int, int]:
     block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(DV)
     block_h = max(1, min(triton.next_power_of_2(H), 4096 // max(block_d, block_dv)))
     return block_h, block_d, block_dv
-
-
-# ----------------------------------------------------------------------------------------------------
-# Host helpers (no device work)
-# ----------------------------------------------------------------------------------------------------
 
 
 def max_window_len(window_left: int, max_context_len: int, *, extend: bool = False) -> int:
@@ -374,11 +359,6 @@ def window_index_count(seq_lens, window_left: int, prefix_lens=None) -> int:
     if window_left >= 0:
         lens = lens.clamp(max=window_left + (0 if prefix_lens is not None else 1))
     return int(lens.sum())
-
-
-# ----------------------------------------------------------------------------------------------------
-# Checks and launchers
-# ----------------------------------------------------------------------------------------------------
 
 
 def _check_window_left(window_left) -> int:
@@ -453,11 +433,6 @@ def _mode(seq_lens, prefix_lens, window_left):
     if prefix_lens is None:
         return seq_lens, window_left + 1, window_left >= 0
     return prefix_lens, window_left, window_left >= 0
-
-
-# ----------------------------------------------------------------------------------------------------
-# Public functions
-# ----------------------------------------------------------------------------------------------------
 
 
 def build_window_indices(
