@@ -116,6 +116,7 @@ def _gpu_cases() -> list[Case]:
         (512, None, 32, 4, 16, "paged", bf16),
         (512, None, 16, 16, 1, "csr", f16),
         (512, 256, 8, 1, 64, "paged", bf16),
+        (512, None, 32, 1, 16, "paged", f16),  # MQA G = 32 at D 512: two programs per KV head
     ]
     for d, dv, hq, h, page, form, dtype in grid:
         for w in (127, 1023):

@@ -380,7 +380,7 @@ def swa_decode(
     seq_lens: torch.Tensor | None = None,
     page_size: int = 1,
     sm_scale: float | None = None,
-    logit_cap: float = 0.0,
+    logit_cap: float | None = 0.0,
     sinks: torch.Tensor | None = None,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
@@ -411,7 +411,7 @@ def swa_decode(
             (empty when ``seq_lens <= window_starts``: zeros, as for CUDA-graph padding rows).
         page_size (int): tokens per page of the pool (page-table form; must be 1 with CSR).
         sm_scale (float | None): score scale, ``1 / sqrt(D)`` by default.
-        logit_cap (float): soft cap ``cap * tanh(s / cap)`` of the scores when ``> 0``.
+        logit_cap (float | None): soft cap ``cap * tanh(s / cap)`` of the scores when ``> 0``.
         sinks (torch.Tensor | None): `[HQ]` float, one sink logit per query head.
         k_scale, v_scale (float | torch.Tensor | None): per-tensor dequantisation scales of fp8 K/V
             (a float, or a one-element tensor read on the device).
@@ -492,6 +492,7 @@ def swa_decode(
         sm_scale = 1.0 / math.sqrt(D)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
         raise TypeError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    logit_cap = 0.0 if logit_cap is None else logit_cap
     if isinstance(logit_cap, bool) or not isinstance(logit_cap, (int, float)) or not logit_cap >= 0:
         raise ValueError(f"logit_cap must be a float >= 0 (0 disables it), got {logit_cap!r}")
     if sinks is not None:
