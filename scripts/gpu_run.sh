@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=c
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest tests -q -x -p no:cacheprovider ${filter:+-k "$filter"} 2>&1 | tee "$out/gpu-tests.log" | tail -25
+  python3 -m pytest tests -q -p no:cacheprovider --durations=15 ${filter:+-k "$filter"} 2>&1 | tee "$out/gpu-tests.log" | tail -25
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
