@@ -308,6 +308,40 @@ def sweep(rec: Recorder, case: str, m: Model, provs, nbytes: int, flops: int) ->
         print(f"    {us:8.1f} us {nbytes / us / 1e6:6.2f} TB/s  {override}")
 
 
+def target_summary(rows: list) -> str:
+    """One line per case: triton_swa's share of the copy ceiling and its speed-up over each peer, with
+    the issue's targets (>= 90% of copy at >= 256 MB, >= 70% at 16-64 MB, <= 8 us at B = 1 by graph
+    replay, >= 1.0x FlexAttention)."""
+    by_case: dict = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    lines = [f"{'case':<34} {'MB':>8} {'%copy':>6} {'us':>8} {'graph us':>8}  speed-up over peers"]
+    for case, prov in by_case.items():
+        ours = prov.get("triton_swa")
+        if ours is None:
+            continue
+        mb = ours["bytes"] / 1e6
+        misses = []
+        if mb >= 256 and ours["pct_copy"] < 90 or 16 <= mb <= 64 and ours["pct_copy"] < 70:
+            misses.append("%copy")
+        graph = prov.get("triton_swa_graph")
+        if "-B1-" in case and graph is not None and graph["us_p50"] > 8:
+            misses.append("B1 latency")
+        ratios = []
+        for name in ("flex", "flex_paged", "gather_sdpa"):
+            for suffix in ("", "_graph"):
+                peer, mine = prov.get(name + suffix), prov.get("triton_swa" + suffix)
+                if peer is not None and mine is not None:
+                    x = peer["us_p50"] / mine["us_p50"]
+                    ratios.append(f"{name + suffix} {x:.2f}x")
+                    if name.startswith("flex") and x < 1.0:
+                        misses.append(name + suffix)
+        g = f"{graph['us_p50']:8.2f}" if graph is not None else f"{'-':>8}"
+        lines.append(f"{case:<34} {mb:8.1f} {ours['pct_copy']:6.1f} {ours['us_p50']:8.2f} {g}  "
+                     + ", ".join(ratios) + (f"  MISS: {', '.join(misses)}" if misses else ""))
+    return "\n".join(lines)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -359,6 +393,7 @@ def main() -> int:
     print(f"total {time.time() - t0:.0f} s")
     if rec.rows:
         print(rec.table())
+        print(target_summary(rec.rows))
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0
