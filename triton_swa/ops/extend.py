@@ -79,9 +79,31 @@ def _swa_extend_tiles(
 
     Key indices ``j`` are relative to the first new token: the cached prefix is ``j < 0`` (position
     ``P + j``, read through the index list or page table), the new keys are ``0 <= j < E`` (read from
-    the step's contiguous ``k``/``v``). Scores are in log2 units (``qk_scale`` holds ``log2(e)``).
+    the step's contiguous ``k``/``v``). Scores are in log2 units (``qk_scale`` holds ``log2(e)``,
+    and must be positive: it is applied to the row max before the exponent).
     Unmasked calls (``MASKED=False``) must only cover tiles that every row of the tile fully sees.
     """
+    if not PREFIX:
+        # new keys are contiguous rows: pointers at j = 0, advanced by a scalar offset per tile
+        o_t0 = (q_start + o_n).to(tl.int64)
+        p_k0 = K_SRC + o_t0[:, None] * stride_kt + i_kvh * stride_kh + o_d[None, :]
+        p_v0 = V_SRC + o_t0[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
+    # Masks by position as per-row bounds on j ([BLOCK_M]), hoisted out of the loop: inside, a tile
+    # compares its column offsets o_n against the bounds shifted by the tile start (two compares per
+    # score instead of the differences of positions).
+    SIMPLE: tl.constexpr = PREFIX or not (HAS_MASK or HAS_QPOS)
+    if PREFIX:
+        b_lb = tl.zeros_like(r_i) + lo
+        if WINDOW:
+            b_lb = tl.maximum(b_lb, r_i - window_left)
+        b_ub = tl.zeros_like(r_i) - 1
+    else:
+        b_lb = tl.zeros_like(o_i)
+        if WINDOW:
+            b_lb = o_i - window_left
+        b_ub = tl.zeros_like(o_i) + E - 1
+        if CAUSAL:
+            b_ub = tl.minimum(o_i, E - 1)
     for s in range(s_begin, s_end, BLOCK_N):
         o_j = s + o_n
         # [BLOCK_N]
@@ -106,9 +128,8 @@ def _swa_extend_tiles(
             p_v = V_SRC + b_slot[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
         else:
             m_key = o_j < E
-            o_t = (q_start + o_j).to(tl.int64)
-            p_k = K_SRC + o_t[:, None] * stride_kt + i_kvh * stride_kh + o_d[None, :]
-            p_v = V_SRC + o_t[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
+            p_k = p_k0 + tl.cast(s, tl.int64) * stride_kt
+            p_v = p_v0 + tl.cast(s, tl.int64) * stride_vt
         # [BLOCK_N, BLOCK_D]
         b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
         # [BLOCK_M, BLOCK_N]
@@ -116,35 +137,40 @@ def _swa_extend_tiles(
         if SOFTCAP:
             # cap * tanh(s / cap), with tanh(x) = 2 * sigmoid(2x) - 1 (no tanh in the interpreter)
             b_s = logit_cap * (2.0 * tl.sigmoid(b_s * (2.0 * qk_scale / logit_cap)) - 1.0) * 1.4426950408889634
+            s_scale = 1.0
         else:
-            b_s = b_s * qk_scale
-        if MASKED:
+            # the scale is applied to the row max and fused into the exponent's FFMA below
+            s_scale = qk_scale
+        if MASKED and SIMPLE:
+            # lb <= j <= ub, with j = s + o_n; the prefix's ub (-1) holds by the tile range
+            m_s = o_n[None, :] >= (b_lb - s)[:, None]
+            if not PREFIX:
+                m_s = m_s & (o_n[None, :] <= (b_ub - s)[:, None])
+            b_s = tl.where(m_s, b_s, float("-inf"))
+        elif MASKED:
+            # new keys of a tree (positions of their own) or under a custom mask
             m_s = m_key[None, :]
-            if PREFIX:
-                if WINDOW:
-                    m_s = m_s & (r_i[:, None] - o_j[None, :] <= window_left)
-            else:
-                if WINDOW:
-                    if HAS_QPOS:
-                        r_j = tl.load(Q_POS + q_start + o_j, mask=m_key, other=0).to(tl.int32) - P
-                        m_s = m_s & (r_i[:, None] - r_j[None, :] <= window_left)
-                    else:
-                        m_s = m_s & (o_i[:, None] - o_j[None, :] <= window_left)
-                if HAS_MASK:
-                    p_cm = CUSTOM_MASK + mask_off + o_i.to(tl.int64)[:, None] * E + o_j[None, :]
-                    b_cm = tl.load(p_cm, mask=(o_i < E)[:, None] & m_key[None, :], other=0)
-                    m_s = m_s & (b_cm != 0)
-                elif CAUSAL:
-                    m_s = m_s & (o_j[None, :] <= o_i[:, None])
+            if WINDOW:
+                if HAS_QPOS:
+                    r_j = tl.load(Q_POS + q_start + o_j, mask=m_key, other=0).to(tl.int32) - P
+                    m_s = m_s & (r_i[:, None] - r_j[None, :] <= window_left)
+                else:
+                    m_s = m_s & (o_j[None, :] >= b_lb[:, None])
+            if HAS_MASK:
+                p_cm = CUSTOM_MASK + mask_off + o_i.to(tl.int64)[:, None] * E + o_j[None, :]
+                b_cm = tl.load(p_cm, mask=(o_i < E)[:, None] & m_key[None, :], other=0)
+                m_s = m_s & (b_cm != 0)
+            elif CAUSAL:
+                m_s = m_s & (o_j[None, :] <= o_i[:, None])
             b_s = tl.where(m_s, b_s, float("-inf"))
         # [BLOCK_M]
-        m_ij = tl.maximum(m_i, tl.max(b_s, 1))
+        m_ij = tl.maximum(m_i, tl.max(b_s, 1) * s_scale)
         if MASKED:
             # a row with no visible key yet keeps m = -inf; subtract 0 instead so that exp2 gives 0, not NaN
             m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         else:
             m_ij_safe = m_ij
-        b_p = tl.math.exp2(b_s - m_ij_safe[:, None])
+        b_p = tl.math.exp2(b_s * s_scale - m_ij_safe[:, None])
         alpha = tl.math.exp2(m_i - m_ij_safe)
         l_i = l_i * alpha + tl.sum(b_p, 1)
         acc = acc * alpha[:, None]
@@ -256,24 +282,6 @@ def _swa_extend_kernel(
     pre_scale = qk_scale
     if KV_SCALE:
         pre_scale = qk_scale * ks
-    acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, s_lo, s_mid, pre_scale, vs, logit_cap,
-        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
-        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
-        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
-        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        True, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
-    )
-    acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
-        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
-        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
-        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
-        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
-    )
 
     # ---- new keys j in [0, E) from the step's contiguous k/v ----
     n_lo = 0
@@ -297,14 +305,18 @@ def _swa_extend_kernel(
     mask_off = 0
     if HAS_MASK:
         mask_off = tl.load(MASK_INDPTR + i_b).to(tl.int64)
+
+    # Unmasked loops first, masked ones after: the softmax does not care about the order, and ptxas
+    # serialises every wgmma of the kernel when a masked loop's accumulator flows into an unmasked
+    # loop (C7515), which halves tensor-core throughput on Hopper.
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, n_lo, n_mid, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
-        CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_mid, n_diag, qk_scale, 1.0, logit_cap,
@@ -313,6 +325,24 @@ def _swa_extend_kernel(
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, s_lo, s_mid, pre_scale, vs, logit_cap,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        True, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, n_lo, n_mid, qk_scale, 1.0, logit_cap,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
         SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
@@ -417,6 +447,8 @@ def _as_scale(name: str, value, device) -> float | torch.Tensor:
         return value.reshape(1)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float or a one-element tensor, got {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
     return float(value)
 
 
@@ -567,6 +599,8 @@ def swa_extend(
         sm_scale = 1.0 / math.sqrt(D)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
         raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    if not sm_scale > 0:
+        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
     if isinstance(logit_cap, bool) or not isinstance(logit_cap, (int, float)) or logit_cap < 0:
         raise ValueError(f"logit_cap must be a float >= 0, got {logit_cap!r}")
     if sinks is not None:
