@@ -35,8 +35,8 @@ def _swa_pool(size=16, size_swa=16):
     return SWAKVPool(size, size_swa, 1, torch.float32, [0], [1], head_num=1, head_dim=8)
 
 
-def _plain_pool():
-    return MHATokenToKVPool(16, 1, torch.float32, 1, 8, 2)
+def _plain_pool(device="cpu"):
+    return MHATokenToKVPool(16, 1, torch.float32, 1, 8, 2, device)
 
 
 def _mock_runner(active, draft, algo, kvcache):
@@ -115,15 +115,16 @@ class Sim:
     evicted: list
     hist: dict = field(default_factory=dict)  # (layer, row) -> (k list, v list)
     g: torch.Generator = None
+    device: str = "cpu"
 
     def last_loc(self, i):
         n = self.lens[i]
         return int(self.rtp.req_to_token[self.rows[i], n - 1]) if n else -1
 
     def allocate(self, new):
-        prefix = torch.tensor(self.lens)
-        seq = prefix + torch.tensor(new)
-        last = torch.tensor([self.last_loc(i) for i in range(len(self.rows))])
+        prefix = torch.tensor(self.lens, device=self.device)
+        seq = prefix + torch.tensor(new, device=self.device)
+        last = torch.tensor([self.last_loc(i) for i in range(len(self.rows))], device=self.device)
         slots = self.alloc.alloc_extend(prefix, seq, last, int(sum(new)))
         assert slots is not None, "simulation pools too small"
         at = 0
@@ -142,7 +143,7 @@ class Sim:
             start = ref.extend_window_start(n, self.window_left)
             swa_live.append(mapping[full[start:]])
         for sub, live in ((self.pool.swa_kv_pool, torch.cat(swa_live)), (self.pool.full_kv_pool, torch.cat(full_live))):
-            dead = torch.ones(sub.k_buffer[0].shape[0], dtype=torch.bool)
+            dead = torch.ones(sub.k_buffer[0].shape[0], dtype=torch.bool, device=self.device)
             dead[live] = False
             for buf in sub.k_buffer + sub.v_buffer:
                 buf[dead] = float("nan")
@@ -153,16 +154,21 @@ class Sim:
                                                self.evicted[i])
 
 
-def make_sim(window_left, page_size, seed):
+def make_sim(window_left, page_size, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     pool = SWAKVPool(256, 96, page_size, torch.float32, swa_attention_layer_ids=[0, 2], full_attention_layer_ids=[1],
-                     swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32, full_v_head_dim=24)
-    alloc = SWATokenToKVPoolAllocator(256, 96, page_size, torch.float32, "cpu", pool)
+                     device=device, swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32, full_v_head_dim=24)
+    alloc = SWATokenToKVPoolAllocator(256, 96, page_size, torch.float32, device, pool)
     alloc.full_attn_allocator.shuffle_free_list(g)
     alloc.swa_attn_allocator.shuffle_free_list(g)
-    rtp = ReqToTokenPool(4, 64)
+    rtp = ReqToTokenPool(4, 64, device)
     rows = rtp.alloc(4)[1:]  # rows 2..4: row 1 stays unused, row 0 is padding
-    return Sim(window_left, page_size, pool, alloc, rtp, rows, [0, 0, 0], [0, 0, 0], g=g)
+    return Sim(window_left, page_size, pool, alloc, rtp, rows, [0, 0, 0], [0, 0, 0], g=g, device=device)
+
+
+def randn(sim, *shape):
+    """Random values from the simulation's CPU generator, on its device."""
+    return torch.randn(*shape, generator=sim.g).to(sim.device)
 
 
 def expected_outputs(sim, layer, q, new_k, new_v, new_counts, q_pos_of):
@@ -178,7 +184,7 @@ def expected_outputs(sim, layer, q, new_k, new_v, new_counts, q_pos_of):
         if m:
             k, v = torch.stack(ks), torch.stack(vs)
             q_pos = q_pos_of(i)
-            mask = ref.window_mask(q_pos, torch.arange(len(ks)), layer.sliding_window_size)
+            mask = ref.window_mask(q_pos, torch.arange(len(ks)), layer.sliding_window_size).to(sim.device)
             outs.append(ref.attention(q[at:at + m], k, v, mask, sm_scale=layer.scaling, logit_cap=layer.logit_cap))
         at += m
     return torch.cat(outs).reshape(-1, HQ * layer.v_head_dim)
@@ -190,25 +196,27 @@ def run_step(sim, backend, layers, mode, new, *, draft_num=None):
     committed = list(sim.lens)
     sim.poison()
     out_cache_loc = sim.allocate(new)
-    rows = torch.tensor(sim.rows)
+    dev = sim.device
+    rows = torch.tensor(sim.rows, device=dev)
     if mode == ForwardMode.TARGET_VERIFY:
-        batch = ForwardBatch(mode, bs, rows, torch.tensor(committed), out_cache_loc,
+        batch = ForwardBatch(mode, bs, rows, torch.tensor(committed, device=dev), out_cache_loc,
                              seq_lens_cpu=torch.tensor(committed), spec_info=SpecInfo(draft_num))
     elif mode == ForwardMode.DECODE:
         seq = torch.tensor(committed) + 1
-        batch = ForwardBatch(mode, bs, rows, seq, out_cache_loc, seq_lens_cpu=seq)
+        batch = ForwardBatch(mode, bs, rows, seq.to(dev), out_cache_loc, seq_lens_cpu=seq)
     else:
         seq = torch.tensor(committed) + torch.tensor(new)
-        batch = ForwardBatch(mode, bs, rows, seq, out_cache_loc, seq_lens_cpu=seq,
-                             extend_prefix_lens=torch.tensor(committed), extend_seq_lens=torch.tensor(new),
+        batch = ForwardBatch(mode, bs, rows, seq.to(dev), out_cache_loc, seq_lens_cpu=seq,
+                             extend_prefix_lens=torch.tensor(committed, device=dev),
+                             extend_seq_lens=torch.tensor(new, device=dev),
                              extend_prefix_lens_cpu=committed, extend_seq_lens_cpu=list(new))
     backend.init_forward_metadata(batch)
     t = sum(new)
     for layer in layers:
-        q = torch.randn(t, HQ, layer.head_dim, generator=sim.g)
-        k = torch.randn(t, layer.tp_k_head_num, layer.head_dim, generator=sim.g)
-        v = torch.randn(t, layer.tp_k_head_num, layer.v_head_dim, generator=sim.g)
-        out = torch.full((t, HQ * layer.v_head_dim), float("nan"))
+        q = randn(sim, t, HQ, layer.head_dim)
+        k = randn(sim, t, layer.tp_k_head_num, layer.head_dim)
+        v = randn(sim, t, layer.tp_k_head_num, layer.v_head_dim)
+        out = torch.full((t, HQ * layer.v_head_dim), float("nan"), device=dev)
         out.copy_(backend.forward(q, k, v, layer, batch))
         want = expected_outputs(sim, layer, q, list(k), list(v), new,
                                 lambda i: committed[i] + torch.arange(new[i]))
@@ -232,9 +240,9 @@ def reject_drafts(sim, layers, accepted, draft_num):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("window_left, page_size", [pytest.param(5, 1, id="W5-P1"), pytest.param(6, 4, id="W6-P4")])
-def test_model_level_steps_match_reference(window_left, page_size):
-    sim = make_sim(window_left, page_size, seed=window_left)
-    runner = ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left)
+def test_model_level_steps_match_reference(window_left, page_size, device):
+    sim = make_sim(window_left, page_size, seed=window_left, device=device)
+    runner = ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left, device=device)
     backend = TritonSWAAttnBackend(runner)
     assert backend.use_sliding_window_kv_pool
     layers = model_layers(window_left)
@@ -253,50 +261,49 @@ def test_model_level_steps_match_reference(window_left, page_size):
 
 
 @pytest.mark.interpreter
-def test_draft_worker_regression_policy_vs_legacy_rule():
+def test_draft_worker_regression_policy_vs_legacy_rule(device):
     """Gemma 4 + DFlash: the draft's active pool is SWA-backed and shares the target's mapping, its
     allocator is not the SWA allocator's type. The policy translates and reads the right K/V; the
     legacy rule does not translate, and once SWA and full slots differ it reads wrong K/V."""
     w = 3
-    # The draft owns its own SWA pool (own buffers), registered on the target's mapping. Same
-    # sizes on both sides so that the legacy rule's wrong slots stay in bounds.
+    # The draft owns its own SWA pool (own buffers) registered on the target's mapping. Same sizes on
+    # both sides so that the legacy rule's wrong slots stay in bounds.
     draft_pool = SWAKVPool(256, 256, 1, torch.float32, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                           head_num=2, head_dim=16)
-    plain_alloc = TokenToKVPoolAllocator(256, torch.float32, "cpu", _plain_pool())
+                           device=device, head_num=2, head_dim=16)
+    plain_alloc = TokenToKVPoolAllocator(256, torch.float32, device, _plain_pool(device))
     layer = AttentionLayer(0, HQ, 2, 16, sliding_window_size=w)
     outs = {}
     for name, legacy in (("policy", None), ("legacy", SWATokenToKVPoolAllocator)):
-        sim = make_sim(w, 1, seed=11)  # the same allocation history as `target`
+        sim = make_sim(w, 1, seed=11, device=device)  # the target: the same allocation history each time
         draft_pool.register_mapping(sim.alloc.full_to_swa_index_mapping)
         for buf in draft_pool.swa_kv_pool.k_buffer + draft_pool.swa_kv_pool.v_buffer:
             buf.fill_(float("nan"))
         runner = ModelRunner(draft_pool, plain_alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
-                             spec_algorithm=SpeculativeAlgorithm.DFLASH)
+                             spec_algorithm=SpeculativeAlgorithm.DFLASH, device=device)
         backend = TritonSWAAttnBackend(runner, legacy_resolve_by_allocator_type=legacy)
-        g = torch.Generator().manual_seed(5)
+        sim.g = torch.Generator().manual_seed(5)
         # Prefill 9 tokens per request, then one decode step; compare the decode output.
-        new = [9, 9, 9]
-        loc = sim.allocate(new)
-        rows = torch.tensor(sim.rows)
-        seq = torch.tensor(new)
-        batch = ForwardBatch(ForwardMode.EXTEND, 3, rows, seq, loc, seq_lens_cpu=seq, extend_prefix_lens=torch.zeros(3, dtype=torch.int64),
-                             extend_seq_lens=seq, extend_prefix_lens_cpu=[0, 0, 0], extend_seq_lens_cpu=new)
+        loc = sim.allocate([9, 9, 9])
+        rows = torch.tensor(sim.rows, device=device)
+        seq = torch.tensor([9, 9, 9])
+        batch = ForwardBatch(ForwardMode.EXTEND, 3, rows, seq.to(device), loc, seq_lens_cpu=seq,
+                             extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=device),
+                             extend_seq_lens=seq.to(device), extend_prefix_lens_cpu=[0, 0, 0], extend_seq_lens_cpu=[9, 9, 9])
         backend.init_forward_metadata(batch)
-        k_all = torch.randn(27, 2, 16, generator=g)
-        v_all = torch.randn(27, 2, 16, generator=g)
-        backend.forward(torch.randn(27, HQ, 16, generator=g), k_all, v_all, layer, batch)
-        sim.lens = list(new)
+        k_all, v_all = randn(sim, 27, 2, 16), randn(sim, 27, 2, 16)
+        backend.forward(randn(sim, 27, HQ, 16), k_all, v_all, layer, batch)
+        sim.lens = [9, 9, 9]
         loc = sim.allocate([1, 1, 1])
         seq = torch.tensor([10, 10, 10])
-        batch = ForwardBatch(ForwardMode.DECODE, 3, rows, seq, loc, seq_lens_cpu=seq)
+        batch = ForwardBatch(ForwardMode.DECODE, 3, rows, seq.to(device), loc, seq_lens_cpu=seq)
         backend.init_forward_metadata(batch)
-        q, k1, v1 = torch.randn(3, HQ, 16, generator=g), torch.randn(3, 2, 16, generator=g), torch.randn(3, 2, 16, generator=g)
+        q, k1, v1 = randn(sim, 3, HQ, 16), randn(sim, 3, 2, 16), randn(sim, 3, 2, 16)
         outs[name] = backend.forward(q, k1, v1, layer, batch).reshape(3, HQ, 16)
         want = []
         for i in range(3):
             k = torch.cat([k_all[9 * i:9 * i + 9], k1[i:i + 1]])
             v = torch.cat([v_all[9 * i:9 * i + 9], v1[i:i + 1]])
-            mask = ref.window_mask(torch.tensor([9]), torch.arange(10), w)
+            mask = ref.window_mask(torch.tensor([9]), torch.arange(10), w).to(device)
             want.append(ref.attention(q[i:i + 1], k, v, mask, sm_scale=layer.scaling))
         outs["want"] = torch.cat(want)
     assert_close(outs["policy"], outs["want"], name="policy-resolved draft decode")

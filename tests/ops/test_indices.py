@@ -294,7 +294,7 @@ def test_store_kv(device, dtype, x_dtype, scale, layer):
 
 def test_store_kv_python_negative_slot(device):
     """loc = -1 translates to -1 and writes the last row, as the reference's torch indexing does."""
-    mapping = torch.tensor([0, 5, 2, 0, 0, 0, -1], device=device)
+    mapping = torch.tensor([0, 4, 2, 0, 0, 0, -1], device=device)  # no two locs share a row
     kb = torch.full((6, 1, 4), float("nan"), device=device)
     vb = torch.full((6, 2, 3), float("nan"), device=device)
     loc = torch.tensor([1, -1, 2], device=device)

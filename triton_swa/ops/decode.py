@@ -35,7 +35,7 @@ from .._checks import check_int, check_tensor
 
 __all__ = ["DecodeConfig", "decode_block_config", "decode_num_splits", "swa_decode"]
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 # A split keeps at least this many tokens, so that its float32 partial output (G x Dv x 4 bytes per
 # KV head, written once and read once by the merge) stays small against its own K/V reads: about
 # 2 * G / 128 of them for D = Dv in 16 bits (6% at G = 4). Fewer, longer splits would lose parallelism.
