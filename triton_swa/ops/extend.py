@@ -306,18 +306,10 @@ def _swa_extend_kernel(
     if HAS_MASK:
         mask_off = tl.load(MASK_INDPTR + i_b).to(tl.int64)
 
-    # Unmasked loops first, masked ones after: the softmax does not care about the order, and ptxas
-    # serialises every wgmma of the kernel when a masked loop's accumulator flows into an unmasked
-    # loop (C7515), which halves tensor-core throughput on Hopper.
-    acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
-        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
-        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
-        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
-        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
-    )
+    # Order of the loops: new keys unmasked, prefix unmasked, then the masked ones (prefix edge, new
+    # edge, diagonal). The softmax does not care, but ptxas serialises every wgmma of the kernel
+    # (C7515, about half the tensor-core throughput on Hopper) when a masked loop's accumulator flows
+    # into an unmasked one, or a gathered fp8 prefix loop into the new-key loop.
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_mid, n_diag, qk_scale, 1.0, logit_cap,
         K, V, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -326,6 +318,15 @@ def _swa_extend_kernel(
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
         SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+    )
+    acc, m_i, l_i = _swa_extend_tiles(
+        acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
+        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+        CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, s_lo, s_mid, pre_scale, vs, logit_cap,
