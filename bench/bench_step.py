@@ -45,7 +45,7 @@ def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: in
     rows = torch.tensor(rtp.alloc(batch), device=dev)
     # Full slots for every token; SWA slots only for the window (older tokens evicted).
     full = alloc.full_attn_allocator.alloc(batch * context).view(batch, context)
-    rtp.req_to_token[rows] = full.int()
+    rtp.req_to_token[rows, :context] = full.int()
     keep = full[:, context - (window_left + 1):].reshape(-1)
     alloc.full_to_swa_index_mapping[keep] = alloc.swa_attn_allocator.alloc(keep.numel())
     for sub in (pool.swa_kv_pool, pool.full_kv_pool):
