@@ -10,9 +10,20 @@ Glossary (SPEC.md is the contract):
 - KV buffers `[slots, H, D]`, slot 0 a dummy; with ``page_size`` P also `[slots // P, P, H, D]`.
 - ``kv_indptr`` `[B + 1]` / ``kv_indices``: a CSR list of the window's slots, oldest first.
 - Shapes: ``q [B or T, HQ, D]``, ``k/v [slots, H, D or Dv]``, ``HQ % H == 0`` (GQA).
+
+On a machine without a GPU, importing triton_swa turns on Triton's interpreter
+(``TRITON_INTERPRET=1``, unless the variable is already set) so that the kernels run on the CPU; it
+must happen before triton is first imported, which is why it sits here.
 """
 
-from .mem import (
+import os as _os
+
+import torch as _torch
+
+if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available() and "triton" not in __import__("sys").modules:
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from .mem import (  # noqa: E402
     BaseSWAKVPool,
     MHATokenToKVPool,
     PagedTokenToKVPoolAllocator,
@@ -22,9 +33,9 @@ from .mem import (
     TokenToKVPoolAllocator,
     evict_swa_window,
 )
-from .ops.decode import swa_decode
-from .ops.extend import swa_extend
-from .ops.indices import (
+from .ops.decode import swa_decode  # noqa: E402
+from .ops.extend import swa_extend  # noqa: E402
+from .ops.indices import (  # noqa: E402
     WindowIndices,
     WindowPageTable,
     build_window_indices,
