@@ -84,10 +84,9 @@ def _swa_extend_tiles(
     Unmasked calls (``MASKED=False``) must only cover tiles that every row of the tile fully sees.
     """
     if not PREFIX:
-        # new keys are contiguous rows: pointers at j = 0, advanced by a scalar offset per tile
-        o_t0 = (q_start + o_n).to(tl.int64)
-        p_k0 = K_SRC + o_t0[:, None] * stride_kt + i_kvh * stride_kh + o_d[None, :]
-        p_v0 = V_SRC + o_t0[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
+        # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
+        o_kt = o_n[:, None] * stride_kt + o_d[None, :]
+        o_vt = o_n[:, None] * stride_vt + o_dv[None, :]
     # Masks by position as per-row bounds on j ([BLOCK_M]), hoisted out of the loop: inside, a tile
     # compares its column offsets o_n against the bounds shifted by the tile start (two compares per
     # score instead of the differences of positions).
@@ -128,8 +127,9 @@ def _swa_extend_tiles(
             p_v = V_SRC + b_slot[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
         else:
             m_key = o_j < E
-            p_k = p_k0 + tl.cast(s, tl.int64) * stride_kt
-            p_v = p_v0 + tl.cast(s, tl.int64) * stride_vt
+            i_t = tl.cast(q_start + s, tl.int64)
+            p_k = K_SRC + (i_t * stride_kt + i_kvh * stride_kh) + o_kt
+            p_v = V_SRC + (i_t * stride_vt + i_kvh * stride_vh) + o_vt
         # [BLOCK_N, BLOCK_D]
         b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
         # [BLOCK_M, BLOCK_N]
@@ -389,18 +389,20 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
                   dtype: torch.dtype = torch.bfloat16, interpret: bool = False) -> ExtendConfig:
     """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
 
-    Why these numbers (Hopper-class budget: 227 KB shared memory, 255 registers per thread):
+    Why these numbers (Hopper-class budget: 227 KB shared memory, 255 registers per thread; every
+    default below compiles for sm_90 without register spills and with asynchronous wgmma, checked
+    with ptxas; ``bench/bench_extend.py --sweep`` times the alternatives):
 
     - ``pack``: all query heads of a KV head that a power of two can hold share one tile, so a K/V
       tile loaded from the pool serves the whole group (decode's GQA packing) and a tile spans fewer
       tokens, which trims the masked diagonal and window-edge work of long prompts.
-    - Long prompts are compute bound: ``block_m`` 128 keeps the tensor cores fed for ``D <= 256``;
-      ``block_n`` shrinks as ``D`` grows so that the fp32 accumulator (``block_m x Dv``) plus
-      the score tile stay in registers and the K/V pipeline stages fit shared memory; ``D = 512``
-      halves ``block_m`` as well.
+    - Long prompts are compute bound: ``block_m`` 128 rows over 8 warps (two warpgroups of 64 rows
+      for wgmma) keeps the tensor cores fed for ``D <= 256``; ``block_n`` halves at ``D = 256`` so
+      that the fp32 accumulator (``block_m x Dv``) and the score tile stay in registers, with two
+      K/V stages in shared memory. ``D = 512`` drops to 32-row tiles: a 64-row wgmma tile spills.
     - Verify and short extends (few tokens per request): ``block_m`` shrinks to the request's rows
       (tokens x packed heads) so that no program streams the window for padding rows; the window
-      is then read once per KV head, as in decode, so wide key tiles keep more bytes in flight.
+      is then read once per KV head, as in decode, with 4 warps (8 at ``D = 512``).
     - fp32 inputs (tests, reference-grade runs) use smaller tiles: fp32 tiles take twice the space.
     - Under Triton's interpreter, which pays per element rather than per instruction, the smallest
       legal tiles.
@@ -409,14 +411,12 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     if interpret:
         pack = min(_pow2_divisor(group), 16)
         return ExtendConfig(16, 16, pack, 1, 1)
-    if d <= 64:
-        block_m, block_n, warps, stages = 128, 64, 4, 3
-    elif d <= 128:
+    if d <= 128:
         block_m, block_n, warps, stages = 128, 64, 8, 3
     elif d <= 256:
         block_m, block_n, warps, stages = 128, 32, 8, 2
     else:
-        block_m, block_n, warps, stages = 64, 32, 8, 2
+        block_m, block_n, warps, stages = 32, 32, 8, 2
     if dtype == torch.float32:
         block_m, block_n, stages = max(16, block_m // 2), max(16, block_n // 2), min(stages, 2)
     pack = min(_pow2_divisor(group), block_m)
@@ -424,8 +424,8 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     if rows < block_m:
         # a short request: one tile holds it whole; tiles below 16 rows do not map to tensor cores
         block_m = max(16, triton.next_power_of_2(rows))
-        block_n = 64 if d <= 256 else 32
-        warps = 4
+        block_n = 64 if d <= 128 else 32
+        warps = 4 if d <= 256 else 8
         stages = 3 if d <= 128 else 2
     return ExtendConfig(block_m, block_n, pack, warps, stages)
 
