@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 
 import torch
@@ -255,22 +256,49 @@ def main():
     summary = {}
     # FlexAttention compiles once per shape: all N for 32/8 heads, and N = 8192 for 32/16 heads.
     flex_ok = lambda n, d, hq, h: not args.no_flex and (h == 8 or n == 8192)
-    ns = [8192] if args.quick else [2048, 8192, 32768]
-    for d in (128, 256):
-        for hq, h in ((32, 8), (32, 16)):
-            for n in ns:
-                for page_size in (1, 16):
-                    for prefix in (0, 32768):
-                        bench_prefill(rec, summary, flex_ok, n, d, hq, h, page_size, prefix)
-                        print(rec.rows[-1]["case"], rec.rows[-1]["provider"], rec.rows[-1]["tflops"], flush=True)
-    for page_size in (1, 16):
-        for b in ([64] if args.quick else [1, 8, 64]):
-            for drafts in ([8] if args.quick else [4, 8, 16]):
-                bench_verify(rec, summary, b, drafts, page_size)
-    bench_verify(rec, summary, 64, 8, 16, tree=True)
-    path = rec.save()
-    print(rec.table())
-    print(f"saved {path}")
+    # The headline cases run first, so that a run cut short (the device script's timeout) still
+    # answers the targets; SIGTERM saves whatever was measured.
+    plan = [("prefill", 8192, d, 32, 8, 1, 0) for d in (128, 256)]
+    plan += [("verify", 64, 8, ps, False) for ps in (1, 16)]
+    if not args.quick:
+        for d in (128, 256):
+            for hq, h in ((32, 8), (32, 16)):
+                for n in (2048, 8192, 32768):
+                    for page_size in (1, 16):
+                        for prefix in (0, 32768):
+                            plan.append(("prefill", n, d, hq, h, page_size, prefix))
+        for page_size in (1, 16):
+            for b in (1, 8, 64):
+                for drafts in (4, 8, 16):
+                    plan.append(("verify", b, drafts, page_size, False))
+        plan.append(("verify", 64, 8, 16, True))
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    done = set()
+    try:
+        for item in plan:
+            if item in done:
+                continue
+            done.add(item)
+            if item[0] == "prefill":
+                bench_prefill(rec, summary, flex_ok, *item[1:])
+            else:
+                bench_verify(rec, summary, *item[1:])
+            last = rec.rows[-1]
+            print(f"{last['case']} {last['provider']} {last['us_p50']} us {last['tflops']} TFLOP/s", flush=True)
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e}): saving what was measured")
+    finally:
+        path = rec.save()
+        print(rec.table())
+        print(f"saved {path}")
+        report_targets(summary)
+
+
+def report_targets(summary):
     print("== targets")
     for d, flex_ref in ((128, 312), (256, 251)):
         entry = summary.get(("prefill", 8192, d, 32, 8, 0), {})
@@ -285,7 +313,6 @@ def main():
             ratio = entry["triton_swa"]["us_p50"] / entry["decode"]["us_p50"]
             print(f"verify B=64 E=8 P{page_size}: {entry['triton_swa']['us_p50']:.1f} us vs decode "
                   f"{entry['decode']['us_p50']:.1f} us: {ratio:.2f}x [{'PASS' if ratio <= 1.5 else 'MISS'} <= 1.5x]")
-
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,7 @@ class Case:
     DV: int | None = None
     ps: int = 1  # pool page size
     paged: bool = False  # page-table form instead of the CSR list
-    mode: str = "causal"  # causal | noncausal | tree | mask_empty_rows
+    mode: str = "causal"  # causal | noncausal | tree | mask_empty_rows | chain_qpos
     dtype: torch.dtype = torch.float32
     softcap: float = 0.0
     sinks: bool = False
@@ -118,6 +118,10 @@ def build(case: Case, device, seed: int = 0) -> dict:
         ks, vs = 0.7, 1.9
         kw["k_scale"] = ks if case.fp8 == "float" else torch.tensor([ks], device=device)
         kw["v_scale"] = vs if case.fp8 == "float" else torch.tensor([vs], device=device)
+    if case.mode == "chain_qpos":
+        # explicit positions that equal the default ones: the general new-key path, causal
+        kw["q_positions"] = torch.cat([p + torch.arange(n) for p, n in zip(prefix_lens.tolist(), case.new)]).to(
+            device)
     if case.mode in ("tree", "mask_empty_rows"):
         blocks, positions, offsets = [], [], [0]
         for p, n in zip(prefix_lens.tolist(), case.new):
@@ -194,6 +198,7 @@ def cpu_cases() -> list[Case]:
         Case(**_mix((70, 6), (30, 8), (9, 5), (20, 0)), W=12, mode="tree", HQ=8),
         Case(**_mix((70, 6), (30, 8), (9, 5)), W=3, mode="tree", paged=True, ps=4, sinks=True),
         Case(**_mix((70, 9), (11, 11), (30, 5)), W=7, mode="mask_empty_rows", sinks=True),
+        Case(**_mix((70, 9), (11, 11), (30, 5), (9, 0)), W=7, mode="chain_qpos", paged=True, ps=4),
         Case(**_mix((50, 8), (37, 8), (70, 8), (8, 8)), W=19, HQ=8, bm=None, bn=None),  # chain verify, defaults
     ]
 
