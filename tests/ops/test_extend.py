@@ -220,6 +220,7 @@ def gpu_cases() -> list[Case]:
         Case(**long_mix, W=255, HQ=8, H=2, D=256, dtype=torch.bfloat16, softcap=30.0, sinks=True, **big),
         Case(**long_mix, W=511, HQ=8, H=2, D=128, dtype=torch.bfloat16, fp8="tensor", paged=True, ps=16, **big),
         Case(**long_mix, W=200, HQ=8, H=2, D=128, dtype=torch.bfloat16, bm=64, bn=32, pack=2, chunk=128),
+        Case(**_mix((300, 100), (50, 50), (90, 1)), W=63, HQ=8, H=2, D=64, dtype=torch.float32, **big),
         Case(**_mix(*[(300 + 97 * i, 8) for i in range(24)]), W=1023, HQ=32, H=8, D=128, dtype=torch.bfloat16,
              paged=True, ps=16, **big),  # chain verify
         Case(**_mix(*[(300 + 97 * i, 16) for i in range(12)]), W=1023, HQ=16, H=4, D=256, dtype=torch.bfloat16,
