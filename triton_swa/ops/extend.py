@@ -15,9 +15,12 @@ committed prefix of ``P = prefix_lens[b]`` tokens. The new tokens attend
 
 Work is proportional to ``tokens x min(W + 1, context)``: every program owns one query tile of one
 request and one group of query heads, and visits only the key tiles that intersect its rows' windows,
-in up to five loops: prefix tiles on the window's lower edge (masked), prefix tiles every row sees
-(no mask), new-key tiles on the lower edge (masked), new-key tiles every row sees (no mask), and the
-causal diagonal (masked). Index entries outside ``[max(0, P - W), P)`` are never read.
+in up to five loops: new-key tiles every row sees (no mask), prefix tiles every row sees (no mask),
+then the masked ones: prefix tiles on the window's lower edge, new-key tiles on the lower edge, and
+the causal diagonal. Index entries outside ``[max(0, P - W), P)`` are never read.
+
+There is no split over the window: a request's tile streams its whole window in one program, which
+suits prefill and batched verify; a lone short request with a long window is latency bound.
 
 GQA packing: a tile's rows are ``BLOCK_M // GP`` tokens times ``GP`` query heads of one KV head
 (``GP`` divides the group size), so each K/V tile loaded serves ``GP`` heads, as in decode; with one
@@ -39,7 +42,6 @@ from .._checks import check_int, check_tensor
 
 __all__ = ["ExtendConfig", "extend_config", "swa_extend"]
 
-_LOG2E = 1.4426950408889634
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_HEAD_DIM = 512
