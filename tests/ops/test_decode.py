@@ -377,8 +377,9 @@ def test_decode_cuda_graph_replay(form):
     else:
         where = dict(page_table=static["page_table"], window_starts=static["window_starts"],
                      seq_lens=static["seq_lens"], page_size=16)
-    call = lambda: swa_decode(static["q"], static["k"], static["v"], **where, sinks=static["sinks"], out=out,
-                              max_window=1024)
+    # The same score scale as ``expected`` (the test once left the kernel's default 1 / sqrt(D) here).
+    call = lambda: swa_decode(static["q"], static["k"], static["v"], **where, sm_scale=0.6 / base.d ** 0.5,
+                              sinks=static["sinks"], out=out, max_window=1024)
     load(first, 0)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
