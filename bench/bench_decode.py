@@ -44,8 +44,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import triton_swa.ops.decode as decode_mod  # noqa: E402
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
-from triton_swa.ops.decode import _launch_swa_decode, swa_decode  # noqa: E402
+from triton_swa.ops.decode import _swa_decode_impl, _Tune, swa_decode  # noqa: E402
 
 GiB = 2**30
 DTYPE = torch.bfloat16
@@ -153,20 +154,19 @@ class Providers:
         if sdpa:
             self.fns["gather_sdpa"] = self.gather_sdpa
 
-    def triton_swa(self, **override):
-        """The public call, or (with overrides: block_n, num_warps, num_stages, num_splits) its launcher."""
+    def triton_swa(self, block_n=None, num_splits=None, **tune):
+        """The public call, or with overrides (block_n, num_splits, and num_warps, num_stages, fused_merge
+        of the launcher) the same call through the launcher."""
         s = self.s
         if self.page == 1:
             where = dict(kv_indptr=s.kv_indptr, kv_indices=s.kv_indices)
-            none = dict(page_table=None, window_starts=None, seq_lens=None, page_size=1)
         else:
             where = dict(page_table=s.page_table, window_starts=s.window_starts, seq_lens=s.seq_lens,
                          page_size=self.page)
-            none = dict(kv_indptr=None, kv_indices=None)
-        if override:
-            return _launch_swa_decode(s.q, s.k, s.v, self.out, **where, **none, sm_scale=self.sm_scale,
-                                      logit_cap=0.0, sinks=s.sinks, k_scale=1.0, k_scale_t=None, v_scale=1.0,
-                                      v_scale_t=None, max_window=self.max_window, **override)
+        if block_n is not None or num_splits is not None or tune:
+            return _swa_decode_impl(s.q, s.k, s.v, **where, sm_scale=self.sm_scale, sinks=s.sinks, out=self.out,
+                                    max_window=self.max_window, block_n=block_n, num_splits=num_splits,
+                                    tune=_Tune(**tune))
         return swa_decode(s.q, s.k, s.v, **where, sm_scale=self.sm_scale, sinks=s.sinks, out=self.out,
                           max_window=self.max_window)
 
@@ -258,7 +258,7 @@ def run_case(rec: Recorder, m: Model, B: int, L: int, page: int, args, failures:
     provs = [Providers(m, s, page, L, want_flex, want_flex and not args.no_flex_paged, peers) for s in sets]
 
     if args.sweep:
-        sweep(rec, case, m, provs, nbytes, flops)
+        sweep(case, m, B, L, page, provs, nbytes, args)
         return
 
     check_rows = min(B, 2)
@@ -278,8 +278,11 @@ def run_case(rec: Recorder, m: Model, B: int, L: int, page: int, args, failures:
                 print(f"MISMATCH {case} {name}: max-abs error {err:.3e}", flush=True)
             fns = [p.fns[name] for p in provs]
             rec.add(case, name, time_rotated(fns, reps=args.reps), nbytes, flops)
-            if graph:
+            # triton_swa's kernel time at every size (graph replay has no launch cost), peers' where small.
+            if graph or name == "triton_swa":
                 rec.add(case, f"{name}_graph", time_rotated(fns, reps=args.reps, use_graph=True), nbytes, flops)
+            if name == "triton_swa":
+                HOST_US[case] = host_us(fns)
         except Exception as exc:  # a peer that does not run on this shape is reported, not fatal
             msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
             print(f"  {case} {name}: did not run ({type(exc).__name__}: {msg})", flush=True)
@@ -288,24 +291,132 @@ def run_case(rec: Recorder, m: Model, B: int, L: int, page: int, args, failures:
     print(f"  {case}: {n_sets} set(s) of {set_bytes / 2**20:.1f} MiB, {len(names)} providers", flush=True)
 
 
-def sweep(rec: Recorder, case: str, m: Model, provs, nbytes: int, flops: int) -> None:
-    """Time triton_swa over tile/warp/stage/split choices; print the best few (no CSV rows)."""
+HOST_US: dict = {}
+
+
+def host_us(fns, calls: int = 200) -> float:
+    """Host microseconds per call: ``calls`` calls issued back to back, the GPU left to catch up after."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fns[i % len(fns)]()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def _parse_list(text: str, cast=int) -> list:
+    """"a,b,c" with "auto" for None (the heuristic's choice)."""
+    return [None if x == "auto" else cast(x) for x in text.split(",") if x]
+
+
+def sweep_overrides(m: Model, args) -> list[dict]:
+    """The sweep's grid: tiles, warps, stages, splits and merge kind (``auto``: the heuristic's)."""
+    merge = {"auto": None, "fused": True, "kernel": False}
+    grid = itertools.product(_parse_list(args.sweep_block_n), _parse_list(args.sweep_warps),
+                             _parse_list(args.sweep_stages), _parse_list(args.sweep_splits),
+                             [merge[x] for x in args.sweep_merge.split(",")])
+    out = []
+    for block_n, warps, stages, splits, fused in grid:
+        o = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits, fused_merge=fused)
+        out.append({k: v for k, v in o.items() if v is not None})
+    return out
+
+
+_WORKER_SETS: dict = {}
+
+
+def _precompile_one(job) -> str:
+    """Worker: build one input set of the case and run one override once, so that Triton's cache holds
+    the compiled kernel when the parent times it."""
+    name, B, L, page, override = job
+    key = (name, B, L, page)
+    try:
+        if key not in _WORKER_SETS:
+            _WORKER_SETS.clear()
+            m = MODELS[name]
+            _WORKER_SETS[key] = Providers(m, make_set(m, B, L, page, seed=0, contiguous=False), page, L,
+                                          False, False, False)
+        _WORKER_SETS[key].triton_swa(**override)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as exc:
+        return f"{override}: {type(exc).__name__}"
+
+
+def precompile(jobs: list, workers: int) -> None:
+    """Compile the sweep's variants in parallel processes (Triton compiles one kernel at a time per
+    process; the cache on disk is shared)."""
+    import multiprocessing as mp
+
+    if workers <= 1 or not jobs:
+        return
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
+        errors = [e for e in pool.map(_precompile_one, jobs, chunksize=1) if e]
+    print(f"  precompiled {len(jobs)} variants in {time.time() - t0:.0f} s ({len(errors)} failed)", flush=True)
+
+
+def sweep(case: str, m: Model, B: int, L: int, page: int, provs, nbytes: int, args) -> None:
+    """Time triton_swa (CUDA-graph replay: kernel time only) over tile/warp/stage/split/merge choices;
+    print the default and the best few (no CSV rows)."""
     results = []
-    block_ns = [16, 32, 64, 128] if m.d <= 128 else [16, 32, 64]
-    for block_n, warps, stages, splits in itertools.product(block_ns, [4, 8], [2, 3, 4], [None, 1, 2, 4, 8, 16]):
-        override = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits)
+    default = time_rotated([p.triton_swa for p in provs], reps=10, use_graph=True)[1]
+    for override in sweep_overrides(m, args):
         try:
             fns = [lambda p=p, o=override: p.triton_swa(**o) for p in provs]
-            t = time_rotated(fns, reps=10)
+            t = time_rotated(fns, reps=10, use_graph=True)
         except Exception as exc:
             print(f"  {case} {override}: {type(exc).__name__}", flush=True)
             continue
         results.append((t[1], override))
     results.sort(key=lambda r: r[0])
-    default = time_rotated([p.triton_swa for p in provs], reps=10)[1]
-    print(f"{case}: default {default:.1f} us ({nbytes / default / 1e6:.2f} TB/s)")
-    for us, override in results[:6]:
-        print(f"    {us:8.1f} us {nbytes / us / 1e6:6.2f} TB/s  {override}")
+    plan = [pl for key, pl in decode_mod._PLANS.items() if key[-1] is None and key[0][1][0] == B]
+    auto = f"splits {plan[-1].ints[0]}, fused {plan[-1].fused}" if plan else ""
+    print(f"SWEEP {case} {nbytes / 1e6:.1f} MB: default {default:.2f} us ({nbytes / default / 1e6:.2f} TB/s) "
+          f"[{auto}]", flush=True)
+    for us, override in results[: args.sweep_top]:
+        print(f"    {us:8.2f} us {nbytes / us / 1e6:6.2f} TB/s  {override}", flush=True)
+
+
+# --tune: (model, B, context in k, page, sweep lists) of the cases that decide the heuristics.
+TUNE_SPECS = [
+    ("g3", 64, 4, 1, dict(block_n="64,128", warps="4,8", stages="3,4,5", splits="auto,1")),
+    ("g4swa", 64, 4, 16, dict(block_n="32,64", warps="4,8", stages="3,5", splits="auto,1")),
+    ("mistral", 64, 32, 1, dict(block_n="64,128", warps="4", stages="3,5", splits="auto,1,2,4")),
+    ("g4full", 8, 32, 16, dict(block_n="32,64", warps="4,8", stages="2,3,4")),
+    ("g3", 1, 4, 1, dict(block_n="32,64", stages="3,5", splits="auto,8,16,32", merge="fused,kernel")),
+    ("g4swa", 1, 32, 16, dict(block_n="16,32", stages="3,5", splits="auto,16,32,64", merge="fused,kernel")),
+    ("mistral", 1, 4, 1, dict(block_n="32,64", splits="auto,16,32,64", merge="fused,kernel")),
+    ("g4full", 1, 4, 1, dict(block_n="16,32", warps="8", stages="2,3", splits="auto,16,32,64", merge="fused,kernel")),
+    ("gptoss", 64, 4, 1, dict(block_n="32,64,128", stages="3,5", splits="auto,2")),
+]
+
+
+def host_report() -> None:
+    """Host microseconds per call of the public function, launching compiled kernels directly or
+    through the JIT's binder every time (``--slow-launch``), on a few small cases."""
+    for name, B, page in (("g3", 1, 1), ("gptoss", 64, 16), ("mistral", 8, 16)):
+        m, L = MODELS[name], 4096
+        sets = [make_set(m, B, L, page, seed=i, contiguous=False) for i in range(4)]
+        fns = [Providers(m, s, page, L, False, False, False).triton_swa for s in sets]
+        times = {}
+        for fast in (True, False):
+            decode_mod._FAST_LAUNCH = fast
+            host_us(fns, 50)
+            times[fast] = min(host_us(fns) for _ in range(3))
+        decode_mod._FAST_LAUNCH = True
+        print(f"HOST {name}-B{B}-P{page}: {times[True]:.1f} us per call (direct launch), "
+              f"{times[False]:.1f} us (JIT binder)", flush=True)
+
+
+def tune_args(args, lists: dict) -> argparse.Namespace:
+    """``args`` in sweep mode with one spec's sweep lists."""
+    ns = argparse.Namespace(**vars(args))
+    ns.sweep = True
+    for key in ("block_n", "warps", "stages", "splits", "merge"):
+        setattr(ns, f"sweep_{key}", lists.get(key, "auto"))
+    return ns
 
 
 def target_summary(rows: list) -> str:
@@ -315,16 +426,19 @@ def target_summary(rows: list) -> str:
     by_case: dict = {}
     for r in rows:
         by_case.setdefault(r["case"], {})[r["provider"]] = r
-    lines = [f"{'case':<34} {'MB':>8} {'%copy':>6} {'us':>8} {'graph us':>8}  speed-up over peers"]
+    lines = [f"{'case':<34} {'MB':>8} {'%copy':>6} {'%graph':>6} {'us':>8} {'graph us':>8} {'host us':>7}  "
+             "speed-up over peers"]
     for case, prov in by_case.items():
         ours = prov.get("triton_swa")
         if ours is None:
             continue
         mb = ours["bytes"] / 1e6
         misses = []
-        if mb >= 256 and ours["pct_copy"] < 90 or 16 <= mb <= 64 and ours["pct_copy"] < 70:
-            misses.append("%copy")
         graph = prov.get("triton_swa_graph")
+        # The copy-share targets judge the kernel: graph replay where measured (no launch cost).
+        pct = (graph or ours)["pct_copy"]
+        if mb >= 256 and pct < 90 or 16 <= mb <= 64 and pct < 70:
+            misses.append("%copy")
         if "-B1-" in case and graph is not None and graph["us_p50"] > 8:
             misses.append("B1 latency")
         ratios = []
@@ -336,8 +450,10 @@ def target_summary(rows: list) -> str:
                     ratios.append(f"{name + suffix} {x:.2f}x")
                     if name.startswith("flex") and x < 1.0:
                         misses.append(name + suffix)
-        g = f"{graph['us_p50']:8.2f}" if graph is not None else f"{'-':>8}"
-        lines.append(f"{case:<34} {mb:8.1f} {ours['pct_copy']:6.1f} {ours['us_p50']:8.2f} {g}  "
+        g = f"{graph['pct_copy']:6.1f} " if graph is not None else f"{'-':>6} "
+        g = g + (f"{ours['us_p50']:8.2f} " + (f"{graph['us_p50']:8.2f}" if graph is not None else f"{'-':>8}"))
+        h = f"{HOST_US[case]:7.1f}" if case in HOST_US else f"{'-':>7}"
+        lines.append(f"{case:<34} {mb:8.1f} {ours['pct_copy']:6.1f} {g} {h}  "
                      + ", ".join(ratios) + (f"  MISS: {', '.join(misses)}" if misses else ""))
     return "\n".join(lines)
 
@@ -360,9 +476,19 @@ def main() -> int:
     parser.add_argument("--max-gib", type=float, default=20.0, help="skip cases whose window K/V is larger")
     parser.add_argument("--budget-s", type=float, default=230.0, help="start no case after this many seconds")
     parser.add_argument("--sweep", action="store_true", help="tile/split sweep of triton_swa only")
+    parser.add_argument("--sweep-block-n", default="auto", help="e.g. 32,64,auto")
+    parser.add_argument("--sweep-warps", default="auto")
+    parser.add_argument("--sweep-stages", default="auto")
+    parser.add_argument("--sweep-splits", default="auto")
+    parser.add_argument("--sweep-merge", default="auto", help="auto,fused,kernel")
+    parser.add_argument("--sweep-top", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=0, help="processes that precompile the sweep's variants")
+    parser.add_argument("--tune", action="store_true", help="the sweeps of TUNE_SPECS (the heuristics' evidence)")
+    parser.add_argument("--slow-launch", action="store_true", help="launch through the JIT every call")
     args = parser.parse_args()
 
     t0 = time.time()
+    decode_mod._FAST_LAUNCH = not args.slow_launch
     # `timeout` sends SIGTERM: save what was measured before leaving.
     signal.signal(signal.SIGTERM, _interrupt)
     rec = Recorder.start("decode")
@@ -372,6 +498,22 @@ def main() -> int:
     grid = [(MODELS[name], int(b), int(c.rstrip("k")) * 1024, int(p))
             for c in args.ctx.split(",") for p in args.pages.split(",")
             for name in args.models.split(",") for b in args.batch.split(",")]
+    if args.tune:
+        specs = [(MODELS[n], b, c * 1024, p, tune_args(args, lists)) for n, b, c, p, lists in TUNE_SPECS]
+        precompile([(m.name, B, L, page, o) for m, B, L, page, ns in specs for o in sweep_overrides(m, ns)],
+                   args.jobs)
+        for m, B, L, page, ns in specs:
+            try:
+                run_case(rec, m, B, L, page, ns, failures)
+            except Exception as exc:
+                print(f"  tune {m.name}-B{B}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            torch.cuda.empty_cache()
+        host_report()
+        print(f"total {time.time() - t0:.0f} s")
+        return 0
+    if args.sweep and args.jobs > 1:
+        precompile([(m.name, B, L, page, o) for m, B, L, page in grid
+                    for o in sweep_overrides(m, args)], args.jobs)
     try:
         for m, B, L, page in grid:
             case = f"{m.name}-B{B}-L{L // 1024}k-P{page}"

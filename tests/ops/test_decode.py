@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton_swa_reference as ref
 
-from triton_swa.ops.decode import MAX_SPLITS, swa_decode
+from triton_swa.ops.decode import MAX_SPLITS, _swa_decode_impl, _Tune, swa_decode
 from triton_swa.testing import assert_close, make_pool_state
 
 HAS_CUDA = torch.cuda.is_available()
@@ -42,6 +42,7 @@ class Case:
     sinks: bool = False
     num_splits: int | None = None
     block_n: int | None = None
+    merge: str | None = None  # "fused" (the last split merges) or "kernel" (a second kernel); None: heuristic
 
     @property
     def id(self) -> str:
@@ -59,6 +60,8 @@ class Case:
         parts.append(f"S{self.num_splits or 'auto'}")
         if self.block_n:
             parts.append(f"N{self.block_n}")
+        if self.merge:
+            parts.append(f"M{self.merge}")
         return "-".join(parts)
 
 
@@ -79,8 +82,9 @@ def _cpu_cases() -> list[Case]:
         # A full layer (window_left = -1), direct and split.
         Case((33, 17), -1, 4, 2, 32, page=16, form="paged", dtype=f16, num_splits=1, block_n=16),
         Case((41, 5), -1, 4, 1, 16, dtype=f16, num_splits=3, block_n=16),
-        # Softcap and sinks, through the merge and through the direct path.
+        # Softcap and sinks, through both merges (the last split's and the merge kernel's) and the direct path.
         Case((45, 2, 30), 29, 8, 2, 16, dtype=f16, softcap=2.0, sinks=True, num_splits=3, block_n=16),
+        Case((45, 2, 30), 29, 8, 2, 16, dtype=f16, softcap=2.0, sinks=True, num_splits=3, block_n=16, merge="kernel"),
         Case((45, 2), 29, 8, 2, 16, page=4, form="paged", softcap=2.0, sinks=True, num_splits=1, block_n=16),
         # fp8 KV with scales (a float and a device tensor), Dv != D.
         Case((40, 11), 27, 4, 2, 16, dv=32, dtype=f16, fp8=True, num_splits=2, block_n=16),
@@ -88,8 +92,10 @@ def _cpu_cases() -> list[Case]:
              block_n=16),
         # bf16 through the interpreter's dot shim (SPEC §8).
         Case((29, 8), 17, 4, 2, 16, dtype=bf16, num_splits=2, block_n=16),
-        # MQA with a group wider than one program's 64 rows.
+        # MQA with a group wider than one program's 64 rows; each program merges its own heads.
         Case((23, 4), 9, 72, 1, 16, dtype=f16, num_splits=2, block_n=16),
+        # Empty windows and more splits than blocks, the two-kernel merge over a page table.
+        Case((0, 37, 5), 30, 6, 2, 16, page=4, form="paged", sinks=True, num_splits=5, block_n=16, merge="kernel"),
         # Default tiles and splits.
         Case((38, 3), 20, 4, 2, 16, page=4, form="paged", dtype=f16),
         Case((38, 3), 20, 4, 2, 16, dtype=f16),
@@ -130,6 +136,12 @@ def _gpu_cases() -> list[Case]:
             cases.append(Case(lens, 1023, hq, h, d, None, page, form, dtype, fp8=True, softcap=30.0, sinks=True,
                               num_splits=7))
     cases.append(Case((0, 900, 0, 5), 511, 16, 4, 128, None, 16, "paged", bf16, sinks=True))
+    # Both merges at many splits, wide heads (the fused merge loops over split chunks at D 512).
+    for merge in ("fused", "kernel"):
+        cases.append(Case((0, 2900, 1, 777), 2047, 32, 4, 512, None, 16, "paged", bf16, sinks=True, num_splits=37,
+                          merge=merge))
+        cases.append(Case((3, 1500, 64), 1023, 24, 8, 96, 64, 1, "csr", f16, softcap=30.0, num_splits=MAX_SPLITS,
+                          merge=merge))
     cases.append(Case((0, 900, 0, 5), 511, 16, 4, 128, None, 1, "csr", bf16, num_splits=MAX_SPLITS))
     cases.append(Case((3000,), 2047, 32, 8, 128, None, 16, "paged", f16, num_splits=1))
     cases.append(Case((45, 700), 300, 8, 2, 128, None, 16, "paged", torch.float32))
@@ -194,9 +206,12 @@ def run(case: Case, b: Built, **kwargs) -> torch.Tensor:
     else:
         where = dict(page_table=b.page_table, window_starts=b.window_starts, seq_lens=b.seq_lens,
                      page_size=case.page)
-    got = swa_decode(b.q, b.k, b.v, **where, sm_scale=0.6 / case.d ** 0.5, logit_cap=case.softcap,
-                     sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale, out=out,
-                     num_splits=case.num_splits, block_n=case.block_n, **kwargs)
+    if case.merge is not None:
+        kwargs["tune"] = _Tune(fused_merge=case.merge == "fused")
+    decode = _swa_decode_impl if "tune" in kwargs else swa_decode
+    got = decode(b.q, b.k, b.v, **where, sm_scale=0.6 / case.d ** 0.5, logit_cap=case.softcap,
+                 sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale, out=out,
+                 num_splits=case.num_splits, block_n=case.block_n, **kwargs)
     assert got is out
     return got
 
@@ -239,6 +254,52 @@ def test_decode_fixed_buffers_ignore_tails(device):
     # Padding rows give exact zeros, sinks or not.
     got = run(paged, b)
     assert bool((got[0] == 0).all()) and bool((got[3] == 0).all())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+def test_decode_merge_in_chunks(merge, device, monkeypatch):
+    """Merges that take the splits in several chunks (a merge tile of 64 floats here)."""
+    import triton_swa.ops.decode as decode
+
+    monkeypatch.setattr(decode, "MERGE_TILE", 64)
+    monkeypatch.setattr(decode, "_PLANS", {})
+    case = Case((53, 3, 26), 40, 6, 3, 16, page=4, form="paged", dtype=torch.float16, sinks=True, num_splits=5,
+                block_n=16, merge=merge)
+    b = build(case, device)
+    assert_close(run(case, b), expected(case, b), name=case.id)
+    _assert_counters_reset()
+
+
+def _assert_counters_reset():
+    """Every call leaves the fused merge's counters at zero (the next call counts from there)."""
+    import triton_swa.ops.decode as decode
+
+    for device, counters in decode._SEMAPHORES.items():
+        assert int(counters.abs().sum()) == 0, f"merge counters on {device} not reset"
+
+
+@pytest.mark.interpreter
+def test_decode_plan_cache(device):
+    """Repeated calls reuse the checked plan: new data, new index lengths, another ``out`` layout and a
+    bad argument after a good call all behave as on a first call."""
+    case = Case((31, 9), 12, 4, 2, 16, dtype=torch.float16, num_splits=2, block_n=16)
+    first, second = build(case, device, seed=3), build(replace(case, seq_lens=(5, 20)), device, seed=4)
+    assert_close(run(case, first, max_window=13), expected(case, first), name="first")
+    # Same signature (kv_indices' length is not part of it when max_window is given).
+    assert_close(run(case, second, max_window=13), expected(case, second), name="second")
+    # A strided out (every other query head of a wider tensor).
+    wide = torch.full((2, 8, 16), float("nan"), dtype=torch.float16, device=device)
+    got = swa_decode(second.q, second.k, second.v, kv_indptr=second.kv_indptr, kv_indices=second.kv_indices,
+                     sm_scale=0.6 / 4, out=wide[:, ::2], num_splits=2, block_n=16, max_window=13)
+    assert_close(got, expected(case, second), name="strided out")
+    assert bool(wide[:, 1::2].isnan().all()), "the other heads must stay untouched"
+    with pytest.raises(ValueError, match="sinks must have shape"):
+        swa_decode(second.q, second.k, second.v, kv_indptr=second.kv_indptr, kv_indices=second.kv_indices,
+                   sinks=torch.zeros(3, device=device), num_splits=2, block_n=16, max_window=13)
+    with pytest.raises(TypeError, match="page_size must be an int"):
+        swa_decode(second.q, second.k, second.v, kv_indptr=second.kv_indptr, kv_indices=second.kv_indices,
+                   page_size=True, num_splits=2, block_n=16, max_window=13)
 
 
 @pytest.mark.interpreter
@@ -343,11 +404,28 @@ def test_decode_rejects_bad_page_table(make, error, match):
 
 
 @pytest.mark.gpu
+def test_decode_unaligned_pointers_after_aligned():
+    """The direct launch of a compiled kernel is keyed by pointer alignment: a query tensor that starts
+    2 bytes into its storage, after aligned calls of the same shape, gets its own compiled variant."""
+    case = Case((300, 41, 1000), 511, 16, 4, 128, page=16, form="paged", dtype=torch.bfloat16, sinks=True)
+    b = build(case, "cuda")
+    want = expected(case, b)
+    for _ in range(2):
+        assert_close(run(case, b), want, name="aligned")
+    flat = torch.empty(b.q.numel() + 1, dtype=b.q.dtype, device="cuda")
+    b.q = flat[1:].view(b.q.shape).copy_(b.q)
+    assert b.q.data_ptr() % 16 != 0
+    for _ in range(2):
+        assert_close(run(case, b), want, name="unaligned q")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("merge", [None, "kernel"])
 @pytest.mark.parametrize("form", ["csr", "paged"])
-def test_decode_cuda_graph_replay(form):
+def test_decode_cuda_graph_replay(form, merge):
     """Capture once with fixed buffers and max_window, then replay on other windows: no host sync."""
-    base = Case((700, 5, 1200), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True)
-    other = Case((1500, 0, 64), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True)
+    base = Case((700, 5, 1200), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True, merge=merge)
+    other = Case((1500, 0, 64), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True, merge=merge)
     first, second = build(base, "cuda", seed=1), build(other, "cuda", seed=2)
     # Both states share buffers: the second's pools and indices are copied into the first's.
     n_idx = max(len(first.kv_indices), len(second.kv_indices)) + 64
@@ -378,8 +456,9 @@ def test_decode_cuda_graph_replay(form):
         where = dict(page_table=static["page_table"], window_starts=static["window_starts"],
                      seq_lens=static["seq_lens"], page_size=16)
     # The same score scale as ``expected`` (the test once left the kernel's default 1 / sqrt(D) here).
-    call = lambda: swa_decode(static["q"], static["k"], static["v"], **where, sm_scale=0.6 / base.d ** 0.5,
-                              sinks=static["sinks"], out=out, max_window=1024)
+    tune = _Tune(fused_merge=merge == "fused") if merge else None
+    call = lambda: _swa_decode_impl(static["q"], static["k"], static["v"], **where, sm_scale=0.6 / base.d ** 0.5,
+                                    sinks=static["sinks"], out=out, max_window=1024, tune=tune)
     load(first, 0)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -395,3 +474,4 @@ def test_decode_cuda_graph_replay(form):
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out, expected(case, b), name=f"graph replay {case.id}")
+    _assert_counters_reset()

@@ -5,8 +5,9 @@ every query head of one KV head (GQA packing: one ``tl.dot`` over the group, pad
 K/V byte is read once, and one split of the window. The number of splits comes from the longest
 window (``max_window``, a host int) and the SM count, never from the context length, and is fixed for a
 given batch shape, so a call is capturable in a CUDA graph. Splits write float32 partial outputs with
-their log-sum-exp, which a second small kernel merges (and adds the sinks to); with one split the first
-kernel writes the output directly.
+their log-sum-exp; the last split of each group to finish merges them (and adds the sinks), counted by a
+self-resetting per-group semaphore, or, when the partials are too many for one program, a second small
+kernel merges them. With one split the kernel writes the output directly.
 
 Two ways to name the window's slots:
 
@@ -16,13 +17,17 @@ Two ways to name the window's slots:
   page (page 0 holds position ``window_starts[b]``), with the window covering positions
   ``[window_starts[b], seq_lens[b])``; position ``t`` sits at offset ``t % page_size`` of its page.
 
-Names: ``_swa_decode_kernel`` (split attention) and ``_swa_decode_merge_kernel`` (log-sum-exp merge)
-are launched by :func:`_launch_swa_decode`, which backs :func:`swa_decode`.
+Host cost: the launcher caches, per input signature (dtypes, shapes, strides, devices, options), the
+checked plan (tiles, splits, grid, kernel arguments) and the compiled kernels, so a repeated call only
+builds that signature, reads the pointers' alignment and launches the compiled kernel directly.
+
+Names: ``_swa_decode_kernel`` (split attention, and the fused merge) and ``_swa_decode_merge_kernel``
+(the separate merge), both through ``_swa_decode_merge``, are launched by :func:`_swa_decode_impl`,
+which backs :func:`swa_decode`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from typing import NamedTuple
@@ -30,32 +35,85 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from .._checks import check_int, check_tensor
 
-__all__ = ["DecodeConfig", "decode_block_config", "decode_num_splits", "swa_decode"]
+__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits", "swa_decode"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
-# A split keeps at least this many tokens, so that its float32 partial output (G x Dv x 4 bytes per
-# KV head, written once and read once by the merge) stays small against its own K/V reads: about
-# 2 * G / 128 of them for D = Dv in 16 bits (6% at G = 4). Fewer, longer splits would lose parallelism.
-MIN_SPLIT_TOKENS = 128
+# A split reads at least this many times the bytes of the float32 partial output it writes (and the
+# merge reads back): G x Dv x 4 bytes per KV head against split_len x (D + Dv) x itemsize.
+SPLIT_READ_RATIO = 16
 # Upper bound on splits (grid y, the merge's loop, and the partial buffers' size).
 MAX_SPLITS = 64
-# Aim for this many programs per SM: many short programs keep the tail of the last wave short.
+# Aim for this many programs per SM: many short programs keep the tail of the last wave short, and a
+# lone request with a long window still fills the GPU.
 PROGRAMS_PER_SM = 8
+# The last split merges in place when the group's partials (splits x heads x Dv floats) are at most
+# this many bytes: one or two round trips to L2 for one program. Larger merges go to a second kernel
+# that spreads them over one program per query head.
+FUSED_MERGE_BYTES = 64 * 1024
+# Elements of one merge tile `[heads, splits, Dv]` (float32 registers of one program).
+MERGE_TILE = 8192
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @triton.jit
+def _swa_decode_merge(
+    part, sinks, out, i_b, o_hq, m_h, num_splits, lse_offset, stride_ob, stride_oh, HQ,
+    DV: tl.constexpr, MERGE_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_SINK: tl.constexpr, CACHE: tl.constexpr,
+):
+    # out = sum_s 2^lse_s o_s / (sum_s 2^lse_s + 2^sink) over the splits of query heads o_hq (`[MERGE_G]`,
+    # int64, valid where m_h) of request i_b, online over chunks of BLOCK_S splits.
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_dv = o_dv < DV
+    o_row = (i_b * HQ + o_hq) * num_splits
+    m_i = tl.full([MERGE_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([MERGE_G], dtype=tl.float32)
+    acc = tl.zeros([MERGE_G, BLOCK_DV], dtype=tl.float32)
+    for s in range(0, num_splits, BLOCK_S):
+        o_s = s + tl.arange(0, BLOCK_S)
+        # [MERGE_G, BLOCK_S]
+        m_hs = m_h[:, None] & (o_s < num_splits)[None, :]
+        o_hs = o_row[:, None] + o_s[None, :]
+        b_lse = tl.load(part + lse_offset + o_hs, mask=m_hs, other=float("-inf"), cache_modifier=CACHE)
+        # [MERGE_G, BLOCK_S, BLOCK_DV]; every split wrote its row (an empty one zeros), so these loads do
+        # not wait for the lse.
+        b_o = tl.load(part + o_hs[:, :, None] * DV + o_dv[None, None, :],
+                      mask=m_hs[:, :, None] & m_dv[None, None, :], other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(m_i, tl.max(b_lse, 1))
+        # All splits so far empty: weights stay 0 (and no -inf - -inf).
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        b_w = tl.exp2(b_lse - m_ref[:, None])
+        acc = acc * alpha[:, None] + tl.sum(b_o * b_w[:, :, None], 1)
+        l_i = l_i * alpha + tl.sum(b_w, 1)
+        m_i = m_new
+    if HAS_SINK:
+        # A sink is one more logit in the denominator, no value.
+        b_sink = tl.load(sinks + o_hq, mask=m_h, other=0.0).to(tl.float32) * LOG2E
+        m_new = tl.maximum(m_i, b_sink)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.exp2(b_sink - m_ref)
+        acc = acc * alpha[:, None]
+    # No key and no sink: zeros.
+    b_out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    p_out = out + i_b * stride_ob + o_hq[:, None] * stride_oh + o_dv[None, :]
+    tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_h[:, None] & m_dv[None, :])
+
+
+@triton.jit
 def _swa_decode_kernel(
-    q, k_buffer, v_buffer, out, o_part, lse_part,
+    q, k_buffer, v_buffer, out, part, semaphores,
     kv_indptr, kv_indices, page_table, window_starts, seq_lens,
     sinks, k_scale_ptr, v_scale_ptr,
     sm_scale, v_scale, logit_cap,
-    num_splits,
+    num_splits, lse_offset,
     stride_qb, stride_qh,
     stride_kn, stride_kh,
     stride_vn, stride_vh,
@@ -66,8 +124,9 @@ def _swa_decode_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, PAGED: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_SINK: tl.constexpr,
+    SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # One program: request i_b, KV head i_h, query heads [i_gb * BLOCK_G, +BLOCK_G) of its group, and
     # split i_s of the window. Scores live in the log2 domain (exp2 is the cheap exponential).
@@ -103,13 +162,18 @@ def _swa_decode_kernel(
         kv_len = tl.load(kv_indptr + i_b + 1) - kv_start
 
     # This split's tokens [n_lo, n_hi) of the window, whole blocks except at the window's end; a
-    # split past the end runs no iteration and records an empty partial (lse = -inf).
+    # split past the end runs no iteration and records an empty partial (lse = -inf, zeros).
     chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     n_lo = i_s * chunk
     n_hi = tl.minimum(n_lo + chunk, kv_len)
 
     if K_SCALE_PTR:
         sm_scale = sm_scale * tl.load(k_scale_ptr).to(tl.float32)
+    # The log2 factor rides on the score scale, unless the cap needs the natural-log scores.
+    if SOFTCAP:
+        qk_scale = sm_scale
+    else:
+        qk_scale = sm_scale * LOG2E
     p_kh = k_buffer + i_h.to(tl.int64) * stride_kh
     p_vh = v_buffer + i_h.to(tl.int64) * stride_vh
 
@@ -134,11 +198,11 @@ def _swa_decode_kernel(
             m_k = m_n[:, None] & m_d[None, :]
         b_k = tl.load(p_kh + slot[:, None] * stride_kn + o_d[None, :], mask=m_k, other=0.0)
         # [BLOCK_G, BLOCK_N]
-        b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PRECISION) * sm_scale
+        b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PRECISION) * qk_scale
         if SOFTCAP:
             # cap * tanh(s / cap), with tanh(x) = 2 sigmoid(2x) - 1 (no tanh in triton 3.6).
-            b_s = logit_cap * (2.0 * tl.sigmoid((2.0 / logit_cap) * b_s) - 1.0)
-        b_s = tl.where(m_n[None, :], b_s * LOG2E, float("-inf"))
+            b_s = (logit_cap * LOG2E) * (2.0 * tl.sigmoid((2.0 / logit_cap) * b_s) - 1.0)
+        b_s = tl.where(m_n[None, :], b_s, float("-inf"))
 
         # Every block holds at least one valid key, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
@@ -164,8 +228,20 @@ def _swa_decode_kernel(
         b_o = acc * (v_scale / l_safe)[:, None]
         b_lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         o_row = (i_b * HQ + o_hq) * num_splits + i_s
-        tl.store(lse_part + o_row, b_lse, mask=m_g)
-        tl.store(o_part + o_row[:, None] * DV + o_dv[None, :], b_o, mask=m_g[:, None] & m_dv[None, :])
+        tl.store(part + lse_offset + o_row, b_lse, mask=m_g)
+        tl.store(part + o_row[:, None] * DV + o_dv[None, :], b_o, mask=m_g[:, None] & m_dv[None, :])
+        if FUSED_MERGE:
+            # Publish this split (every thread's stores, then one release), count it; the group's last
+            # split merges them all and puts the counter back to 0 for the next call.
+            tl.debug_barrier()
+            p_sem = semaphores + i_bhg
+            n_done = tl.atomic_add(p_sem, 1, sem="acq_rel", scope="gpu")
+            if n_done == num_splits - 1:
+                o_mg = i_gb * BLOCK_G + tl.arange(0, MERGE_G)
+                _swa_decode_merge(part, sinks, out, i_b, (i_h * G + o_mg).to(tl.int64), o_mg < G, num_splits,
+                                  lse_offset, stride_ob, stride_oh, HQ, DV, MERGE_G, MERGE_S, BLOCK_DV, HAS_SINK,
+                                  ".cg")
+                tl.atomic_xchg(p_sem, 0, sem="relaxed", scope="gpu")
     else:
         if HAS_SINK:
             # A sink is one more logit in the denominator, no value.
@@ -183,48 +259,20 @@ def _swa_decode_kernel(
 
 @triton.jit
 def _swa_decode_merge_kernel(
-    o_part, lse_part, sinks, out,
-    num_splits,
+    part, sinks, out,
+    num_splits, lse_offset,
     stride_ob, stride_oh,
     HQ,
-    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr,
+    DV: tl.constexpr, MERGE_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
-    # One program per (request, query head): out = sum_s w_s o_s / (sum_s w_s + sink), w_s = 2^(lse_s - M).
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_b = i_bh // HQ
-    i_hq = i_bh % HQ
-    o_dv = tl.arange(0, BLOCK_DV)
-    m_dv = o_dv < DV
-    p_lse = lse_part + i_bh * num_splits
-    p_o = o_part + i_bh * num_splits * DV
-
-    b_m = tl.full([], float("-inf"), tl.float32)
-    for s in range(0, num_splits, BLOCK_S):
-        o_s = s + tl.arange(0, BLOCK_S)
-        b_lse = tl.load(p_lse + o_s, mask=o_s < num_splits, other=float("-inf"))
-        b_m = tl.maximum(b_m, tl.max(b_lse, 0))
-    if HAS_SINK:
-        b_sink = tl.load(sinks + i_hq).to(tl.float32) * LOG2E
-        b_m = tl.maximum(b_m, b_sink)
-    # No key and no sink: every weight is 0 and the output is 0.
-    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-
-    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    b_l = tl.full([], 0.0, tl.float32)
-    for s in range(0, num_splits, BLOCK_S):
-        o_s = s + tl.arange(0, BLOCK_S)
-        b_lse = tl.load(p_lse + o_s, mask=o_s < num_splits, other=float("-inf"))
-        # [BLOCK_S]; empty splits weigh 0 and their rows are not read.
-        b_w = tl.exp2(b_lse - b_m)
-        m_s = b_lse > float("-inf")
-        # [BLOCK_S, BLOCK_DV]
-        b_o = tl.load(p_o + o_s[:, None] * DV + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
-        acc += tl.sum(b_o * b_w[:, None], 0)
-        b_l += tl.sum(b_w, 0)
-    if HAS_SINK:
-        b_l += tl.exp2(b_sink - b_m)
-    b_out = acc / tl.where(b_l > 0, b_l, 1.0)
-    tl.store(out + i_b * stride_ob + i_hq * stride_oh + o_dv, b_out.to(out.dtype.element_ty), mask=m_dv)
+    # One program per (request, MERGE_G query heads).
+    i_bh = tl.program_id(0)
+    n_hb = tl.cdiv(HQ, MERGE_G)
+    i_b = (i_bh // n_hb).to(tl.int64)
+    o_hq = (i_bh % n_hb) * MERGE_G + tl.arange(0, MERGE_G)
+    _swa_decode_merge(part, sinks, out, i_b, o_hq.to(tl.int64), o_hq < HQ, num_splits, lse_offset,
+                      stride_ob, stride_oh, HQ, DV, MERGE_G, BLOCK_S, BLOCK_DV, HAS_SINK, "")
 
 
 class DecodeConfig(NamedTuple):
@@ -244,10 +292,11 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
       rows; big groups with wide heads are cut into several programs (each re-reads the K/V tile from
       L2) to keep the `[block_g, Dv]` float32 accumulator and the query tile in registers.
     - ``block_n``: about 32 KB of K plus V per tile (one pipeline stage), enough bytes in flight per SM
-      to cover memory latency with 2 or 3 stages, without spilling the `[block_g, block_n]` scores;
-      at least 32 for 512-wide heads so that a loop iteration does enough work, at most 128.
+      to cover memory latency, without spilling the `[block_g, block_n]` scores; at least 32 for
+      512-wide heads so that a loop iteration does enough work, at most 128.
     - ``num_warps``: 4, or 8 for 512-wide heads (the accumulator then holds 32 floats per thread).
-    - ``num_stages``: 3 (software-pipelined gathers), 2 at 512 where a stage is 64 KB of shared memory.
+    - ``num_stages``: 3, 2 at 512 where a stage is 64 KB of shared memory. Triton's pipeliner gives the
+      slot loads and the K/V gathers they feed ``(num_stages - 1) // 2`` iterations of lead each.
 
     Under the interpreter, the smallest legal tiles (it pays per element, not per instruction).
     """
@@ -263,28 +312,144 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
     return DecodeConfig(block_g, block_n, 4, 3)
 
 
-def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int) -> int:
+def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_itemsize: int) -> int:
+    """Fewest window tokens per split: a split's K/V reads are at least ``SPLIT_READ_RATIO`` times the
+    float32 partial output it writes (`[G, Dv]` per KV head, read back once by the merge), so the
+    partials cost at most about ``2 / SPLIT_READ_RATIO`` of the traffic. Small groups split finer."""
+    partial = group * v_head_dim * 4
+    return max(1, triton.cdiv(SPLIT_READ_RATIO * partial, (head_dim + v_head_dim) * kv_itemsize))
+
+
+def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, min_tokens: int = 128) -> int:
     """Splits of each window, from the longest window and the SM count (never from context length).
 
     Enough splits that about ``PROGRAMS_PER_SM`` programs per SM exist (a lone request with a long
     window still fills the GPU, and many short programs keep the last wave's tail short), but each split
-    keeps at least ``max(block_n, MIN_SPLIT_TOKENS)`` tokens of the longest window, and at most
-    ``MAX_SPLITS``. A host-only function of shapes, so a CUDA graph sees a fixed count.
+    keeps at least ``max(block_n, min_tokens)`` tokens of the longest window (see
+    :func:`decode_min_split_tokens`), and at most ``MAX_SPLITS``. A host-only function of shapes, so a
+    CUDA graph sees a fixed count.
     """
-    most = max(1, min(MAX_SPLITS, triton.cdiv(max(max_window, 0), max(block_n, MIN_SPLIT_TOKENS))))
+    most = max(1, min(MAX_SPLITS, triton.cdiv(max(max_window, 0), max(block_n, min_tokens))))
     want = triton.cdiv(PROGRAMS_PER_SM * num_sms, max(programs, 1))
     return max(1, min(most, want))
 
 
-@functools.cache
+_NUM_SMS: dict = {}
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    if device not in _NUM_SMS:
+        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS[device]
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Launch compiled kernels directly once Triton has compiled them (False: always through the JIT's
+# binder, as benchmarks do to compare).
+_FAST_LAUNCH = True
+_DRIVER: list = []
+
+
+def _driver_fns():
+    if not _DRIVER:
+        from triton.runtime import driver
+
+        _DRIVER.extend([driver.active.get_current_device, driver.active.get_current_stream])
+    return _DRIVER
+
+
+class _Launch:
+    """One kernel with fixed grid, constexprs and options. The first call per device and pointer
+    alignment goes through Triton's JIT (which compiles, or finds the compiled kernel); later calls with
+    the same key launch that compiled kernel directly, skipping the JIT's per-call argument binding.
+
+    This is sound because everything else Triton specialises on is fixed per plan: argument dtypes,
+    integer values (strides, counts) and constexprs; only pointers vary, and the key holds their
+    16-byte alignment, which is all Triton specialises a pointer on.
+    """
+
+    __slots__ = ("fn", "grid", "constexprs", "tail", "options", "n_ptr", "compiled", "interpret")
+
+    def __init__(self, fn, grid, constexprs: dict, n_ptr: int, num_warps: int, num_stages: int | None = None):
+        self.fn, self.grid, self.constexprs, self.n_ptr = fn, grid, constexprs, n_ptr
+        self.interpret = _interpreting()
+        self.tail = ()
+        self.options = {"num_warps": num_warps}
+        if num_stages is not None:
+            self.options["num_stages"] = num_stages
+        self.compiled: dict = {}
+
+    def __call__(self, args: tuple) -> None:
+        if not _FAST_LAUNCH or self.interpret:
+            self.fn[self.grid](*args, **self.constexprs, **self.options)
+            return
+        get_device, get_stream = _driver_fns()
+        device = get_device()
+        key = (device, *[a.data_ptr() & 15 == 0 for a in args[: self.n_ptr]])
+        kernel = self.compiled.get(key)
+        if kernel is None:
+            kernel = self.fn[self.grid](*args, **self.constexprs, **self.options)
+            if all(hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
+                # The launcher takes every parameter in order, the constexprs (the last ones) included.
+                self.tail = tuple(self.constexprs[name] for name in self.fn.arg_names[len(args):])
+                self.compiled[key] = kernel
+            return
+        stream = get_stream(device)
+        full = (*args, *self.tail)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if enter is None or not getattr(enter, "calls", True):
+            # No launch hooks (profilers) registered: the launcher skips them and their metadata.
+            meta = enter = leave = None
+        else:
+            meta = kernel.launch_metadata(self.grid, stream, *full)
+        grid = self.grid
+        kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, meta, enter, leave,
+                   *full)
+
+
+# One zeroed int32 counter per split-kernel program, per device; each call leaves them zero. Buffers
+# that grew out of use stay alive: a captured CUDA graph may still point at them.
+_SEMAPHORES: dict = {}
+_RETIRED: list = []
+
+
+def _semaphores(device: torch.device, n: int) -> torch.Tensor | None:
+    buf = _SEMAPHORES.get(device)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Allocating (and zeroing) inside a capture would tie the counters to that graph: use the
+        # two-kernel merge for this call instead.
+        return None
+    if buf is not None:
+        _RETIRED.append(buf)
+    buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+    _SEMAPHORES[device] = buf
+    return buf
+
+
+class _Tune(NamedTuple):
+    """Launcher overrides beyond the public ``num_splits``/``block_n`` (benchmarks sweep them)."""
+
+    num_warps: int | None = None
+    num_stages: int | None = None
+    fused_merge: bool | None = None
+
+
+class _Plan:
+    """Everything a checked signature of inputs decides: kernels, grids, integer arguments, buffers."""
+
+    __slots__ = ("out_shape", "default_scale", "fp8_view", "split", "fused", "programs", "part_numel",
+                 "ints", "main", "merge", "merge_ints", "fallback")
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 4096
 
 
 def _check_scale(name: str, scale, device) -> tuple[float, torch.Tensor | None]:
@@ -296,76 +461,244 @@ def _check_scale(name: str, scale, device) -> tuple[float, torch.Tensor | None]:
         if scale.numel() != 1 or not scale.dtype.is_floating_point:
             raise ValueError(f"{name} must be a float or a one-element float tensor, got {scale.dtype} "
                              f"of shape {tuple(scale.shape)}")
-        return 1.0, scale.reshape(1)
+        return 1.0, scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"{name} must be a float or a one-element tensor, got {type(scale).__name__}")
     return float(scale), None
 
 
-def _launch_swa_decode(
-    q, k_buffer, v_buffer, out, *,
-    kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size,
-    sm_scale, logit_cap, sinks, k_scale, k_scale_t, v_scale, v_scale_t,
-    max_window, num_splits=None, block_n=None, num_warps=None, num_stages=None,
-) -> torch.Tensor:
-    """Pick tiles, splits and grid for checked inputs, allocate the partials, launch one or two kernels.
+def _tensor_key(t):
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
 
-    ``num_splits``, ``block_n``, ``num_warps`` and ``num_stages`` override the heuristics (tests walk
-    the multi-block and split paths with tiny shapes; benchmarks sweep them).
-    """
+
+def _scale_key(s):
+    return (s.dtype, s.shape, s.device) if isinstance(s, torch.Tensor) else type(s)
+
+
+def _signature(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size,
+               sinks, k_scale, v_scale, out, max_window, num_splits, block_n, softcap, tune) -> tuple:
+    """What the checks and the plan depend on: dtypes, shapes, strides and devices of the tensors, the
+    types and values of the options. CSR indices enter by dtype, device and contiguity only (their length
+    changes every step), unless their length is the default ``max_window``."""
+    if kv_indices is None:
+        indices = None
+    elif max_window is None:
+        indices = _tensor_key(kv_indices)
+    else:
+        indices = (kv_indices.dtype, kv_indices.dim(), kv_indices.is_contiguous(), kv_indices.device)
+    return (
+        _tensor_key(q), _tensor_key(k_buffer), _tensor_key(v_buffer), _tensor_key(kv_indptr), indices,
+        _tensor_key(page_table), _tensor_key(window_starts), _tensor_key(seq_lens), _tensor_key(sinks),
+        _tensor_key(out), _scale_key(k_scale), _scale_key(v_scale), softcap,
+        type(page_size), page_size, type(max_window), max_window, type(num_splits), num_splits,
+        type(block_n), block_n, tune,
+    )
+
+
+def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size,
+               sinks, k_scale, v_scale, out, max_window, num_splits, block_n, softcap, tune) -> _Plan:
+    """Check the inputs (raising TypeError/ValueError naming the argument) and plan the launch."""
+    check_tensor("q", q, dtype=Q_DTYPES, ndim=3)
+    device = q.device
     B, HQ, D = q.shape
-    H, DV = v_buffer.shape[1], v_buffer.shape[2]
+    check_tensor("k_buffer", k_buffer, device=device, ndim=3)
+    check_tensor("v_buffer", v_buffer, device=device, ndim=3)
+    kv_dtype = k_buffer.dtype
+    if v_buffer.dtype != kv_dtype:
+        raise TypeError(f"v_buffer must have k_buffer's dtype {kv_dtype}, got {v_buffer.dtype}")
+    fp8_view = kv_dtype == torch.uint8
+    if fp8_view:
+        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
+    elif kv_dtype not in (q.dtype, torch.float8_e4m3fn):
+        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
+                        f"got {kv_dtype}")
+    slots, H, Dk = k_buffer.shape
+    DV = v_buffer.shape[2]
+    if Dk != D:
+        raise ValueError(f"k_buffer head dim {Dk} != q head dim {D}")
+    if v_buffer.shape[:2] != k_buffer.shape[:2]:
+        raise ValueError(f"v_buffer must have k_buffer's [slots, H] = {list(k_buffer.shape[:2])}, "
+                         f"got {list(v_buffer.shape[:2])}")
+    if HQ % H != 0:
+        raise ValueError(f"query heads ({HQ}) must be a multiple of KV heads ({H})")
+    for name, dim in (("head dim D", D), ("v head dim Dv", DV)):
+        if not 1 <= dim <= 512:
+            raise ValueError(f"{name} must be between 1 and 512, got {dim}")
+    for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+
+    csr = kv_indptr is not None or kv_indices is not None
+    paged = page_table is not None or window_starts is not None or seq_lens is not None
+    if csr == paged:
+        raise ValueError("give the window either as kv_indptr + kv_indices (CSR) or as page_table + "
+                         "window_starts + seq_lens, not both and not neither")
+    check_int("page_size", page_size, minimum=1)
+    if csr:
+        if kv_indptr is None or kv_indices is None:
+            raise ValueError("CSR form needs both kv_indptr and kv_indices")
+        check_tensor("kv_indptr", kv_indptr, dtype=INDEX_DTYPES, device=device, shape=(B + 1,), contiguous=True)
+        check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=device, ndim=1, contiguous=True)
+        if page_size != 1:
+            raise ValueError(f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; "
+                             "pass a page_table for the paged form")
+        default_window = kv_indices.numel()
+    else:
+        if page_table is None or window_starts is None or seq_lens is None:
+            raise ValueError("page-table form needs page_table, window_starts and seq_lens")
+        check_tensor("page_table", page_table, dtype=INDEX_DTYPES, device=device, ndim=2)
+        if page_table.shape[0] != B:
+            raise ValueError(f"page_table must have {B} rows (one per query), got {page_table.shape[0]}")
+        if page_table.stride(1) != 1:
+            raise ValueError(f"page_table must have a contiguous last dimension, got strides {page_table.stride()}")
+        check_tensor("window_starts", window_starts, dtype=INDEX_DTYPES, device=device, shape=(B,), contiguous=True)
+        check_tensor("seq_lens", seq_lens, dtype=INDEX_DTYPES, device=device, shape=(B,), contiguous=True)
+        if slots % page_size != 0:
+            raise ValueError(f"k_buffer has {slots} slots, not a whole number of pages of page_size={page_size}")
+        default_window = page_table.shape[1] * page_size
+
+    if sinks is not None:
+        check_tensor("sinks", sinks, device=device, shape=(HQ,), contiguous=True)
+        if not sinks.dtype.is_floating_point:
+            raise TypeError(f"sinks must be a float tensor, got {sinks.dtype}")
+    k_scale_t = _check_scale("k_scale", k_scale, device)[1]
+    v_scale_t = _check_scale("v_scale", v_scale, device)[1]
+    if out is not None:
+        check_tensor("out", out, dtype=q.dtype, device=device, shape=(B, HQ, DV))
+        if out.stride(-1) != 1:
+            raise ValueError(f"out must have a contiguous last dimension, got strides {out.stride()}")
+        stride_ob, stride_oh = out.stride(0), out.stride(1)
+    else:
+        stride_ob, stride_oh = HQ * DV, DV
+    max_window = default_window if max_window is None else check_int("max_window", max_window, minimum=0)
+    if num_splits is not None:
+        check_int("num_splits", num_splits, minimum=1)
+        if num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+    if block_n is not None:
+        check_int("block_n", block_n, minimum=16)
+        if block_n & (block_n - 1):
+            raise ValueError(f"block_n must be a power of two, got {block_n}")
+
     G = HQ // H
     interpret = _interpreting()
-    cfg = decode_block_config(D, DV, G, k_buffer.element_size(), interpret)
+    itemsize = k_buffer.element_size()
+    cfg = decode_block_config(D, DV, G, itemsize, interpret)
+    tune = tune or _Tune()
     block_n = block_n or cfg.block_n
     num_gb = triton.cdiv(G, cfg.block_g)
     programs = B * H * num_gb
     if num_splits is None:
-        num_splits = decode_num_splits(programs, max_window, block_n, _num_sms(q.device))
+        min_tokens = decode_min_split_tokens(G, D, DV, itemsize)
+        num_splits = decode_num_splits(programs, max_window, block_n, _num_sms(device), min_tokens)
     split = num_splits > 1
-    if split:
-        o_part = torch.empty(B, HQ, num_splits, DV, dtype=torch.float32, device=q.device)
-        lse_part = torch.empty(B, HQ, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        o_part = lse_part = out
-    paged = page_table is not None
+    block_dv = triton.next_power_of_2(DV)
+    merge_g = min(cfg.block_g, triton.next_power_of_2(G))
+    fused = split and (tune.fused_merge if tune.fused_merge is not None
+                       else num_splits * merge_g * DV * 4 <= FUSED_MERGE_BYTES)
     upcast = interpret and q.dtype == torch.bfloat16
-    dummy = q
-    _swa_decode_kernel[(programs, num_splits)](
-        q, k_buffer, v_buffer, out, o_part, lse_part,
-        kv_indptr if not paged else dummy, kv_indices if not paged else dummy,
-        page_table if paged else dummy, window_starts if paged else dummy, seq_lens if paged else dummy,
-        sinks if sinks is not None else dummy,
-        k_scale_t if k_scale_t is not None else dummy, v_scale_t if v_scale_t is not None else dummy,
-        float(sm_scale) * k_scale, v_scale, float(logit_cap),
-        num_splits,
-        q.stride(0), q.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1),
-        out.stride(0), out.stride(1),
-        page_table.stride(0) if paged else 0,
-        H, G, num_gb,
-        D=D, DV=DV,
-        BLOCK_G=cfg.block_g, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=triton.next_power_of_2(DV),
-        BLOCK_N=block_n,
-        PAGE=page_size if paged else 1, PAGED=paged,
-        K_SCALE_PTR=k_scale_t is not None, V_SCALE_PTR=v_scale_t is not None,
-        SOFTCAP=logit_cap > 0, HAS_SINK=sinks is not None, SPLIT=split,
-        UPCAST_DOT=upcast,
-        # float32 dots are exact (not tf32); fp16/bf16 dots take the target's default.
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else None,
-        num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages,
+
+    plan = _Plan()
+    plan.out_shape = (B, HQ, DV)
+    plan.default_scale = 1.0 / math.sqrt(D)
+    plan.fp8_view = fp8_view
+    plan.split, plan.fused, plan.programs = split, fused, programs
+    lse_offset = B * HQ * num_splits * DV
+    plan.part_numel = lse_offset + B * HQ * num_splits if split else 0
+    plan.ints = (
+        num_splits, lse_offset,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        stride_ob, stride_oh, page_table.stride(0) if paged else 0, H, G, num_gb,
     )
-    if split:
-        block_dv = triton.next_power_of_2(DV)
-        block_s = max(1, min(triton.next_power_of_2(num_splits), 8192 // block_dv))
-        _swa_decode_merge_kernel[(B * HQ,)](
-            o_part, lse_part, sinks if sinks is not None else dummy, out,
-            num_splits, out.stride(0), out.stride(1), HQ,
-            DV=DV, BLOCK_S=block_s, BLOCK_DV=block_dv, HAS_SINK=sinks is not None,
-            num_warps=4 if block_dv >= 256 else 2,
+    num_warps = tune.num_warps or cfg.num_warps
+    num_stages = tune.num_stages or cfg.num_stages
+
+    def main(fused_merge: bool) -> _Launch:
+        merge_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // (merge_g * block_dv)))
+        constexprs = dict(
+            D=D, DV=DV, BLOCK_G=cfg.block_g, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=block_dv,
+            BLOCK_N=block_n, PAGE=page_size if paged else 1, PAGED=paged,
+            K_SCALE_PTR=k_scale_t is not None, V_SCALE_PTR=v_scale_t is not None,
+            SOFTCAP=softcap, HAS_SINK=sinks is not None,
+            SPLIT=split, FUSED_MERGE=fused_merge, MERGE_G=merge_g, MERGE_S=merge_s,
+            UPCAST_DOT=upcast,
+            # float32 dots are exact (not tf32); fp16/bf16 dots take the target's default.
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else None,
         )
+        return _Launch(_swa_decode_kernel, (programs, num_splits, 1), constexprs, 14, num_warps, num_stages)
+
+    def merge() -> _Launch:
+        block_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // block_dv))
+        constexprs = dict(DV=DV, MERGE_G=1, BLOCK_S=block_s, BLOCK_DV=block_dv, HAS_SINK=sinks is not None)
+        return _Launch(_swa_decode_merge_kernel, (B * HQ, 1, 1), constexprs, 3, 4 if block_dv >= 256 else 2)
+
+    plan.main = main(fused)
+    plan.merge = merge() if split and not fused else None
+    plan.merge_ints = (num_splits, lse_offset, stride_ob, stride_oh, HQ)
+    # Without counters (first call inside a CUDA-graph capture): the two-kernel merge.
+    plan.fallback = (main(False), merge()) if fused else None
+    return plan
+
+
+def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, page_table=None,
+                     window_starts=None, seq_lens=None, page_size=1, sm_scale=None, logit_cap=0.0, sinks=None,
+                     k_scale=None, v_scale=None, out=None, max_window=None, num_splits=None, block_n=None,
+                     tune: _Tune | None = None) -> torch.Tensor:
+    """:func:`swa_decode` with launcher overrides (``tune``)."""
+    logit_cap = 0.0 if logit_cap is None else logit_cap
+    if isinstance(logit_cap, bool) or not isinstance(logit_cap, (int, float)) or not logit_cap >= 0:
+        raise ValueError(f"logit_cap must be a float >= 0 (0 disables it), got {logit_cap!r}")
+    if sm_scale is not None and (isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float))
+                                 or not math.isfinite(sm_scale)):
+        raise TypeError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    args = (q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, sinks,
+            k_scale, v_scale, out, max_window, num_splits, block_n, logit_cap > 0, tune)
+    try:
+        key = _signature(*args)
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        # Not tensors, or unhashable options: the checks below name the culprit.
+        key, plan = None, None
+    if plan is None:
+        plan = _make_plan(*args)
+        if key is not None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = plan
+
+    if out is None:
+        out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+    if plan.out_shape[0] == 0:
+        return out
+    if plan.fp8_view:
+        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
+    if isinstance(k_scale, torch.Tensor):
+        k_scale_f, k_scale_t = 1.0, k_scale
+    else:
+        k_scale_f, k_scale_t = (1.0 if k_scale is None else float(k_scale)), q
+    if isinstance(v_scale, torch.Tensor):
+        v_scale_f, v_scale_t = 1.0, v_scale
+    else:
+        v_scale_f, v_scale_t = (1.0 if v_scale is None else float(v_scale)), q
+    scale = plan.default_scale if sm_scale is None else float(sm_scale)
+
+    main, merge = plan.main, plan.merge
+    part = sem = q
+    if plan.split:
+        part = torch.empty(plan.part_numel, dtype=torch.float32, device=q.device)
+    if plan.fused:
+        sem = _semaphores(q.device, plan.programs)
+        if sem is None:
+            main, merge = plan.fallback
+            sem = q
+    dummy = q
+    main((q, k_buffer, v_buffer, out, part, sem,
+          dummy if kv_indptr is None else kv_indptr, dummy if kv_indices is None else kv_indices,
+          dummy if page_table is None else page_table, dummy if window_starts is None else window_starts,
+          dummy if seq_lens is None else seq_lens, dummy if sinks is None else sinks, k_scale_t, v_scale_t,
+          scale * k_scale_f, v_scale_f, float(logit_cap), *plan.ints))
+    if merge is not None:
+        merge((part, dummy if sinks is None else sinks, out, *plan.merge_ints))
     return out
 
 
@@ -431,98 +764,9 @@ def swa_decode(
             not read on the host: slots must lie inside the buffers and page-table rows must cover
             their windows.
     """
-    check_tensor("q", q, dtype=Q_DTYPES, ndim=3)
-    device = q.device
-    B, HQ, D = q.shape
-    check_tensor("k_buffer", k_buffer, device=device, ndim=3)
-    check_tensor("v_buffer", v_buffer, device=device, ndim=3)
-    kv_dtype = k_buffer.dtype
-    if v_buffer.dtype != kv_dtype:
-        raise TypeError(f"v_buffer must have k_buffer's dtype {kv_dtype}, got {v_buffer.dtype}")
-    if kv_dtype == torch.uint8:
-        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
-    elif kv_dtype not in (q.dtype, torch.float8_e4m3fn):
-        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
-                        f"got {kv_dtype}")
-    slots, H, Dk = k_buffer.shape
-    DV = v_buffer.shape[2]
-    if Dk != D:
-        raise ValueError(f"k_buffer head dim {Dk} != q head dim {D}")
-    if v_buffer.shape[:2] != k_buffer.shape[:2]:
-        raise ValueError(f"v_buffer must have k_buffer's [slots, H] = {list(k_buffer.shape[:2])}, "
-                         f"got {list(v_buffer.shape[:2])}")
-    if HQ % H != 0:
-        raise ValueError(f"query heads ({HQ}) must be a multiple of KV heads ({H})")
-    for name, dim in (("head dim D", D), ("v head dim Dv", DV)):
-        if not 1 <= dim <= 512:
-            raise ValueError(f"{name} must be between 1 and 512, got {dim}")
-    for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
-
-    csr = kv_indptr is not None or kv_indices is not None
-    paged = page_table is not None or window_starts is not None or seq_lens is not None
-    if csr == paged:
-        raise ValueError("give the window either as kv_indptr + kv_indices (CSR) or as page_table + "
-                         "window_starts + seq_lens, not both and not neither")
-    check_int("page_size", page_size, minimum=1)
-    if csr:
-        if kv_indptr is None or kv_indices is None:
-            raise ValueError("CSR form needs both kv_indptr and kv_indices")
-        check_tensor("kv_indptr", kv_indptr, dtype=INDEX_DTYPES, device=device, shape=(B + 1,), contiguous=True)
-        check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=device, ndim=1, contiguous=True)
-        if page_size != 1:
-            raise ValueError(f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; "
-                             "pass a page_table for the paged form")
-        default_window = kv_indices.numel()
-    else:
-        if page_table is None or window_starts is None or seq_lens is None:
-            raise ValueError("page-table form needs page_table, window_starts and seq_lens")
-        check_tensor("page_table", page_table, dtype=INDEX_DTYPES, device=device, ndim=2)
-        if page_table.shape[0] != B:
-            raise ValueError(f"page_table must have {B} rows (one per query), got {page_table.shape[0]}")
-        if page_table.stride(1) != 1:
-            raise ValueError(f"page_table must have a contiguous last dimension, got strides {page_table.stride()}")
-        check_tensor("window_starts", window_starts, dtype=INDEX_DTYPES, device=device, shape=(B,), contiguous=True)
-        check_tensor("seq_lens", seq_lens, dtype=INDEX_DTYPES, device=device, shape=(B,), contiguous=True)
-        if slots % page_size != 0:
-            raise ValueError(f"k_buffer has {slots} slots, not a whole number of pages of page_size={page_size}")
-        default_window = page_table.shape[1] * page_size
-
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
-        raise TypeError(f"sm_scale must be a finite float, got {sm_scale!r}")
-    logit_cap = 0.0 if logit_cap is None else logit_cap
-    if isinstance(logit_cap, bool) or not isinstance(logit_cap, (int, float)) or not logit_cap >= 0:
-        raise ValueError(f"logit_cap must be a float >= 0 (0 disables it), got {logit_cap!r}")
-    if sinks is not None:
-        check_tensor("sinks", sinks, device=device, shape=(HQ,), contiguous=True)
-        if not sinks.dtype.is_floating_point:
-            raise TypeError(f"sinks must be a float tensor, got {sinks.dtype}")
-    k_scale_f, k_scale_t = _check_scale("k_scale", k_scale, device)
-    v_scale_f, v_scale_t = _check_scale("v_scale", v_scale, device)
-    if out is None:
-        out = torch.empty(B, HQ, DV, dtype=q.dtype, device=device)
-    else:
-        check_tensor("out", out, dtype=q.dtype, device=device, shape=(B, HQ, DV))
-        if out.stride(-1) != 1:
-            raise ValueError(f"out must have a contiguous last dimension, got strides {out.stride()}")
-    max_window = default_window if max_window is None else check_int("max_window", max_window, minimum=0)
-    if num_splits is not None:
-        check_int("num_splits", num_splits, minimum=1)
-        if num_splits > MAX_SPLITS:
-            raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
-    if block_n is not None:
-        check_int("block_n", block_n, minimum=16)
-        if block_n & (block_n - 1):
-            raise ValueError(f"block_n must be a power of two, got {block_n}")
-    if B == 0:
-        return out
-    return _launch_swa_decode(
-        q, k_buffer, v_buffer, out,
-        kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table, window_starts=window_starts,
-        seq_lens=seq_lens, page_size=page_size, sm_scale=sm_scale, logit_cap=logit_cap, sinks=sinks,
-        k_scale=k_scale_f, k_scale_t=k_scale_t, v_scale=v_scale_f, v_scale_t=v_scale_t,
-        max_window=max_window, num_splits=num_splits, block_n=block_n,
+    return _swa_decode_impl(
+        q, k_buffer, v_buffer, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,
+        window_starts=window_starts, seq_lens=seq_lens, page_size=page_size, sm_scale=sm_scale, logit_cap=logit_cap,
+        sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, max_window=max_window, num_splits=num_splits,
+        block_n=block_n,
     )
