@@ -381,15 +381,15 @@ def sweep(case: str, m: Model, B: int, L: int, page: int, provs, nbytes: int, ar
 
 # --tune: (model, B, context in k, page, sweep lists) of the cases that decide the heuristics.
 TUNE_SPECS = [
-    ("g3", 64, 4, 1, dict(block_n="64,128", warps="4,8", stages="3,4,5", splits="auto,1")),
-    ("g4swa", 64, 4, 16, dict(block_n="32,64", warps="4,8", stages="3,5", splits="auto,1")),
-    ("mistral", 64, 32, 1, dict(block_n="64,128", warps="4", stages="3,5", splits="auto,1,2,4")),
-    ("g4full", 8, 32, 16, dict(block_n="32,64", warps="4,8", stages="2,3,4")),
-    ("g3", 1, 4, 1, dict(block_n="32,64", stages="3,5", splits="auto,8,16,32", merge="fused,kernel")),
-    ("g4swa", 1, 32, 16, dict(block_n="16,32", stages="3,5", splits="auto,16,32,64", merge="fused,kernel")),
+    ("g3", 64, 4, 1, dict(block_n="64,128", warps="4,8", stages="3,5", splits="auto,1")),
+    ("g4swa", 64, 4, 16, dict(block_n="32,64", stages="3,5", splits="auto,1")),
+    ("mistral", 64, 32, 1, dict(stages="3,5", splits="auto,1,2,4")),
+    ("g4full", 8, 32, 16, dict(block_n="32,64", stages="2,3,4")),
+    ("g3", 1, 4, 1, dict(block_n="32,64", splits="auto,8,16,32", merge="fused,kernel")),
+    ("g4swa", 1, 32, 16, dict(block_n="16,32", splits="auto,16,32,64", merge="fused,kernel")),
     ("mistral", 1, 4, 1, dict(block_n="32,64", splits="auto,16,32,64", merge="fused,kernel")),
-    ("g4full", 1, 4, 1, dict(block_n="16,32", warps="8", stages="2,3", splits="auto,16,32,64", merge="fused,kernel")),
-    ("gptoss", 64, 4, 1, dict(block_n="32,64,128", stages="3,5", splits="auto,2")),
+    ("g4full", 1, 4, 1, dict(block_n="16,32", splits="auto,16,32,64", merge="fused,kernel")),
+    ("gptoss", 64, 4, 1, dict(block_n="32,64,128", stages="3,5")),
 ]
 
 
