@@ -393,10 +393,13 @@ TUNE_SPECS = [
 ]
 
 
+HOST_CASES = (("g3", 1, 1), ("gptoss", 64, 16), ("mistral", 8, 16))
+
+
 def host_report() -> None:
     """Host microseconds per call of the public function, launching compiled kernels directly or
     through the JIT's binder every time (``--slow-launch``), on a few small cases."""
-    for name, B, page in (("g3", 1, 1), ("gptoss", 64, 16), ("mistral", 8, 16)):
+    for name, B, page in HOST_CASES:
         m, L = MODELS[name], 4096
         sets = [make_set(m, B, L, page, seed=i, contiguous=False) for i in range(4)]
         fns = [Providers(m, s, page, L, False, False, False).triton_swa for s in sets]
@@ -500,15 +503,15 @@ def main() -> int:
             for name in args.models.split(",") for b in args.batch.split(",")]
     if args.tune:
         specs = [(MODELS[n], b, c * 1024, p, tune_args(args, lists)) for n, b, c, p, lists in TUNE_SPECS]
-        precompile([(m.name, B, L, page, o) for m, B, L, page, ns in specs for o in sweep_overrides(m, ns)],
-                   args.jobs)
+        jobs = [(m.name, B, L, page, o) for m, B, L, page, ns in specs for o in [{}] + sweep_overrides(m, ns)]
+        precompile(jobs + [(name, B, 4096, page, {}) for name, B, page in HOST_CASES], args.jobs)
+        host_report()
         for m, B, L, page, ns in specs:
             try:
                 run_case(rec, m, B, L, page, ns, failures)
             except Exception as exc:
                 print(f"  tune {m.name}-B{B}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
             torch.cuda.empty_cache()
-        host_report()
         print(f"total {time.time() - t0:.0f} s")
         return 0
     if args.sweep and args.jobs > 1:
