@@ -10,8 +10,11 @@ Shapes (bf16, one decode query per request at sequence length L):
 
 B in {1, 8, 64, 256}, L in {4k, 32k}, page sizes 1 (CSR token slots) and 16 (page table). The pool
 holds only what the windows need, pages scattered by a random permutation (as in a long-running
-server). Input sets rotate so that L2 does not serve them (one set when it is larger than 1 GiB);
-small cases are also timed by CUDA-graph replay (providers ``*_graph``).
+server). Input sets rotate so that L2 does not serve them (one set when it is larger than 1 GiB).
+``triton_swa`` is also timed by CUDA-graph replay at every size (``triton_swa_graph``: kernel time, no
+launch cost; the copy-share targets are judged on it), the peers where small (``*_graph``); an eager row
+with one input set includes the host's launch time, since the timer starts before the call is issued.
+The summary's ``host us`` is the host time of one ``swa_decode`` call (issued back to back).
 
 Providers, all on the same K/V values: ``triton_swa``; ``flex`` (FlexAttention decode over the window
 gathered into contiguous `[B, H, n, D]`, untimed); ``flex_paged`` (FlexAttention over the pool itself
@@ -26,7 +29,8 @@ printed last. Every output of set 0 is checked against a float32 PyTorch decode 
 
     python bench/bench_decode.py                       # the issue's grid, about 4 minutes
     python bench/bench_decode.py --models g3 --batch 1,64 --no-flex
-    python bench/bench_decode.py --sweep --models mistral --batch 64 --ctx 4k --pages 1
+    python bench/bench_decode.py --sweep --models mistral --batch 64 --ctx 4k --pages 1 --sweep-splits auto,1,2
+    python bench/bench_decode.py --tune --jobs 14       # the sweeps behind the heuristics, host cost
 """
 
 from __future__ import annotations
@@ -385,10 +389,10 @@ TUNE_SPECS = [
     ("g4swa", 64, 4, 16, dict(block_n="32,64", stages="3,5", splits="auto,1")),
     ("mistral", 64, 32, 1, dict(stages="3,5", splits="auto,1,2,4")),
     ("g4full", 8, 32, 16, dict(block_n="32,64", stages="2,3,4")),
-    ("g3", 1, 4, 1, dict(block_n="32,64", splits="auto,8,16,32", merge="fused,kernel")),
-    ("g4swa", 1, 32, 16, dict(block_n="16,32", splits="auto,16,32,64", merge="fused,kernel")),
-    ("mistral", 1, 4, 1, dict(block_n="32,64", splits="auto,16,32,64", merge="fused,kernel")),
-    ("g4full", 1, 4, 1, dict(block_n="16,32", splits="auto,16,32,64", merge="fused,kernel")),
+    ("g3", 1, 4, 1, dict(block_n="32,64", splits="auto,8,16,32")),
+    ("g4swa", 1, 32, 16, dict(block_n="16,32", splits="auto,16,32,64")),
+    ("mistral", 1, 4, 1, dict(block_n="32,64", splits="auto,16,32,64")),
+    ("g4full", 1, 4, 1, dict(block_n="16,32", splits="auto,16,32,64")),
     ("gptoss", 64, 4, 1, dict(block_n="32,64,128", stages="3,5")),
 ]
 
@@ -483,7 +487,8 @@ def main() -> int:
     parser.add_argument("--sweep-warps", default="auto")
     parser.add_argument("--sweep-stages", default="auto")
     parser.add_argument("--sweep-splits", default="auto")
-    parser.add_argument("--sweep-merge", default="auto", help="auto,fused,kernel")
+    parser.add_argument("--sweep-merge", default="auto",
+                        help="auto,fused,kernel (a CUDA-graph capture always merges by kernel)")
     parser.add_argument("--sweep-top", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=0, help="processes that precompile the sweep's variants")
     parser.add_argument("--tune", action="store_true", help="the sweeps of TUNE_SPECS (the heuristics' evidence)")

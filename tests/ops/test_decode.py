@@ -42,7 +42,7 @@ class Case:
     sinks: bool = False
     num_splits: int | None = None
     block_n: int | None = None
-    merge: str | None = None  # "fused" (the last split merges) or "kernel" (a second kernel); None: heuristic
+    merge: str | None = None  # "fused" (the last split merges in place, opt-in) or "kernel" (the default)
 
     @property
     def id(self) -> str:
@@ -82,9 +82,9 @@ def _cpu_cases() -> list[Case]:
         # A full layer (window_left = -1), direct and split.
         Case((33, 17), -1, 4, 2, 32, page=16, form="paged", dtype=f16, num_splits=1, block_n=16),
         Case((41, 5), -1, 4, 1, 16, dtype=f16, num_splits=3, block_n=16),
-        # Softcap and sinks, through both merges (the last split's and the merge kernel's) and the direct path.
+        # Softcap and sinks, through both merges (the merge kernel's and the last split's) and the direct path.
         Case((45, 2, 30), 29, 8, 2, 16, dtype=f16, softcap=2.0, sinks=True, num_splits=3, block_n=16),
-        Case((45, 2, 30), 29, 8, 2, 16, dtype=f16, softcap=2.0, sinks=True, num_splits=3, block_n=16, merge="kernel"),
+        Case((45, 2, 30), 29, 8, 2, 16, dtype=f16, softcap=2.0, sinks=True, num_splits=3, block_n=16, merge="fused"),
         Case((45, 2), 29, 8, 2, 16, page=4, form="paged", softcap=2.0, sinks=True, num_splits=1, block_n=16),
         # fp8 KV with scales (a float and a device tensor), Dv != D.
         Case((40, 11), 27, 4, 2, 16, dv=32, dtype=f16, fp8=True, num_splits=2, block_n=16),
@@ -94,8 +94,8 @@ def _cpu_cases() -> list[Case]:
         Case((29, 8), 17, 4, 2, 16, dtype=bf16, num_splits=2, block_n=16),
         # MQA with a group wider than one program's 64 rows; each program merges its own heads.
         Case((23, 4), 9, 72, 1, 16, dtype=f16, num_splits=2, block_n=16),
-        # Empty windows and more splits than blocks, the two-kernel merge over a page table.
-        Case((0, 37, 5), 30, 6, 2, 16, page=4, form="paged", sinks=True, num_splits=5, block_n=16, merge="kernel"),
+        # Empty windows and more splits than blocks, merged in place, over a page table.
+        Case((0, 37, 5), 30, 6, 2, 16, page=4, form="paged", sinks=True, num_splits=5, block_n=16, merge="fused"),
         # Default tiles and splits.
         Case((38, 3), 20, 4, 2, 16, page=4, form="paged", dtype=f16),
         Case((38, 3), 20, 4, 2, 16, dtype=f16),
@@ -420,12 +420,11 @@ def test_decode_unaligned_pointers_after_aligned():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("merge", [None, "kernel"])
 @pytest.mark.parametrize("form", ["csr", "paged"])
-def test_decode_cuda_graph_replay(form, merge):
+def test_decode_cuda_graph_replay(form):
     """Capture once with fixed buffers and max_window, then replay on other windows: no host sync."""
-    base = Case((700, 5, 1200), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True, merge=merge)
-    other = Case((1500, 0, 64), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True, merge=merge)
+    base = Case((700, 5, 1200), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True)
+    other = Case((1500, 0, 64), 1023, 32, 8, 128, page=16, form=form, dtype=torch.bfloat16, sinks=True)
     first, second = build(base, "cuda", seed=1), build(other, "cuda", seed=2)
     # Both states share buffers: the second's pools and indices are copied into the first's.
     n_idx = max(len(first.kv_indices), len(second.kv_indices)) + 64
@@ -456,9 +455,8 @@ def test_decode_cuda_graph_replay(form, merge):
         where = dict(page_table=static["page_table"], window_starts=static["window_starts"],
                      seq_lens=static["seq_lens"], page_size=16)
     # The same score scale as ``expected`` (the test once left the kernel's default 1 / sqrt(D) here).
-    tune = _Tune(fused_merge=merge == "fused") if merge else None
-    call = lambda: _swa_decode_impl(static["q"], static["k"], static["v"], **where, sm_scale=0.6 / base.d ** 0.5,
-                                    sinks=static["sinks"], out=out, max_window=1024, tune=tune)
+    call = lambda: swa_decode(static["q"], static["k"], static["v"], **where, sm_scale=0.6 / base.d ** 0.5,
+                              sinks=static["sinks"], out=out, max_window=1024)
     load(first, 0)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

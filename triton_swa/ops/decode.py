@@ -5,9 +5,10 @@ every query head of one KV head (GQA packing: one ``tl.dot`` over the group, pad
 K/V byte is read once, and one split of the window. The number of splits comes from the longest
 window (``max_window``, a host int) and the SM count, never from the context length, and is fixed for a
 given batch shape, so a call is capturable in a CUDA graph. Splits write float32 partial outputs with
-their log-sum-exp; the last split of each group to finish merges them (and adds the sinks), counted by a
-self-resetting per-group semaphore, or, when the partials are too many for one program, a second small
-kernel merges them. With one split the kernel writes the output directly.
+their log-sum-exp, which a second small kernel merges (and adds the sinks to); with one split the kernel
+writes the output directly. A launcher option (``_Tune(fused_merge=True)``) has the last split of each
+group merge in place instead, counted by self-resetting per-stream counters: one launch fewer for eager
+calls, no faster on the GPU (H200, B 1: 8.9 us either way at D 128, 12.5 at D 256), so not the default.
 
 Two ways to name the window's slots:
 
@@ -39,7 +40,8 @@ from triton import knobs
 
 from .._checks import check_int, check_tensor
 
-__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits", "swa_decode"]
+__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits",
+           "decode_resident_programs", "swa_decode"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # A split reads at least this many times the bytes of the float32 partial output it writes (and the
@@ -47,13 +49,10 @@ LOG2E = tl.constexpr(1.4426950408889634)
 SPLIT_READ_RATIO = 16
 # Upper bound on splits (grid y, the merge's loop, and the partial buffers' size).
 MAX_SPLITS = 64
-# Aim for this many programs per SM: many short programs keep the tail of the last wave short, and a
-# lone request with a long window still fills the GPU.
-PROGRAMS_PER_SM = 8
-# The last split merges in place when the group's partials (splits x heads x Dv floats) are at most
-# this many bytes: one or two round trips to L2 for one program. Larger merges go to a second kernel
-# that spreads them over one program per query head.
-FUSED_MERGE_BYTES = 64 * 1024
+# Long windows may take up to this many waves of splits, each split still this many key blocks long:
+# more programs per SM leave fewer idle SMs in the last wave once each program's loop is long.
+MAX_WAVES = 8
+LONG_SPLIT_BLOCKS = 32
 # Elements of one merge tile `[heads, splits, Dv]` (float32 registers of one program).
 MERGE_TILE = 8192
 
@@ -295,8 +294,10 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
       to cover memory latency, without spilling the `[block_g, block_n]` scores; at least 32 for
       512-wide heads so that a loop iteration does enough work, at most 128.
     - ``num_warps``: 4, or 8 for 512-wide heads (the accumulator then holds 32 floats per thread).
-    - ``num_stages``: 3, 2 at 512 where a stage is 64 KB of shared memory. Triton's pipeliner gives the
-      slot loads and the K/V gathers they feed ``(num_stages - 1) // 2`` iterations of lead each.
+    - ``num_stages``: 3. Triton's pipeliner gives the slot loads and the K/V gathers they feed
+      ``(num_stages - 1) // 2`` iterations of lead each: one here, two K/V buffers. 2 would leave the
+      slot loads unpipelined (565 against 548 us at D 512, B 8, L 32k on the H200); 5 (two iterations of
+      lead, three buffers) measured no better (136 against 131 us at D 128, B 64).
 
     Under the interpreter, the smallest legal tiles (it pays per element, not per instruction).
     """
@@ -308,7 +309,7 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
     row_bytes = (triton.next_power_of_2(head_dim) + triton.next_power_of_2(v_head_dim)) * kv_itemsize
     block_n = max(16, min(128, triton.next_power_of_2(32768 // row_bytes)))
     if width >= 512:
-        return DecodeConfig(block_g, max(block_n, 32), 8, 2)
+        return DecodeConfig(block_g, max(block_n, 32), 8, 3)
     return DecodeConfig(block_g, block_n, 4, 3)
 
 
@@ -320,29 +321,56 @@ def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_items
     return max(1, triton.cdiv(SPLIT_READ_RATIO * partial, (head_dim + v_head_dim) * kv_itemsize))
 
 
-def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, min_tokens: int = 128) -> int:
-    """Splits of each window, from the longest window and the SM count (never from context length).
+def decode_resident_programs(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int,
+                             smem_per_sm: int = 228 * 1024) -> int:
+    """Split-kernel programs one SM holds at once, bounded by shared memory: two K/V tile buffers
+    (see :func:`decode_block_config`) plus 8 KB for layout conversions, at most 8."""
+    per_program = 2 * block_n * (head_dim + v_head_dim) * kv_itemsize + 8 * 1024
+    return max(1, min(8, smem_per_sm // per_program))
 
-    Enough splits that about ``PROGRAMS_PER_SM`` programs per SM exist (a lone request with a long
-    window still fills the GPU, and many short programs keep the last wave's tail short), but each split
-    keeps at least ``max(block_n, min_tokens)`` tokens of the longest window (see
-    :func:`decode_min_split_tokens`), and at most ``MAX_SPLITS``. A host-only function of shapes, so a
-    CUDA graph sees a fixed count.
+
+def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, min_tokens: int = 128,
+                      resident: int = 2) -> int:
+    """Splits of each window, from the longest window and the GPU's size (never from context length).
+
+    With ``slots = num_sms * resident`` programs running at once (:func:`decode_resident_programs`):
+
+    - ``programs >= slots``: no split. The GPU is full anyway, and splits only add partials, the merge and
+      one more pipeline fill per program (H200, B 64, D 128, window 1k: 131 us unsplit
+      against 152 us in 2 splits; window 4k: 251 against 256-261 us in 2 to 4).
+    - fewer programs (small batches, latency-bound): split so that one wave holds them all, and never
+      into two waves of short splits (D 256, B 1: 16 splits 12.5 us, 32 splits over two waves 15 us).
+      Long windows may take up to ``MAX_WAVES`` waves of splits of at least ``LONG_SPLIT_BLOCKS``
+      blocks, which leaves fewer SMs idle in the last wave (D 512, B 8, L 32k: 33 splits, 92% of copy).
+
+    Each split keeps at least ``max(block_n, min_tokens)`` tokens of the longest window (see
+    :func:`decode_min_split_tokens`), at most ``MAX_SPLITS`` splits, and splits that the longest window
+    would leave empty (splits are whole blocks) are dropped. A host-only function of shapes, so a CUDA
+    graph sees a fixed count.
     """
-    most = max(1, min(MAX_SPLITS, triton.cdiv(max(max_window, 0), max(block_n, min_tokens))))
-    want = triton.cdiv(PROGRAMS_PER_SM * num_sms, max(programs, 1))
-    return max(1, min(most, want))
+    slots = num_sms * max(1, resident)
+    if programs >= slots or max_window <= 0:
+        return 1
+    most = max(1, min(MAX_SPLITS, triton.cdiv(max_window, max(block_n, min_tokens))))
+    fill = slots // max(programs, 1)
+    long = max_window // (LONG_SPLIT_BLOCKS * block_n)
+    splits = min(most, max(1, fill, min(long, MAX_WAVES * fill)))
+    chunk = triton.cdiv(triton.cdiv(max_window, splits), block_n) * block_n
+    return max(1, min(splits, triton.cdiv(max_window, chunk)))
 
 
-_NUM_SMS: dict = {}
+_DEVICE_SIZES: dict = {}
 
 
-def _num_sms(device: torch.device) -> int:
+def _device_sizes(device: torch.device) -> tuple[int, int]:
+    """(SM count, shared memory bytes per SM) of a device; a small GPU's under the interpreter."""
     if device.type != "cuda":
-        return 4
-    if device not in _NUM_SMS:
-        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _NUM_SMS[device]
+        return 4, 228 * 1024
+    if device not in _DEVICE_SIZES:
+        props = torch.cuda.get_device_properties(device)
+        smem = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
+        _DEVICE_SIZES[device] = (props.multi_processor_count, smem)
+    return _DEVICE_SIZES[device]
 
 
 def _interpreting() -> bool:
@@ -412,29 +440,33 @@ class _Launch:
                    *full)
 
 
-# One zeroed int32 counter per split-kernel program, per device; each call leaves them zero. Buffers
-# that grew out of use stay alive: a captured CUDA graph may still point at them.
+# The in-place merge's counters: one zeroed int32 per split-kernel program, per (device, stream), so
+# that calls on concurrent streams never share them; each call leaves them zero. Eager calls only.
 _SEMAPHORES: dict = {}
-_RETIRED: list = []
 
 
 def _semaphores(device: torch.device, n: int) -> torch.Tensor | None:
-    buf = _SEMAPHORES.get(device)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # Allocating (and zeroing) inside a capture would tie the counters to that graph: use the
-        # two-kernel merge for this call instead.
-        return None
-    if buf is not None:
-        _RETIRED.append(buf)
-    buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
-    _SEMAPHORES[device] = buf
+    """Counters for an eager call on the current stream, or None inside a CUDA-graph capture (a graph
+    uses the merge kernel: counters shared by graphs replayed on several streams could collide)."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        key = (device, _driver_fns()[1](device.index))
+    else:
+        key = (device, 0)
+    buf = _SEMAPHORES.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _SEMAPHORES[key] = buf
     return buf
 
 
 class _Tune(NamedTuple):
-    """Launcher overrides beyond the public ``num_splits``/``block_n`` (benchmarks sweep them)."""
+    """Launcher overrides beyond the public ``num_splits``/``block_n`` (benchmarks sweep them).
+
+    ``fused_merge``: the group's last split merges the partials in place (eager calls; inside a CUDA-graph
+    capture the merge kernel runs instead, so warm up such a call inside the capture's stream context).
+    """
 
     num_warps: int | None = None
     num_stages: int | None = None
@@ -585,17 +617,23 @@ def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
     itemsize = k_buffer.element_size()
     cfg = decode_block_config(D, DV, G, itemsize, interpret)
     tune = tune or _Tune()
-    block_n = block_n or cfg.block_n
     num_gb = triton.cdiv(G, cfg.block_g)
     programs = B * H * num_gb
+    num_sms, smem = _device_sizes(device)
+    resident = decode_resident_programs(block_n or cfg.block_n, D, DV, itemsize, smem)
+    if block_n is None:
+        block_n = cfg.block_n
+        if programs >= num_sms * resident and not interpret and max(D, DV) <= 256:
+            # A full GPU without splits streams long loops: 64-token tiles (one program per SM at D 256)
+            # beat 32 there (H200, D 256, B 64: 256 against 270 us).
+            block_n = max(block_n, 64)
     if num_splits is None:
         min_tokens = decode_min_split_tokens(G, D, DV, itemsize)
-        num_splits = decode_num_splits(programs, max_window, block_n, _num_sms(device), min_tokens)
+        num_splits = decode_num_splits(programs, max_window, block_n, num_sms, min_tokens, resident)
     split = num_splits > 1
     block_dv = triton.next_power_of_2(DV)
     merge_g = min(cfg.block_g, triton.next_power_of_2(G))
-    fused = split and (tune.fused_merge if tune.fused_merge is not None
-                       else num_splits * merge_g * DV * 4 <= FUSED_MERGE_BYTES)
+    fused = split and bool(tune.fused_merge)
     upcast = interpret and q.dtype == torch.bfloat16
 
     plan = _Plan()
@@ -635,7 +673,7 @@ def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
     plan.main = main(fused)
     plan.merge = merge() if split and not fused else None
     plan.merge_ints = (num_splits, lse_offset, stride_ob, stride_oh, HQ)
-    # Without counters (first call inside a CUDA-graph capture): the two-kernel merge.
+    # Without counters (inside a CUDA-graph capture): the two-kernel merge.
     plan.fallback = (main(False), merge()) if fused else None
     return plan
 
