@@ -25,10 +25,13 @@ for step in "${steps[@]}"; do
       timeout "${TUNE_S:-115}" python3 bench/bench_decode.py --tune --jobs "${JOBS:-14}" 2>&1 \
         | tee "$out/decode-tune.log" | grep "SWEEP\|^    \|HOST\|precompiled\|Error\|total" ;;
     bench)
-      rm -f "bench/results/decode-$(date +%F)-"*.csv
+      # One run per results file: today's decode CSV and log are replaced (copy them back from $OUT).
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' _)
+      base="bench/results/decode-$(date +%F)-$gpu"
+      rm -f "$base.csv"
       timeout "${BENCH_S:-190}" python3 bench/bench_decode.py --budget-s "${BUDGET_S:-150}" 2>&1 \
-        | tee "$out/bench-decode.log" | tail -95
-      cp bench/results/decode-*.csv "$out/" 2>/dev/null ;;
+        | tee "$base.log" | tail -95
+      cp "$base.csv" "$base.log" "$out/" 2>/dev/null ;;
     quick)
       timeout 60 python3 bench/bench_decode.py --models g3,g4swa,mistral --batch 1 --ctx 4k --pages 1 --no-flex \
         2>&1 | tail -8 ;;
