@@ -378,8 +378,9 @@ def _interpreting() -> bool:
 
 
 # Launch compiled kernels directly once Triton has compiled them (False: always through the JIT's
-# binder, as benchmarks do to compare).
-_FAST_LAUNCH = True
+# binder, as benchmarks do to compare). The direct call uses the compiled kernel's launcher signature
+# of triton 3.6 (on CUDA and HIP alike); other Triton versions go through the JIT every time.
+_FAST_LAUNCH = triton.__version__.startswith("3.6.")
 _DRIVER: list = []
 
 
