@@ -398,8 +398,10 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     - ``pack``: all query heads of a KV head that a power of two can hold share one tile, so a K/V
       tile loaded from the pool serves the whole group (decode's GQA packing) and a tile spans fewer
       tokens, which trims the masked diagonal and window-edge work of long prompts.
-    - Long prompts are compute bound: ``block_m`` 128 rows over 8 warps (two warpgroups of 64 rows
-      for wgmma) keeps the tensor cores fed for ``D <= 256``; ``block_n`` halves at ``D = 256`` so
+    - Long prompts are compute bound. ``D <= 128``: 64 rows over 4 warps with 64-key tiles (the
+      H200 sweep of 2026-11-29 at N = 8192, W = 1023, 32/8 heads: 308 TFLOP/s against 287 for 128
+      rows over 8 warps; ``bench/results/extend-sweep-*``). ``D = 256``: ``block_m`` 128 rows over 8
+      warps (two warpgroups of 64 rows for wgmma) keeps the tensor cores fed; ``block_n`` halves so
       that the fp32 accumulator (``block_m x Dv``) and the score tile stay in registers, with two
       K/V stages in shared memory. ``D = 512`` drops to 32-row tiles: a 64-row wgmma tile spills.
     - Verify and short extends (few tokens per request): ``block_m`` shrinks to the request's rows
@@ -414,7 +416,7 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
         pack = min(_pow2_divisor(group), 16)
         return ExtendConfig(16, 16, pack, 1, 1)
     if d <= 128:
-        block_m, block_n, warps, stages = 128, 64, 8, 3
+        block_m, block_n, warps, stages = 64, 64, 4, 3
     elif d <= 256:
         block_m, block_n, warps, stages = 128, 32, 8, 2
     else:
