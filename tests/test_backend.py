@@ -256,6 +256,8 @@ def test_model_level_steps_match_reference(window_left, page_size, device):
     run_step(sim, backend, layers, ForwardMode.TARGET_VERIFY, [3, 3, 3], draft_num=3)
     reject_drafts(sim, layers, [1, 3, 0], 3)
     sim.evict()
+    run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND, [2, 1, 0])  # extend-shaped, an empty entry
+    sim.evict()
     run_step(sim, backend, layers, ForwardMode.DECODE, [1, 1, 1])
     assert sim.alloc.full_to_swa_index_mapping[sim.rtp.req_to_token[sim.rows[2], 0].long()] == 0, "eviction ran"
 
@@ -309,6 +311,86 @@ def test_draft_worker_regression_policy_vs_legacy_rule(device):
     assert_close(outs["policy"], outs["want"], name="policy-resolved draft decode")
     legacy_err = (outs["legacy"].double() - outs["want"]).abs().nan_to_num(1e9).max()
     assert legacy_err > 1e-2, "the legacy rule should read wrong K/V once SWA and full slots differ"
+
+
+@pytest.mark.reference
+def test_idle_mode_builds_nothing_and_returns_empty(device):
+    sim = make_sim(3, 1, seed=1, device=device)
+    backend = TritonSWAAttnBackend(ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=3, device=device))
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    batch = ForwardBatch(ForwardMode.IDLE, 0, empty, empty, empty)
+    backend.init_forward_metadata(batch)
+    layer = model_layers(3)[0]
+    out = backend.forward(torch.zeros(0, HQ, 16, device=device), None, None, layer, batch)
+    assert out.shape == (0, HQ * 16)
+
+
+def _prefill_then_decode(backend, sim, layer, prefill, save_kv_cache=True):
+    """A prefill of ``prefill`` tokens per request, then one decode step; returns (q, decode output)."""
+    dev = sim.device
+    rows = torch.tensor(sim.rows, device=dev)
+    loc = sim.allocate(prefill)
+    seq = torch.tensor(prefill)
+    batch = ForwardBatch(ForwardMode.EXTEND, 3, rows, seq.to(dev), loc, seq_lens_cpu=seq,
+                         extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=dev), extend_seq_lens=seq.to(dev),
+                         extend_prefix_lens_cpu=[0, 0, 0], extend_seq_lens_cpu=list(prefill))
+    backend.init_forward_metadata(batch)
+    t = sum(prefill)
+    k, v = randn(sim, t, layer.tp_k_head_num, layer.head_dim), randn(sim, t, layer.tp_k_head_num, layer.v_head_dim)
+    backend.forward(randn(sim, t, HQ, layer.head_dim), k, v, layer, batch)
+    sim.lens = list(prefill)
+    loc = sim.allocate([1, 1, 1])
+    seq = seq + 1
+    batch = ForwardBatch(ForwardMode.DECODE, 3, rows, seq.to(dev), loc, seq_lens_cpu=seq)
+    backend.init_forward_metadata(batch)
+    q = randn(sim, 3, HQ, layer.head_dim)
+    k1, v1 = randn(sim, 3, layer.tp_k_head_num, layer.head_dim), randn(sim, 3, layer.tp_k_head_num, layer.v_head_dim)
+    out = backend.forward(q, k1, v1, layer, batch, save_kv_cache=save_kv_cache).reshape(3, HQ, layer.v_head_dim)
+    history = [(torch.cat([k[a:a + n], k1[i:i + 1]]), torch.cat([v[a:a + n], v1[i:i + 1]]))
+               for i, (a, n) in enumerate(zip([0, prefill[0], prefill[0] + prefill[1]], prefill))]
+    return q, out, history
+
+
+@pytest.mark.interpreter
+def test_eagle_draft_with_a_full_only_pool_reads_windows_of_full_slots(device):
+    """An EAGLE-like draft owns a plain pool: no translation, sliding layers read their window of full slots."""
+    w = 4
+    sim = make_sim(w, 1, seed=3, device=device)
+    pool = MHATokenToKVPool(256, 1, torch.float32, 2, 16, 1, device)
+    alloc = TokenToKVPoolAllocator(256, torch.float32, device, pool)
+    alloc.shuffle_free_list(torch.Generator().manual_seed(4))
+    sim.alloc = alloc
+    runner = ModelRunner(pool, alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
+                         spec_algorithm=SpeculativeAlgorithm.EAGLE, device=device)
+    backend = TritonSWAAttnBackend(runner)
+    assert not backend.use_sliding_window_kv_pool
+    layer = AttentionLayer(0, HQ, 2, 16, sliding_window_size=w)
+    q, out, history = _prefill_then_decode(backend, sim, layer, [9, 3, 6])
+    for i, (k, v) in enumerate(history):
+        pos = torch.arange(len(k))
+        mask = ref.window_mask(pos[-1:], pos, w).to(device)
+        assert_close(out[i:i + 1], ref.attention(q[i:i + 1], k, v, mask, sm_scale=layer.scaling), name=f"request {i}")
+
+
+@pytest.mark.interpreter
+def test_frozen_kv_mtp_draft_reads_the_targets_swa_pool(device):
+    """FROZEN_KV MTP: the draft's active pool is plain, its allocator's is the target's SWA pool; the
+    draft reads the target's K/V through the target's mapping and writes nothing."""
+    w = 4
+    sim = make_sim(w, 1, seed=6, device=device)
+    target = TritonSWAAttnBackend(ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=w, device=device))
+    layer = model_layers(w)[0]
+    q, out, _ = _prefill_then_decode(target, sim, layer, [7, 10, 5])
+    draft_runner = ModelRunner(_plain_pool(device), sim.alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
+                               spec_algorithm=SpeculativeAlgorithm.FROZEN_KV_MTP, device=device)
+    draft = TritonSWAAttnBackend(draft_runner)
+    assert draft._swa_kv_pool is sim.pool
+    rows = torch.tensor(sim.rows, device=device)
+    seq = torch.tensor([8, 11, 6])
+    batch = ForwardBatch(ForwardMode.DECODE, 3, rows, seq.to(device), None, seq_lens_cpu=seq)
+    draft.init_forward_metadata(batch)
+    got = draft.forward_decode(q, None, None, layer, batch, save_kv_cache=False).reshape(3, HQ, 16)
+    assert torch.equal(got, out), "the draft must read exactly the target's window"
 
 
 def _graph_setup(device, window_left=6):
