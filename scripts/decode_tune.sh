@@ -4,12 +4,7 @@
 #   bash scripts/decode_tune.sh [tests] [tune] [bench] [quick]
 # Logs go to $OUT when it is set (the device tool brings them back), else /tmp/triton_swa_out.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-site=/tmp/triton_swa_site
-mkdir -p "$site" && ln -sfn "$PWD/reference" "$site/triton_swa_reference"
-export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/triton_swa_out}
-mkdir -p "$out"
+source "$(dirname "$0")/device_env.sh"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests tune)
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader

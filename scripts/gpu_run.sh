@@ -5,12 +5,7 @@
 # exposed as triton_swa_reference through a link, so nothing needs installing. Logs and CSVs are
 # copied to $OUT when it is set (the device tool brings them back).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-site=/tmp/triton_swa_site
-mkdir -p "$site" && ln -sfn "$PWD/reference" "$site/triton_swa_reference"
-export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/triton_swa_out}
-mkdir -p "$out"
+source "$(dirname "$0")/device_env.sh"
 what=${1:-all}
 filter=${2:-}
 shift $(( $# > 2 ? 2 : $# ))
