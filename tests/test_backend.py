@@ -393,8 +393,8 @@ def test_frozen_kv_mtp_draft_reads_the_targets_swa_pool(device):
     assert torch.equal(got, out), "the draft must read exactly the target's window"
 
 
-def _graph_setup(device, window_left=6):
-    state = make_pool_state(seq_lens=[5, 17, 30], window_left=window_left, page_size=1, device=device, swa_head_num=2,
+def _graph_setup(device, page_size, window_left=6):
+    state = make_pool_state(seq_lens=[5, 17, 30], window_left=window_left, page_size=page_size, device=device, swa_head_num=2,
                             swa_head_dim=16, full_head_num=1, full_head_dim=32)
     runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=window_left,
                          device=device)
@@ -403,10 +403,11 @@ def _graph_setup(device, window_left=6):
 
 
 @pytest.mark.interpreter
-def test_cuda_graph_metadata_buffers_give_eager_results(device):
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_cuda_graph_metadata_buffers_give_eager_results(device, page_size):
     """The fixed-buffer metadata path (capture, then replay with other requests and a padded entry)
     gives the same outputs as eager metadata, bit for bit."""
-    state, backend, layers = _graph_setup(device)
+    state, backend, layers = _graph_setup(device, page_size)
     rows, lens = state.req_pool_indices(), state.seq_lens()
     backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
     pad = lambda r, n: (torch.cat([r, r.new_zeros(1)]), torch.cat([n, n.new_ones(1)]))
@@ -427,8 +428,9 @@ def test_cuda_graph_metadata_buffers_give_eager_results(device):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_capture_and_replay_equal_eager():
-    state, backend, layers = _graph_setup("cuda")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cuda_graph_capture_and_replay_equal_eager(page_size):
+    state, backend, layers = _graph_setup("cuda", page_size)
     rows, lens = state.req_pool_indices(), state.seq_lens()
     backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
     pad = lambda r, n: (torch.cat([r, r.new_zeros(1)]), torch.cat([n, n.new_ones(1)]))
