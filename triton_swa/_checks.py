@@ -59,6 +59,15 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
     return value
 
 
+def check_window_left(window_left) -> int:
+    """Return ``window_left`` (``W >= 0``, or ``-1`` for full attention), or raise naming it."""
+    if isinstance(window_left, bool) or not isinstance(window_left, int):
+        raise TypeError(f"window_left must be an int (-1 for full attention), got {type(window_left).__name__}")
+    if window_left < -1:
+        raise ValueError(f"window_left must be >= -1 (-1 means full attention), got {window_left}")
+    return window_left
+
+
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
 

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_int, check_tensor
+from .._checks import check_int, check_tensor, check_window_left
 
 __all__ = ["ExtendConfig", "extend_config", "swa_extend"]
 
@@ -552,10 +552,7 @@ def swa_extend(
     if k_buffer.dtype == torch.uint8:
         k_buffer = k_buffer.view(torch.float8_e4m3fn)
         v_buffer = v_buffer.view(torch.float8_e4m3fn)
-    if not isinstance(window_left, int) or isinstance(window_left, bool):
-        raise TypeError(f"window_left must be an int (-1 for full attention), got {type(window_left).__name__}")
-    if window_left < -1:
-        raise ValueError(f"window_left must be >= -1 (-1 means full attention), got {window_left}")
+    check_window_left(window_left)
 
     paged = page_table is not None or window_starts is not None
     if paged:

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import KV_DTYPES, check_int, check_tensor
+from .._checks import KV_DTYPES, check_int, check_tensor, check_window_left
 
 _INT = (torch.int32, torch.int64)
 
@@ -321,7 +321,7 @@ def max_window_len(window_left: int, max_context_len: int, *, extend: bool = Fal
         int: ``min(W + 1, max_context_len)`` (decode), ``min(W, max_context_len)`` (extend), or
         ``max_context_len`` for ``W = -1``.
     """
-    _check_window_left(window_left)
+    check_window_left(window_left)
     check_int("max_context_len", max_context_len, minimum=0)
     if window_left < 0:
         return max_context_len
@@ -354,19 +354,11 @@ def window_index_count(seq_lens, window_left: int, prefix_lens=None) -> int:
     Returns:
         int: ``sum(min(len, W + 1))`` (decode), ``sum(min(P, W))`` (extend), or the sum of lengths.
     """
-    _check_window_left(window_left)
+    check_window_left(window_left)
     lens = torch.as_tensor(prefix_lens if prefix_lens is not None else seq_lens).long().cpu().clamp(min=0)
     if window_left >= 0:
         lens = lens.clamp(max=window_left + (0 if prefix_lens is not None else 1))
     return int(lens.sum())
-
-
-def _check_window_left(window_left) -> int:
-    if isinstance(window_left, bool) or not isinstance(window_left, int):
-        raise TypeError(f"window_left must be an int (-1 for full attention), got {type(window_left).__name__}")
-    if window_left < -1:
-        raise ValueError(f"window_left must be >= -1 (-1 means full attention), got {window_left}")
-    return window_left
 
 
 def _check_mapping(mapping, device, page_size: int | None) -> None:
@@ -390,7 +382,7 @@ def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, 
     check_tensor("seq_lens", seq_lens, dtype=_INT, device=device, shape=(B,))
     if prefix_lens is not None:
         check_tensor("prefix_lens", prefix_lens, dtype=_INT, device=device, shape=(B,))
-    _check_window_left(window_left)
+    check_window_left(window_left)
     if page_size is not None:
         check_int("page_size", page_size, minimum=1)
     if mapping is not None:
