@@ -213,8 +213,9 @@ def bench_decode(rec, case, sets, prefixes, page_size, d, hq, h):
     return rec.add(case, "triton_swa_decode", time_rotated(fns, use_graph=True), nb, flops)
 
 
-def sweep(rec, dims=(128, 256)):
-    """Tile configurations of the N = 8192 prefill (both head dims): the data behind extend_config."""
+def sweep(rec, dims=(128, 256), only=None):
+    """Tile configurations of the N = 8192 prefill (both head dims): the data behind extend_config.
+    ``only``: (block_m, block_n, num_warps, num_stages, pack) tuples to time instead of the lists below."""
     # (block_m, block_n, num_warps, num_stages, pack); the first of each is extend_config's default
     configs = {
         128: [(64, 64, 4, 3, 4), (128, 64, 8, 3, 4), (128, 64, 8, 2, 4), (128, 64, 8, 4, 4), (128, 32, 8, 3, 4), (128, 128, 8, 2, 4),
@@ -222,6 +223,8 @@ def sweep(rec, dims=(128, 256)):
         256: [(128, 32, 8, 2, 4), (128, 32, 8, 3, 4), (128, 64, 8, 2, 4), (128, 32, 8, 2, 2), (128, 32, 8, 2, 1),
               (64, 64, 4, 2, 4), (64, 32, 4, 3, 4), (128, 16, 8, 3, 4)],
     }
+    if only:
+        configs = {d: only for d in dims}
     n, hq, h = 8192, 32, 8
     for d, cfgs in configs.items():
         if d not in dims:
@@ -246,6 +249,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="tile configs at N = 8192 instead of the grid")
     parser.add_argument("--sweep-dims", default="128,256", help="head dims the sweep covers")
+    parser.add_argument("--sweep-configs", default="",
+                        help="bm:bn:warps:stages:pack tuples, comma-separated, instead of the built-in lists")
     parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention peer")
     parser.add_argument("--quick", action="store_true", help="N = 8192 prefill and B = 64 verify only")
     args = parser.parse_args()
@@ -253,7 +258,8 @@ def main():
     rec = Recorder.start("extend")
     print(f"copy ceiling {rec.copy_tbps:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     if args.sweep:
-        sweep(rec, tuple(int(x) for x in args.sweep_dims.split(",")))
+        only = [tuple(int(v) for v in c.split(":")) for c in args.sweep_configs.split(",") if c]
+        sweep(rec, tuple(int(x) for x in args.sweep_dims.split(",")), only)
         print(f"saved {rec.save()}")
         return
     summary = {}
