@@ -20,7 +20,9 @@ Providers, all on the same K/V values: ``triton_swa``; ``flex`` (FlexAttention d
 gathered into contiguous `[B, H, n, D]`, untimed); ``flex_paged`` (FlexAttention over the pool itself
 through a block mask of the window's pages, page size 16 only: it needs pages of at least 16 tokens);
 ``gather_sdpa`` (gather the window from the pool, then SDPA; the gather is timed). Flex and SDPA have no
-sinks: on ``gptoss`` they do slightly less work than ``triton_swa``.
+sinks: on ``gptoss`` they do slightly less work than ``triton_swa``. Where graph replay times the peers,
+``copy_same_bytes_graph`` is a device copy moving the case's bytes (read + write), the same way: the
+small-size ceiling, since a call of a few MB cannot reach the large-copy bandwidth.
 
 ``bytes`` counts the window's K and V once, q, o and the index metadata; ``flops`` counts attended
 (query, key) pairs only. Rows go to ``bench/results/decode-<date>-<gpu>.csv``; a compact table is
@@ -292,6 +294,13 @@ def run_case(rec: Recorder, m: Model, B: int, L: int, page: int, args, failures:
             print(f"  {case} {name}: did not run ({type(exc).__name__}: {msg})", flush=True)
             if name == "triton_swa":
                 failures.append(f"{case} triton_swa raised {type(exc).__name__}: {msg}")
+    if graph:
+        # What the same bytes cost as a plain device copy (read + write = nbytes), launched the same way:
+        # at these sizes even a copy is far from the ceiling (launch, ramp-up, drain).
+        bufs = [torch.empty(2, nbytes // 4, dtype=torch.int16, device=DEVICE) for _ in range(n_sets)]
+        rec.add(case, "copy_same_bytes_graph",
+                time_rotated([lambda b=b: b[1].copy_(b[0]) for b in bufs], reps=args.reps, use_graph=True), nbytes, 0)
+        del bufs
     print(f"  {case}: {n_sets} set(s) of {set_bytes / 2**20:.1f} MiB, {len(names)} providers", flush=True)
 
 
@@ -457,6 +466,9 @@ def target_summary(rows: list) -> str:
                     ratios.append(f"{name + suffix} {x:.2f}x")
                     if name.startswith("flex") and x < 1.0:
                         misses.append(name + suffix)
+        same = prov.get("copy_same_bytes_graph")
+        if same is not None and graph is not None:
+            ratios.append(f"same-bytes copy {same['us_p50'] / graph['us_p50']:.2f}x")
         g = f"{graph['pct_copy']:6.1f} " if graph is not None else f"{'-':>6} "
         g = g + (f"{ours['us_p50']:8.2f} " + (f"{graph['us_p50']:8.2f}" if graph is not None else f"{'-':>8}"))
         h = f"{HOST_US[case]:7.1f}" if case in HOST_US else f"{'-':>7}"

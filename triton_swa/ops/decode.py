@@ -293,7 +293,10 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
     - ``block_n``: about 32 KB of K plus V per tile (one pipeline stage), enough bytes in flight per SM
       to cover memory latency, without spilling the `[block_g, block_n]` scores; at least 32 for
       512-wide heads so that a loop iteration does enough work, at most 128.
-    - ``num_warps``: 4, or 8 for 512-wide heads (the accumulator then holds 32 floats per thread).
+    - ``num_warps``: 4 at every width. At 512-wide heads 4 warps carry the `[16, 512]` accumulator in 64
+      registers per thread without spills, and stream at the copy ceiling where 8 warps did not (H200,
+      B 64, L 4k, 32-token tiles, CSR list: 497 against 707 us; page table: 498 against 537 us;
+      ``bench/probe_decode.py d512``).
     - ``num_stages``: 3. Triton's pipeliner gives the slot loads and the K/V gathers they feed
       ``(num_stages - 1) // 2`` iterations of lead each: one here, two K/V buffers. 2 would leave the
       slot loads unpipelined (565 against 548 us at D 512, B 8, L 32k on the H200); 5 (two iterations of
@@ -309,7 +312,7 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
     row_bytes = (triton.next_power_of_2(head_dim) + triton.next_power_of_2(v_head_dim)) * kv_itemsize
     block_n = max(16, min(128, triton.next_power_of_2(32768 // row_bytes)))
     if width >= 512:
-        return DecodeConfig(block_g, max(block_n, 32), 8, 3)
+        block_n = max(block_n, 32)
     return DecodeConfig(block_g, block_n, 4, 3)
 
 
