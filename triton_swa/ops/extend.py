@@ -30,6 +30,7 @@ and its window is streamed once per KV head.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._checks import check_int, check_tensor, check_window_left
 
@@ -67,7 +69,7 @@ def _load_2d(ptrs, m_rows, m_cols, ROWS: tl.constexpr, COLS: tl.constexpr):
 def _swa_extend_tiles(
     acc, m_i, l_i, b_q,
     s_begin, s_end, qk_scale, v_scale, logit_cap,
-    K_SRC, V_SRC, stride_kt, stride_kh, stride_vt, stride_vh,
+    K_SRC, V_SRC, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
     KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
     CUSTOM_MASK, mask_off, Q_POS, q_start,
     i_kvh, P, E, lo, window_left,
@@ -75,7 +77,7 @@ def _swa_extend_tiles(
     PREFIX: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, KV_SCALE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     """Online-softmax update of one query tile with the key tiles ``[s_begin, s_end)``.
 
@@ -84,8 +86,12 @@ def _swa_extend_tiles(
     the step's contiguous ``k``/``v``). Scores are in log2 units (``qk_scale`` holds ``log2(e)``,
     and must be positive: it is applied to the row max before the exponent).
     Unmasked calls (``MASKED=False``) must only cover tiles that every row of the tile fully sees.
+    ``TMA`` (unmasked new keys only, ``D == BLOCK_D`` and ``Dv == BLOCK_DV``) loads the K/V tiles
+    through the tensor descriptors ``K_DESC``/``V_DESC`` (rows of ``k``/``v`` as `[T, cols]`, head
+    ``h`` at column ``h * stride_kh``) instead of pointers.
     """
-    if not PREFIX:
+    tl.static_assert(not TMA or (not PREFIX and not MASKED and EVEN_D and EVEN_DV))
+    if not PREFIX and not TMA:
         # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
         o_kt = o_n[:, None] * stride_kt + o_d[None, :]
         o_vt = o_n[:, None] * stride_vt + o_dv[None, :]
@@ -127,13 +133,16 @@ def _swa_extend_tiles(
                     b_slot = tl.load(KV_INDICES + kv_end + o_j).to(tl.int64)
             p_k = K_SRC + b_slot[:, None] * stride_kt + i_kvh * stride_kh + o_d[None, :]
             p_v = V_SRC + b_slot[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
-        else:
+        elif not TMA:
             m_key = o_j < E
             i_t = tl.cast(q_start + s, tl.int64)
             p_k = K_SRC + (i_t * stride_kt + i_kvh * stride_kh) + o_kt
             p_v = V_SRC + (i_t * stride_vt + i_kvh * stride_vh) + o_vt
         # [BLOCK_N, BLOCK_D]
-        b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
+        if TMA:
+            b_k = K_DESC.load([q_start + s, i_kvh * stride_kh])
+        else:
+            b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
         # [BLOCK_M, BLOCK_N]
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PREC)
         if SOFTCAP:
@@ -177,7 +186,10 @@ def _swa_extend_tiles(
         l_i = l_i * alpha + tl.sum(b_p, 1)
         acc = acc * alpha[:, None]
         # [BLOCK_N, BLOCK_DV]
-        b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
+        if TMA:
+            b_v = V_DESC.load([q_start + s, i_kvh * stride_vh])
+        else:
+            b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
         if KV_SCALE:
             b_p = b_p * v_scale
         acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
@@ -187,7 +199,7 @@ def _swa_extend_tiles(
 
 @triton.jit
 def _swa_extend_kernel(
-    Q, K, V, K_BUF, V_BUF, O,
+    Q, K, V, K_DESC, V_DESC, K_BUF, V_BUF, O,
     QO_INDPTR, PREFIX_LENS,
     KV_INDPTR, KV_INDICES, PAGE_TABLE, WINDOW_STARTS,
     CUSTOM_MASK, MASK_INDPTR, Q_POS, SINKS,
@@ -200,9 +212,13 @@ def _swa_extend_kernel(
     PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``."""
+    """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
+
+    ``K_DESC``/``V_DESC`` are tensor descriptors over the rows of ``K``/``V`` when ``USE_TMA`` (the
+    unmasked new-key tiles load through them), ``None`` otherwise.
+    """
     TOK: tl.constexpr = BLOCK_M // GP
     EVEN_D: tl.constexpr = D == BLOCK_D
     EVEN_DV: tl.constexpr = DV == BLOCK_DV
@@ -314,48 +330,48 @@ def _swa_extend_kernel(
     # into an unmasked one, or a gathered fp8 prefix loop into the new-key loop.
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_mid, n_diag, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, USE_TMA,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
-        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh, K_DESC, V_DESC,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, s_lo, s_mid, pre_scale, vs, logit_cap,
-        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh, K_DESC, V_DESC,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         True, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_lo, n_mid, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_diag, n_hi, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
     )
 
     if HAS_SINKS:
@@ -434,6 +450,49 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     return ExtendConfig(block_m, block_n, pack, warps, stages)
 
 
+@functools.cache
+def _has_tma(device_index: int) -> bool:
+    """An NVIDIA GPU of compute capability 9.0 or newer (Hopper's tensor memory accelerator)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _tma_problem(k: torch.Tensor, v: torch.Tensor, block_d: int, block_dv: int, interpret: bool) -> str:
+    """Why the new-key tiles cannot load through tensor descriptors here ("" when they can).
+
+    A descriptor views ``k`` as rows `[T, cols]` with strides ``[stride_kt, 1]`` (head ``h`` at column
+    ``h * stride_kh``; a token's heads must lie within its row, as in a contiguous or fused-QKV
+    ``k``), so TMA's rules apply to that view: fp16/bf16, 16-byte aligned base and row and head
+    strides, a tile that spans the whole head (``D == BLOCK_D``: TMA zero-fills only past the
+    tensor's end, it cannot mask the padding columns of a head). Under Triton's interpreter the
+    device check is skipped (tests walk the path on the CPU).
+    """
+    if not interpret:
+        if k.device.type != "cuda" or not _has_tma(k.device.index):
+            return "needs an NVIDIA GPU of compute capability >= 9.0"
+    if k.dtype not in (torch.float16, torch.bfloat16):
+        return f"needs fp16 or bf16 k/v, got {k.dtype}"
+    for name, x, block in (("k", k, block_d), ("v", v, block_dv)):
+        if x.shape[2] != block:
+            return f"needs a power-of-two {name} head dim >= 16, got {x.shape[2]}"
+        size = x.element_size()
+        if x.data_ptr() % 16 or (x.stride(0) * size) % 16 or (x.shape[1] > 1 and (x.stride(1) * size) % 16):
+            return f"needs a 16-byte aligned {name} (base, token and head strides), got strides {x.stride()}"
+        if x.shape[0] > 1 and (x.shape[1] - 1) * x.stride(1) + x.shape[2] > x.stride(0):
+            return f"needs each token's {name} heads inside its row (token stride >= heads), got strides {x.stride()}"
+    return ""
+
+
+def _new_key_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple:
+    """Tensor descriptors over the rows of the step's ``k``/``v``: `[T, (H - 1) * stride_h + D]`, blocks of
+    `[block_n, D]`; the kernel loads KV head ``h``'s tile at column ``h * stride_h``."""
+    descs = []
+    for x in (k, v):
+        t, h, d = x.shape
+        cols = (h - 1) * x.stride(1) + d
+        descs.append(TensorDescriptor(x, [t, cols], [x.stride(0), 1], [block_n, d]))
+    return tuple(descs)
+
+
 def _check_pow2(name: str, value: int, minimum: int) -> int:
     check_int(name, value, minimum=minimum)
     if value & (value - 1):
@@ -488,6 +547,7 @@ def swa_extend(
     pack: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    use_tma: bool | None = None,
 ) -> torch.Tensor:
     """Sliding-window attention of new tokens over their cached window prefix and each other.
 
@@ -534,6 +594,14 @@ def swa_extend(
             computed from ``qo_indptr`` (one device sync), or is ``T`` while a CUDA graph is captured.
         block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
             (tests use small blocks to walk multi-tile paths).
+        use_tma (bool | None): load the new-key K/V tiles that every row of a query tile sees (the
+            unmasked loop of a long causal prompt) through TMA tensor descriptors. ``None`` (default):
+            wherever it is legal, i.e. on an NVIDIA GPU of compute capability >= 9.0 with fp16/bf16
+            ``k``/``v`` of power-of-two head dims, 16-byte aligned (base, token and head strides);
+            everywhere else (AMD, older GPUs, the interpreter) the portable pointer loads run. ``True``
+            forces it (also under the interpreter, for tests) and raises where it is not legal;
+            ``False`` keeps the pointer loads. Masked tiles (window edges, diagonal) and the cached
+            prefix always use pointers.
 
     Returns:
         torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).
@@ -626,7 +694,8 @@ def swa_extend(
         max_extend_len = _max_extend_len(qo_indptr, T)
     check_int("max_extend_len", max_extend_len, minimum=0)
 
-    cfg = extend_config(D, DV, HQ // H, max_extend_len, q.dtype, os.environ.get("TRITON_INTERPRET", "0") == "1")
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, q.dtype, interpret)
     bm = cfg.block_m if block_m is None else _check_pow2("block_m", block_m, 16)
     bn = cfg.block_n if block_n is None else _check_pow2("block_n", block_n, 16)
     gp = min(cfg.pack, bm) if pack is None else check_int("pack", pack, minimum=1)
@@ -634,12 +703,20 @@ def swa_extend(
         raise ValueError(f"pack ({gp}) must divide the GQA group size ({HQ // H}) and block_m ({bm})")
     warps = cfg.num_warps if num_warps is None else check_int("num_warps", num_warps, minimum=1)
     stages = cfg.num_stages if num_stages is None else check_int("num_stages", num_stages, minimum=1)
+    block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
+    if use_tma is not None and not isinstance(use_tma, bool):
+        raise TypeError(f"use_tma must be a bool or None, got {type(use_tma).__name__}")
+    why = _tma_problem(k, v, block_d, block_dv, interpret) if use_tma is not False else ""
+    if use_tma and why:
+        raise ValueError(f"use_tma=True is not legal here: the TMA path {why}")
+    tma = (not interpret if use_tma is None else use_tma) and not why
 
     if T == 0 or B == 0 or max_extend_len == 0:
         return out
+    k_desc, v_desc = _new_key_descriptors(k, v, bn) if tma else (None, None)
     grid = (triton.cdiv(max_extend_len, bm // gp), HQ // gp, B)
     _swa_extend_kernel[grid](
-        q, k, v, k_buffer, v_buffer, out,
+        q, k, v, k_desc, v_desc, k_buffer, v_buffer, out,
         qo_indptr, prefix_lens,
         kv_indptr_arg, kv_indices_arg, page_table_arg, window_starts_arg,
         mask_arg, mask_indptr_arg, qpos_arg, sinks if sinks is not None else q,
@@ -648,12 +725,12 @@ def swa_extend(
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), stride_pt,
         G=HQ // H, GP=gp, D=D, DV=DV,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_M=bm, BLOCK_N=bn, PAGED=paged, PAGE=page_size,
         WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
         KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages,
+        USE_TMA=tma, num_warps=warps, num_stages=stages,
     )
     return out
 
