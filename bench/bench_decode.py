@@ -297,7 +297,8 @@ def run_case(rec: Recorder, m: Model, B: int, L: int, page: int, args, failures:
     if graph:
         # What the same bytes cost as a plain device copy (read + write = nbytes), launched the same way:
         # at these sizes even a copy is far from the ceiling (launch, ramp-up, drain).
-        bufs = [torch.empty(2, nbytes // 4, dtype=torch.int16, device=DEVICE) for _ in range(n_sets)]
+        # Halves of whole 128-byte lines: a misaligned second half would take a slower copy kernel.
+        bufs = [torch.empty(2, nbytes // 256 * 64, dtype=torch.int16, device=DEVICE) for _ in range(n_sets)]
         rec.add(case, "copy_same_bytes_graph",
                 time_rotated([lambda b=b: b[1].copy_(b[0]) for b in bufs], reps=args.reps, use_graph=True), nbytes, 0)
         del bufs

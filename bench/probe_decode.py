@@ -8,8 +8,11 @@
    programs, more dependent index-then-K/V chains in flight).
 3. ``floor``: what a call of the same bytes costs at the small sizes: a device copy of the same
    number of bytes (read + write) by CUDA-graph replay, and triton_swa on the same cases.
+4. ``stats``: registers, spills and shared memory of every model's default kernels (the residency
+   estimate of ``decode_resident_programs`` against the compiler's numbers).
+5. ``splits``: split counts at 512-wide heads with few programs (B 1 and 8).
 
-    python bench/probe_decode.py [d512] [short] [floor]
+    python bench/probe_decode.py [d512] [short] [floor] [stats] [splits]
 
 Prints one line per measurement; timings are CUDA-graph replay medians over rotated input sets.
 """
@@ -106,13 +109,36 @@ def floor() -> None:
         m = MODELS[name]
         nbytes = case_bytes(m, B, 4096, 1)
         n_sets = rotation_count(nbytes)
-        bufs = [(torch.empty(nbytes // 4, dtype=torch.int16, device="cuda"),
-                 torch.empty(nbytes // 4, dtype=torch.int16, device="cuda")) for _ in range(n_sets)]
+        bufs = [(torch.empty(nbytes // 256 * 64, dtype=torch.int16, device="cuda"),
+                 torch.empty(nbytes // 256 * 64, dtype=torch.int16, device="cuda")) for _ in range(n_sets)]
         us = time_rotated([lambda s=s, d=d: d.copy_(s) for s, d in bufs], reps=20, use_graph=True)[1]
         line(f"copy of the same bytes ({name} B{B}, {nbytes / 1e6:.1f} MB)", us, nbytes)
         provs, _ = provs_for(name, B, 4096, 1, 1)
         line(f"triton_swa {name} B{B} L4k P1 (window {window_len(m, 4096)})", timed(provs), nbytes)
         del bufs, provs
+
+
+def stats() -> None:
+    for name in MODELS:
+        for B, page in ((64, 1), (64, 16), (1, 1)):
+            decode_mod._PLANS.clear()
+            provs, _ = provs_for(name, B, 4096, page, page)
+            timed(provs)
+            plan = list(decode_mod._PLANS.values())[-1]
+            m = MODELS[name]
+            est = decode_mod.decode_resident_programs(plan.main.constexprs["BLOCK_N"], m.d, m.d, 2)
+            print(f"{name} B{B} P{page}: splits {plan.ints[0]} estimated resident {est}", flush=True)
+            compiled_stats(f"{name} B{B} P{page}")
+
+
+def splits() -> None:
+    for B, L, page in ((8, 4096, 1), (8, 4096, 16), (1, 4096, 16), (1, 32768, 1)):
+        provs, nbytes = provs_for("g4full", B, L, page, page)
+        line(f"g4full B{B} L{L // 1024}k P{page} default", timed(provs), nbytes)
+        for n in (4, 8, 16, 32, 64):
+            for stages in (None, 2):
+                over = dict(num_splits=n) if stages is None else dict(num_splits=n, num_stages=stages)
+                line(f"g4full B{B} L{L // 1024}k P{page} {over}", timed(provs, **over), nbytes)
 
 
 def main() -> None:
