@@ -596,9 +596,11 @@ def swa_extend(
             (tests use small blocks to walk multi-tile paths).
         use_tma (bool | None): load the new-key K/V tiles that every row of a query tile sees (the
             unmasked loop of a long causal prompt) through TMA tensor descriptors. ``None`` (default):
-            wherever it is legal, i.e. on an NVIDIA GPU of compute capability >= 9.0 with fp16/bf16
-            ``k``/``v`` of power-of-two head dims, 16-byte aligned (base, token and head strides);
-            everywhere else (AMD, older GPUs, the interpreter) the portable pointer loads run. ``True``
+            for causal launches without ``custom_mask``/``q_positions`` whose longest request exceeds
+            a key tile, wherever it is legal, i.e. on an NVIDIA GPU of compute capability >= 9.0 with
+            fp16/bf16 ``k``/``v`` of power-of-two head dims, 16-byte aligned (base, token and head
+            strides), each token's heads within its row; everywhere else (AMD, older GPUs, the
+            interpreter, verify and short extends) the portable pointer loads run. ``True``
             forces it (also under the interpreter, for tests) and raises where it is not legal;
             ``False`` keeps the pointer loads. Masked tiles (window edges, diagonal) and the cached
             prefix always use pointers.
@@ -709,7 +711,10 @@ def swa_extend(
     why = _tma_problem(k, v, block_d, block_dv, interpret) if use_tma is not False else ""
     if use_tma and why:
         raise ValueError(f"use_tma=True is not legal here: the TMA path {why}")
-    tma = (not interpret if use_tma is None else use_tma) and not why
+    # automatic: only where an unmasked new-key loop can run (causal, no mask or explicit positions, a
+    # request longer than a key tile), so verify and short extends keep their kernels and launch cost
+    walks = causal and not has_mask and q_positions is None and max_extend_len > bn
+    tma = (not interpret and walks if use_tma is None else use_tma) and not why
 
     if T == 0 or B == 0 or max_extend_len == 0:
         return out
