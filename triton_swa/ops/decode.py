@@ -325,11 +325,27 @@ def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_items
 
 
 def decode_resident_programs(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int,
-                             smem_per_sm: int = 228 * 1024) -> int:
-    """Split-kernel programs one SM holds at once, bounded by shared memory: two K/V tile buffers
-    (see :func:`decode_block_config`) plus 8 KB for layout conversions, at most 8."""
-    per_program = 2 * block_n * (head_dim + v_head_dim) * kv_itemsize + 8 * 1024
-    return max(1, min(8, smem_per_sm // per_program))
+                             smem_per_sm: int = 228 * 1024, num_warps: int = 4) -> int:
+    """Split-kernel programs one SM holds at once (at most 8), bounded by shared memory and registers.
+
+    Both bounds are fitted to what Triton 3.6 compiles for sm_90 (``bench/probe_decode.py stats``,
+    H200, 4 warps; shared bytes and registers per thread):
+
+    - shared memory: one K plus V tile, and a layout-conversion scratch that grows with the head width,
+      ``block_n * (D + Dv) * itemsize + 4 KB + 32 * width`` (D 128 at 64 keys: 39 KB; D 256 at 64:
+      76 KB; D 512 at 32: 83 KB);
+    - registers: about ``80 + 1.25 e``, with ``e`` the elements of the K tile per thread, out of 64K
+      per SM (D 128 at 64 keys, e = 64: 128 registers; D 256 at 32: 148; D 256 at 64 and D 512 at 32,
+      e = 128: 238-252, two programs).
+
+    Under-counting costs splits: at D 512, B 8, L 4k, 8 splits (two programs per SM) take 76 us where
+    the earlier estimate of one program per SM chose 4 and took 95 us.
+    """
+    width = max(triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim))
+    threads = 32 * num_warps
+    shared = block_n * (head_dim + v_head_dim) * kv_itemsize + 4 * 1024 + 32 * width
+    registers = min(255, 80 + (5 * block_n * width) // (4 * threads))
+    return max(1, min(8, smem_per_sm // shared, 65536 // (threads * registers)))
 
 
 def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, min_tokens: int = 128,
@@ -344,7 +360,8 @@ def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
     - fewer programs (small batches, latency-bound): split so that one wave holds them all, and never
       into two waves of short splits (D 256, B 1: 16 splits 12.5 us, 32 splits over two waves 15 us).
       Long windows may take up to ``MAX_WAVES`` waves of splits of at least ``LONG_SPLIT_BLOCKS``
-      blocks, which leaves fewer SMs idle in the last wave (D 512, B 8, L 32k: 33 splits, 92% of copy).
+      blocks, which leaves fewer SMs idle in the last wave (D 512, B 1, L 32k: 64 splits 83 us, 32
+      splits 97 us).
 
     Each split keeps at least ``max(block_n, min_tokens)`` tokens of the longest window (see
     :func:`decode_min_split_tokens`), at most ``MAX_SPLITS`` splits, and splits that the longest window
