@@ -389,7 +389,8 @@ class ExtendConfig:
     """Tile shape and launch knobs of one extend launch.
 
     ``block_m`` rows per program (``block_m // pack`` tokens x ``pack`` query heads of one KV head),
-    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size).
+    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size),
+    ``tma``: load the unmasked new-key tiles through TMA descriptors where the launch allows it.
     """
 
     block_m: int
@@ -397,6 +398,7 @@ class ExtendConfig:
     pack: int
     num_warps: int
     num_stages: int
+    tma: bool = False
 
 
 def _pow2_divisor(n: int) -> int:
@@ -424,6 +426,11 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
       (tokens x packed heads) so that no program streams the window for padding rows; the window
       is then read once per KV head, as in decode, with 4 warps (8 at ``D = 512``).
     - fp32 inputs (tests, reference-grade runs) use smaller tiles: fp32 tiles take twice the space.
+    - ``tma`` (``D, Dv <= 128``): the new-key tiles every row sees load through TMA descriptors
+      (Hopper and newer, where ``swa_extend`` finds them legal), which frees the address registers
+      of the pointer loads (ptxas for sm_90 at the default D = 128 tiles: 244 registers instead of
+      255, no spills, wgmma still asynchronous). At ``D = 256`` the default tiles spill with it
+      (52 bytes), so wider heads keep pointer loads unless ``use_tma=True``.
     - Under Triton's interpreter, which pays per element rather than per instruction, the smallest
       legal tiles.
     """
@@ -440,6 +447,7 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     if dtype == torch.float32:
         block_m, block_n, stages = max(16, block_m // 2), max(16, block_n // 2), min(stages, 2)
     pack = min(_pow2_divisor(group), block_m)
+    tma = d <= 128
     rows = max(1, max_extend_len) * pack
     if rows < block_m:
         # a short request: one tile holds it whole; tiles below 16 rows do not map to tensor cores
@@ -447,7 +455,7 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
         block_n = 64 if d <= 128 else 32
         warps = 4 if d <= 256 else 8
         stages = 3 if d <= 128 else 2
-    return ExtendConfig(block_m, block_n, pack, warps, stages)
+    return ExtendConfig(block_m, block_n, pack, warps, stages, tma)
 
 
 @functools.cache
@@ -596,11 +604,12 @@ def swa_extend(
             (tests use small blocks to walk multi-tile paths).
         use_tma (bool | None): load the new-key K/V tiles that every row of a query tile sees (the
             unmasked loop of a long causal prompt) through TMA tensor descriptors. ``None`` (default):
-            for causal launches without ``custom_mask``/``q_positions`` whose longest request exceeds
-            a key tile, wherever it is legal, i.e. on an NVIDIA GPU of compute capability >= 9.0 with
-            fp16/bf16 ``k``/``v`` of power-of-two head dims, 16-byte aligned (base, token and head
-            strides), each token's heads within its row; everywhere else (AMD, older GPUs, the
-            interpreter, verify and short extends) the portable pointer loads run. ``True``
+            where ``extend_config`` prefers it (head dims <= 128), for causal launches without
+            ``custom_mask``/``q_positions`` whose longest request exceeds a key tile, wherever it is
+            legal, i.e. on an NVIDIA GPU of compute capability >= 9.0 with fp16/bf16 ``k``/``v`` of
+            power-of-two head dims, 16-byte aligned (base, token and head strides), each token's
+            heads within its row; everywhere else (AMD, older GPUs, the interpreter, verify and
+            short extends) the portable pointer loads run. ``True``
             forces it (also under the interpreter, for tests) and raises where it is not legal;
             ``False`` keeps the pointer loads. Masked tiles (window edges, diagonal) and the cached
             prefix always use pointers.
@@ -708,13 +717,14 @@ def swa_extend(
     block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
     if use_tma is not None and not isinstance(use_tma, bool):
         raise TypeError(f"use_tma must be a bool or None, got {type(use_tma).__name__}")
-    why = _tma_problem(k, v, block_d, block_dv, interpret) if use_tma is not False else ""
-    if use_tma and why:
-        raise ValueError(f"use_tma=True is not legal here: the TMA path {why}")
     # automatic: only where an unmasked new-key loop can run (causal, no mask or explicit positions, a
     # request longer than a key tile), so verify and short extends keep their kernels and launch cost
     walks = causal and not has_mask and q_positions is None and max_extend_len > bn
-    tma = (not interpret and walks if use_tma is None else use_tma) and not why
+    tma = cfg.tma and walks if use_tma is None else use_tma
+    why = _tma_problem(k, v, block_d, block_dv, interpret) if tma else ""
+    if use_tma and why:
+        raise ValueError(f"use_tma=True is not legal here: the TMA path {why}")
+    tma = tma and not why
 
     if T == 0 or B == 0 or max_extend_len == 0:
         return out
