@@ -426,11 +426,11 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
       (tokens x packed heads) so that no program streams the window for padding rows; the window
       is then read once per KV head, as in decode, with 4 warps (8 at ``D = 512``).
     - fp32 inputs (tests, reference-grade runs) use smaller tiles: fp32 tiles take twice the space.
-    - ``tma`` (``D, Dv <= 128``): the new-key tiles every row sees load through TMA descriptors
-      (Hopper and newer, where ``swa_extend`` finds them legal), which frees the address registers
-      of the pointer loads (ptxas for sm_90 at the default D = 128 tiles: 244 registers instead of
-      255, no spills, wgmma still asynchronous). At ``D = 256`` the default tiles spill with it
-      (52 bytes), so wider heads keep pointer loads unless ``use_tma=True``.
+    - ``tma``: off. Loading the new-key tiles every row sees through TMA descriptors (Hopper and
+      newer, ``use_tma=True``) frees address registers (ptxas for sm_90 at the D = 128 tiles: 244
+      registers instead of 255) but ran slower on the H200 (N = 8192, W = 1023, D = 128: 194-210
+      TFLOP/s against 269-301 with pointer loads, ``bench_extend.py --sweep --sweep-configs
+      64:64:4:3:4:0,64:64:4:3:4:1``); at ``D = 256`` the default tiles also spill with it.
     - Under Triton's interpreter, which pays per element rather than per instruction, the smallest
       legal tiles.
     """
@@ -447,7 +447,7 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     if dtype == torch.float32:
         block_m, block_n, stages = max(16, block_m // 2), max(16, block_n // 2), min(stages, 2)
     pack = min(_pow2_divisor(group), block_m)
-    tma = d <= 128
+    tma = False
     rows = max(1, max_extend_len) * pack
     if rows < block_m:
         # a short request: one tile holds it whole; tiles below 16 rows do not map to tensor cores
@@ -603,16 +603,14 @@ def swa_extend(
         block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
             (tests use small blocks to walk multi-tile paths).
         use_tma (bool | None): load the new-key K/V tiles that every row of a query tile sees (the
-            unmasked loop of a long causal prompt) through TMA tensor descriptors. ``None`` (default):
-            where ``extend_config`` prefers it (head dims <= 128), for causal launches without
-            ``custom_mask``/``q_positions`` whose longest request exceeds a key tile, wherever it is
-            legal, i.e. on an NVIDIA GPU of compute capability >= 9.0 with fp16/bf16 ``k``/``v`` of
+            unmasked loop of a long causal prompt) through TMA tensor descriptors. ``None``
+            (default): where ``extend_config`` prefers it, which is nowhere today (slower on the
+            H200), for causal launches without ``custom_mask``/``q_positions``. ``True`` forces it
+            (also under the interpreter, for tests) and raises where it is not legal, i.e. anywhere
+            but an NVIDIA GPU of compute capability >= 9.0 with fp16/bf16 ``k``/``v`` of
             power-of-two head dims, 16-byte aligned (base, token and head strides), each token's
-            heads within its row; everywhere else (AMD, older GPUs, the interpreter, verify and
-            short extends) the portable pointer loads run. ``True``
-            forces it (also under the interpreter, for tests) and raises where it is not legal;
-            ``False`` keeps the pointer loads. Masked tiles (window edges, diagonal) and the cached
-            prefix always use pointers.
+            heads within its row. ``False`` keeps the portable pointer loads. Masked tiles (window
+            edges, diagonal) and the cached prefix always use pointers.
 
     Returns:
         torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).
