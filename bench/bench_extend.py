@@ -126,13 +126,32 @@ def bench_prefill(rec, summary, flex_ok, n, d, hq, h, page_size, prefix):
     sets = [build_set(prefixes, news, hq, h, d, d, page_size, gen) for _ in range(rotation_count(nb))]
     flops = 2 * (d + d) * hq * attended_pairs(prefix, n, W)
     case = f"prefill-N{n // 1024}k-P{prefix // 1024}k-W{W}-HQ{hq}-H{h}-D{d}-P{page_size}"
-    row = rec.add(case, "triton_swa", time_rotated([extend_call(s, page_size, n) for s in sets]), nb, flops)
+    ours = [extend_call(s, page_size, n) for s in sets]
+    row = rec.add(case, "triton_swa", time_rotated(ours), nb, flops)
     summary.setdefault(("prefill", n, d, hq, h, prefix), {})[("triton_swa", page_size)] = row
     if prefix == 0 and page_size == 1 and flex_ok(n, d, hq, h):
-        row = bench_flex(rec, case.replace("-P1", ""), sets, n, d, hq, h, nb, flops)
-        if row:
+        got = bench_flex(rec, case.replace("-P1", ""), sets, n, d, hq, h, nb, flops)
+        if got:
+            row, flex_fns = got
             summary[("prefill", n, d, hq, h, prefix)][("flex", 0)] = row
+            if n == 8192 and hq == 32 and h == 8:
+                summary[("prefill", n, d, hq, h, prefix)]["rounds"] = head_to_head(
+                    rec, case.replace("-P1", ""), ours, flex_fns, nb, flops)
     del sets
+
+
+def head_to_head(rec, case, ours, flex, nb, flops, rounds=7):
+    """Alternate the two providers ``rounds`` times (clocks and neighbours drift between separate
+    timings: single runs of this case have put the D 128 ratio anywhere from 0.98x to 1.16x); rows
+    ``*_rounds`` hold the medians, and the per-round ratios are returned for the summary."""
+    mine, theirs = [], []
+    for _ in range(rounds):
+        mine.append(time_rotated(ours, reps=10))
+        theirs.append(time_rotated(flex, reps=10))
+    med = lambda ts: tuple(float(torch.tensor([t[i] for t in ts]).median()) for i in range(3))
+    rec.add(case, "triton_swa_rounds", med(mine), nb, flops)
+    rec.add(case, "flex_rounds", med(theirs), nb, flops)
+    return [t[1] / m[1] for m, t in zip(mine, theirs)]
 
 
 _FLEX = {}
@@ -167,7 +186,7 @@ def bench_flex(rec, case, sets, n, d, hq, h, nb, flops):
     err = (ref_out.float() - ours.float()).abs().max().item()
     if err > 5e-2:
         print(f"WARNING {case}: triton_swa and flex differ by {err:.3e}")
-    return rec.add(case, "flex", time_rotated(fns), nb, flops)
+    return rec.add(case, "flex", time_rotated(fns), nb, flops), fns
 
 
 def bench_verify(rec, summary, b, drafts, page_size, tree=False, d=128, hq=32, h=8):
@@ -328,12 +347,19 @@ def report_targets(summary):
             ratio = flex["us_p50"] / ours["us_p50"]
             print(f"prefill N=8192 D={d}: {ours['tflops']:.0f} TFLOP/s vs flex {flex['tflops']:.0f} "
                   f"(last measured {flex_ref}): {ratio:.2f}x [{'PASS' if ratio >= 1.1 else 'MISS'} >= 1.1x]")
+        rounds = entry.get("rounds")
+        if rounds:
+            ratios = sorted(rounds)
+            mid = ratios[len(ratios) // 2]
+            print(f"  alternating {len(ratios)} rounds: flex/ours {', '.join(f'{r:.2f}' for r in rounds)}; "
+                  f"median {mid:.2f}x [{'PASS' if mid >= 1.1 else 'MISS'} >= 1.1x]")
     for page_size in (1, 16):
         entry = summary.get(("verify", 64, 8, page_size, False), {})
         if "decode" in entry:
             ratio = entry["triton_swa"]["us_p50"] / entry["decode"]["us_p50"]
             print(f"verify B=64 E=8 P{page_size}: {entry['triton_swa']['us_p50']:.1f} us vs decode "
                   f"{entry['decode']['us_p50']:.1f} us: {ratio:.2f}x [{'PASS' if ratio <= 1.5 else 'MISS'} <= 1.5x]")
+
 
 if __name__ == "__main__":
     main()
