@@ -18,7 +18,7 @@ import torch
 import triton_swa_reference as ref
 
 from triton_swa.ops import extend as extend_mod
-from triton_swa.ops.extend import extend_config, swa_extend
+from triton_swa.ops.extend import extend_config, extend_num_splits, swa_extend
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = pytest.mark.interpreter
@@ -392,11 +392,17 @@ def test_default_tiles_keep_wgmma_async():
         case = Case(**_mix((700, 300), (200, 200)), W=127, HQ=8, H=2, D=d, ps=16, paged=paged,
                     dtype=torch.bfloat16, fp8=fp8, bm=None, bn=None, chunk=128)
         built = build(case, "cuda")
-        for use_tma in (False, True):  # pointer loads and the new-key TMA path
-            got = run_kernel(case, built, use_tma=use_tma)
-            assert_close(got, built["expected"], name=f"{case.id} use_tma={use_tma}")
-    variants = _compiled_variants()  # these six and whatever earlier tests compiled
-    assert len(variants) >= 6
+        # pointer loads, the new-key TMA path, and split-KV (forced: a prefill does not split itself)
+        for use_tma, splits in ((False, 1), (True, 1), (False, 2)):
+            got = run_kernel(case, built, use_tma=use_tma, num_splits=splits)
+            assert_close(got, built["expected"], name=f"{case.id} use_tma={use_tma} num_splits={splits}")
+        # the verify tiles, split as the heuristic splits them on a big GPU
+        verify = Case(**_mix((3000, 8), (2000, 8)), W=1023, HQ=32, H=8, D=d, ps=16, paged=paged,
+                      dtype=torch.bfloat16, fp8=fp8, bm=None, bn=None, chunk=128)
+        built = build(verify, "cuda")
+        assert_close(run_kernel(verify, built, num_splits=4), built["expected"], name=f"{verify.id} num_splits=4")
+    variants = _compiled_variants()  # these twelve and whatever earlier tests compiled
+    assert len(variants) >= 12
     for kern in variants.values():
         with tempfile.TemporaryDirectory() as tmp:
             ptx = os.path.join(tmp, "k.ptx")
@@ -418,9 +424,11 @@ def test_fully_masked_rows_are_zero(device):
     assert_close(out, built["expected"])
 
 
-def test_writes_only_request_rows(device):
-    """Rows past ``qo_indptr[-1]`` (CUDA-graph padding) keep what ``out`` held."""
-    case = Case(**_mix((40, 6), (9, 9)), W=5)
+@pytest.mark.parametrize("num_splits", [None, 2], ids=["unsplit", "split2"])
+def test_writes_only_request_rows(num_splits, device):
+    """Rows past ``qo_indptr[-1]`` (CUDA-graph padding) keep what ``out`` held, also through the
+    split path's merge (whose partials for those rows nobody wrote)."""
+    case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)
     built = build(case, device)
     args = built["args"]
     pad = 3
@@ -428,7 +436,10 @@ def test_writes_only_request_rows(device):
         x = args[name]
         args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
     out = torch.full((args["q"].shape[0], case.HQ, case.D), NAN, device=args["q"].device)
-    swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16)
+    with _spy_launches() as grids:
+        swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16,
+                   num_splits=num_splits)
+    assert len(grids["merge"]) == (1 if num_splits else 0)
     assert torch.isnan(out[-pad:]).all()
     assert_close(out[:-pad], built["expected"])
 
@@ -538,6 +549,11 @@ def _bad_inputs():
         ("causal", kw("causal", 1), TypeError, "causal must be a bool"),
         ("tma-type", kw("use_tma", 1), TypeError, "use_tma must be a bool"),
         ("tma-fp32", kw("use_tma", True), ValueError, "use_tma=True is not legal"),  # fp32 (or no TMA on the GPU)
+        ("splits-0", kw("num_splits", 0), ValueError, "num_splits must be >= 1"),
+        ("splits-65", kw("num_splits", 65), ValueError, "num_splits must be at most 64"),
+        ("splits-float", kw("num_splits", 2.0), TypeError, "num_splits must be an int"),
+        ("max-window", kw("max_window", -1), ValueError, "max_window must be >= 0"),
+        ("max-window-bool", kw("max_window", True), TypeError, "max_window must be an int"),
     ]
 
 
@@ -563,3 +579,205 @@ def test_cases_cover_the_issue():
              for s, n in zip(mix.seq_lens, mix.new)}
     assert kinds == {"no-prefix", "zero", "one", "prefix"}
     assert replace(mix, W=11).id == cases[0].id
+
+
+# ---- split-KV (num_splits): the cached prefix divided among programs, merged by decode's merge ----
+
+
+class _Spy:
+    """Stands in for a kernel in the module: records each launch's grid, then launches."""
+
+    def __init__(self, kernel, grids: list):
+        self.kernel, self.grids = kernel, grids
+
+    def __getitem__(self, grid):
+        self.grids.append(tuple(grid))
+        return self.kernel[grid]
+
+
+class _spy_launches:
+    """``with _spy_launches() as grids``: grids["main"] / grids["merge"] list the launches' grids."""
+
+    def __enter__(self):
+        self.grids = {"main": [], "merge": []}
+        self.saved = extend_mod._swa_extend_kernel, extend_mod._swa_extend_merge_kernel
+        extend_mod._swa_extend_kernel = _Spy(self.saved[0], self.grids["main"])
+        extend_mod._swa_extend_merge_kernel = _Spy(self.saved[1], self.grids["merge"])
+        return self.grids
+
+    def __exit__(self, *exc):
+        extend_mod._swa_extend_kernel, extend_mod._swa_extend_merge_kernel = self.saved
+        return False
+
+
+def _run_split(case: Case, built: dict, num_splits, **extra) -> tuple[torch.Tensor, dict]:
+    with _spy_launches() as grids:
+        out = run_kernel(case, built, num_splits=num_splits, **extra)
+    return out, grids
+
+
+def _prefix_split_shares(case: Case, num_splits: int) -> list[int]:
+    """Non-empty splits of each request with new tokens (its cached prefix in whole tiles, as the
+    kernel divides it; a window edge that straddles a tile boundary may add one tile)."""
+    shares = []
+    for seq, new in zip(case.seq_lens, case.new):
+        if new:
+            keys = seq - new if case.W < 0 else min(seq - new, case.W)
+            tiles = -(-keys // case.bn)
+            per = -(-tiles // num_splits)
+            shares.append(-(-tiles // per) if tiles else 0)
+    return shares
+
+
+# Chain verify (prefix beyond the window over several tiles, a short prefix, no prefix, zero-length
+# entries), a chunk over several query tiles, tree and empty-row masks, sinks, softcap, fp8, pages.
+VERIFY = _mix((70, 8), (12, 8), (30, 0), (9, 9))
+
+
+def split_cases() -> list:
+    cases = [
+        (Case(**VERIFY, W=40, HQ=8, H=2), 3),
+        (Case(**VERIFY, W=40, HQ=8, H=2, paged=True, ps=4, softcap=2.5, sinks=True), 2),
+        (Case(**_mix((70, 6), (30, 8), (9, 5), (20, 0)), W=35, mode="tree", HQ=8), 3),
+        (Case(**_mix((70, 9), (11, 11), (30, 5)), W=30, mode="mask_empty_rows", sinks=True), 2),
+        (Case(**VERIFY, W=40, fp8="tensor", paged=True, ps=4, dtype=torch.float16), 2),
+        (Case(**_mix((75, 21), (60, 1), (14, 0)), W=-1, D=24, DV=40), 3),
+        (Case(**_mix((60, 7), (13, 13), (40, 4)), W=30, mode="noncausal", HQ=8, H=2, pack=2), 2),
+    ]
+    return [pytest.param(c, n, id=f"{c.id}-S{n}") for c, n in cases]
+
+
+@pytest.mark.parametrize("case, num_splits", split_cases())
+def test_split_matches_reference(case, num_splits, device):
+    built = build(case, device, seed=11)
+    out, grids = _run_split(case, built, num_splits)
+    T, HQ = built["args"]["q"].shape[:2]
+    tok = case.bm // (case.pack or min(extend_mod._pow2_divisor(case.HQ // case.H), case.bm))
+    assert grids["main"][0][0] == -(-max(case.new) // tok) * num_splits
+    assert grids["merge"] == [(T * HQ,)]
+    assert_close(out, built["expected"], name=f"{case.id} num_splits={num_splits}")
+
+
+def test_split_cases_walk_empty_and_full_splits():
+    """Among the split cases, requests whose prefix fills several splits, and splits left empty."""
+    shares = [(_prefix_split_shares(p.values[0], p.values[1]), p.values[1]) for p in split_cases()]
+    assert any(max(s) >= 2 for s, _ in shares)
+    assert any(min(s) < n for s, n in shares)
+    assert sum(0 in s for s, _ in shares) >= 2  # prefix-less requests (all prefix splits empty)
+
+
+def test_split_automatic_on_a_small_launch(device):
+    """``num_splits=None`` splits a lone short request once ``max_window`` promises enough prefix
+    tiles (the interpreter's device has 4 SMs), and not without it; ``num_splits=1`` never does."""
+    case = Case(**_mix((60, 4)), W=40, HQ=8, H=2, bm=None, bn=None)
+    built = build(case, device)
+    bound = 128 if device == "cpu" else 2048
+    out, grids = _run_split(case, built, None, max_window=bound)
+    programs = grids["main"][0][0] * grids["main"][0][1] * grids["main"][0][2]
+    assert len(grids["merge"]) == 1 and programs >= 2, grids
+    assert_close(out, built["expected"], name="automatic splits")
+    out, grids = _run_split(case, built, 1, max_window=bound)
+    assert grids["merge"] == []
+    assert_close(out, built["expected"], name="num_splits=1")
+    if device == "cpu":
+        out, grids = _run_split(case, built, None)  # 40 prefix keys (the list's length): 3 tiles, too few
+        assert grids["merge"] == []
+
+
+def _programs(e: int, b: int, hq: int, h: int, d: int) -> tuple[int, int]:
+    """Unsplit programs of a launch with the default tiles, and its key tile."""
+    cfg = extend_config(d, d, hq // h, e)
+    return -(-e // (cfg.block_m // cfg.pack)) * (hq // cfg.pack) * b, cfg.block_n
+
+
+def test_split_heuristic():
+    """Splits for verify at small batch on a 132-SM GPU, none for prefills and big batches."""
+    sms, window = 132, 1024
+    for e in (4, 8, 16):
+        for d in (128, 256):
+            programs, bn = _programs(e, 1, 32, 8, d)
+            n = extend_num_splits(programs, window, bn, sms)
+            assert n >= 4 and window // bn // n >= 4, (e, d, n)  # at least 4 key tiles per split
+    programs, bn = _programs(8, 1, 32, 8, 128)
+    assert programs == 8 and extend_num_splits(programs, window, bn, sms) == 4
+    programs, bn = _programs(8, 8, 32, 8, 128)
+    assert programs == 64 and extend_num_splits(programs, window, bn, sms) == 4
+    for b in (9, 17, 64):  # 72, 136 and 512 programs: over half the SMs are busy already
+        programs, bn = _programs(8, b, 32, 8, 128)
+        assert extend_num_splits(programs, window, bn, sms) == 1, b
+    for n_new, d in ((8192, 128), (2048, 256), (32768, 128), (1024, 128)):
+        programs, bn = _programs(n_new, 1, 32, 8, d)
+        assert extend_num_splits(programs, window, bn, sms) == 1, (n_new, d)
+    programs, bn = _programs(8, 1, 32, 8, 128)
+    assert extend_num_splits(programs, 0, bn, sms) == 1  # no cached prefix anywhere
+    assert extend_num_splits(programs, 128, bn, sms) == 1  # two tiles: too short to split
+    assert extend_num_splits(programs, 1 << 20, bn, sms) == 33  # a long full-attention prefix: fill 2 per SM
+    assert extend_num_splits(1, 1 << 30, bn, sms) == 64  # at most MAX_SPLITS
+
+
+def split_gpu_cases() -> list:
+    """Verify batches at B 1 and 8 (a short prefix and a zero-length entry among them) over W 1023,
+    32/8 heads, bf16, head dims 64/128/256, page sizes 1 and 16; auto and forced splits; a tree."""
+    cases = []
+    big = dict(bm=None, bn=None, chunk=128, dtype=torch.bfloat16)
+    for d in (64, 128, 256):
+        for ps, paged in ((1, False), (16, True)):
+            for b in (1, 8):
+                pairs = [(3000 + 977 * i + 8, 8) for i in range(b)]
+                if b > 1:
+                    pairs[1], pairs[2] = (45, 8), (400, 0)
+                cases.append(Case(**_mix(*pairs), W=1023, HQ=32, H=8, D=d, ps=ps, paged=paged, **big))
+    cases.append(Case(**_mix(*[(2000 + 977 * i + 16, 16) for i in range(4)]), W=1023, HQ=32, H=8, D=128,
+                      mode="tree", paged=True, ps=16, sinks=True, **big))
+    return [pytest.param(c, n, id=f"{c.id}-S{n or 'auto'}") for c in cases for n in (None, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, num_splits", split_gpu_cases() if HAS_CUDA else [])
+def test_split_gpu_verify(case, num_splits, device):
+    built = build(case, device, seed=13)
+    out, grids = _run_split(case, built, num_splits)
+    assert_close(out, built["expected"], name=f"{case.id} num_splits={num_splits}")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    programs, bn = _programs(max(case.new), len(case.new), case.HQ, case.H, case.D)
+    index = built["index"]
+    bound = (index["page_table"].shape[1] * case.ps if case.paged else index["kv_indices"].numel())
+    want = num_splits or extend_num_splits(programs, min(bound, case.W + 1), bn, sms)
+    assert grids["main"][0][0] * grids["main"][0][1] * grids["main"][0][2] == programs * want
+    assert len(grids["merge"]) == (want > 1)
+    if num_splits is None and len(case.new) == 1 and sms >= 64:
+        assert want > 1, "B 1 verify must split on a big GPU"
+
+
+@pytest.mark.gpu
+def test_split_cuda_graph_replay(device):
+    """A split verify captured in a CUDA graph replays what eager computes, also after new inputs
+    are copied into the captured tensors."""
+    case = Case(**_mix((5000, 8)), W=1023, HQ=32, H=8, D=128, ps=16, paged=True, dtype=torch.bfloat16,
+                bm=None, bn=None, chunk=128)
+    built = build(case, device, seed=17)
+    args, index, kw = built["args"], built["index"], built["kw"]
+    call = lambda out: swa_extend(*args.values(), **index, **kw, out=out, max_extend_len=8)
+    eager = torch.full_like(built["expected"], NAN, dtype=case.dtype)
+    with _spy_launches() as grids:
+        call(eager)
+    assert len(grids["merge"]) == 1, "the case must take the split path"
+    assert_close(eager, built["expected"], name="eager")
+    graphed = torch.full_like(eager, NAN)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(graphed)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(graphed)
+    graphed.fill_(NAN)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graphed, eager)
+    args["q"].copy_(torch.randn_like(args["q"]))
+    graph.replay()
+    call(eager)
+    torch.cuda.synchronize()
+    assert torch.equal(graphed, eager)

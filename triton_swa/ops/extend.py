@@ -19,8 +19,12 @@ in up to five loops: new-key tiles every row sees (no mask), prefix tiles every 
 then the masked ones: prefix tiles on the window's lower edge, new-key tiles on the lower edge, and
 the causal diagonal. Index entries outside ``[max(0, P - W), P)`` are never read.
 
-There is no split over the window: a request's tile streams its whole window in one program, which
-suits prefill and batched verify; a lone short request with a long window is latency bound.
+Split-KV (``num_splits``, chosen by ``extend_num_splits`` from host ints): where the programs alone
+leave most SMs idle (verify and short extends at small batch), each query tile's cached-prefix tiles
+are divided among ``num_splits`` programs (the split index rides on grid axis 0 with the query tile);
+the last split also takes the new keys. Splits write float32 partials with their log2-sum-exp2 in
+decode's layout and decode's merge (``_swa_decode_merge``) combines them and adds the sinks.
+Prefill and large batches keep one program per tile, which streams its whole window.
 
 GQA packing: a tile's rows are ``BLOCK_M // GP`` tokens times ``GP`` query heads of one KV head
 (``GP`` divides the group size), so each K/V tile loaded serves ``GP`` heads, as in decode; with one
@@ -41,12 +45,17 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._checks import check_int, check_tensor, check_window_left
+from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _swa_decode_merge
 
-__all__ = ["ExtendConfig", "extend_config", "swa_extend"]
+__all__ = ["ExtendConfig", "extend_config", "extend_num_splits", "swa_extend"]
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_HEAD_DIM = 512
+# Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and programs counted as
+# running at once on one SM. Estimates to tune on the GPU (bench_extend.py --verify-splits).
+SPLIT_MIN_TILES = 4
+SPLIT_RESIDENT = 2
 
 
 @triton.jit
@@ -199,11 +208,11 @@ def _swa_extend_tiles(
 
 @triton.jit
 def _swa_extend_kernel(
-    Q, K, V, K_DESC, V_DESC, K_BUF, V_BUF, O,
+    Q, K, V, K_DESC, V_DESC, K_BUF, V_BUF, O, PART,
     QO_INDPTR, PREFIX_LENS,
     KV_INDPTR, KV_INDICES, PAGE_TABLE, WINDOW_STARTS,
     CUSTOM_MASK, MASK_INDPTR, Q_POS, SINKS,
-    k_scale, v_scale, sm_scale, logit_cap, window_left,
+    k_scale, v_scale, sm_scale, logit_cap, window_left, num_splits, lse_offset, HQ,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_bkt, stride_bkh, stride_bvt, stride_bvh, stride_ot, stride_oh, stride_pt,
     G: tl.constexpr, GP: tl.constexpr,
@@ -212,17 +221,28 @@ def _swa_extend_kernel(
     PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
 
     ``K_DESC``/``V_DESC`` are tensor descriptors over the rows of ``K``/``V`` when ``USE_TMA`` (the
     unmasked new-key tiles load through them), ``None`` otherwise.
+
+    ``SPLIT``: ``program_id(0)`` is ``query tile * num_splits + split``. Split ``s`` takes its share of
+    the cached-prefix tiles (``ceil(tiles / num_splits)`` whole tiles each, oldest first, so the last
+    splits of a short prefix may be empty) and the last split also takes every new-key tile; each
+    writes float32 partials to ``PART`` in decode's layout: the output over its keys normalised by its
+    own denominator at ``[T, HQ, num_splits, Dv]``, its log2-sum-exp2 at ``lse_offset + [T, HQ,
+    num_splits]`` (zeros and ``-inf`` for an empty split). The sinks are then left to the merge.
     """
     TOK: tl.constexpr = BLOCK_M // GP
     EVEN_D: tl.constexpr = D == BLOCK_D
     EVEN_DV: tl.constexpr = DV == BLOCK_DV
-    i_m = tl.program_id(0)
+    if SPLIT:
+        i_m = tl.program_id(0) // num_splits
+        i_s = tl.program_id(0) % num_splits
+    else:
+        i_m = tl.program_id(0)
     i_hg = tl.program_id(1)
     i_b = tl.program_id(2)
 
@@ -297,6 +317,20 @@ def _swa_extend_kernel(
         x = tl.maximum(x, r_max - window_left)
     s_mid = tl.where(x >= 0, 0, -((-x) // BLOCK_N) * BLOCK_N)
     s_mid = tl.maximum(s_mid, s_lo)
+    # prefix tiles every row sees [pu_lo, pu_hi) and edge tiles [pm_lo, pm_hi)
+    pu_lo = s_mid
+    pu_hi = 0
+    pm_lo = s_lo
+    pm_hi = s_mid
+    if SPLIT:
+        # this split's whole tiles [p_lo, p_hi) of [s_lo, 0), from the oldest; past the end it is empty
+        per = (((0 - s_lo) // BLOCK_N + num_splits - 1) // num_splits) * BLOCK_N
+        p_lo = s_lo + i_s * per
+        p_hi = tl.minimum(p_lo + per, 0)
+        pu_lo = tl.maximum(s_mid, p_lo)
+        pu_hi = p_hi
+        pm_lo = p_lo
+        pm_hi = tl.minimum(s_mid, p_hi)
     pre_scale = qk_scale
     if KV_SCALE:
         pre_scale = qk_scale * ks
@@ -320,6 +354,13 @@ def _swa_extend_kernel(
         n_hi = E
         if CAUSAL and not HAS_MASK:
             n_hi = m_last + 1
+    if SPLIT:
+        # the new keys belong to the last split (the one with the fewest prefix tiles); others skip them
+        own = i_s == num_splits - 1
+        n_lo = tl.where(own, n_lo, 0)
+        n_mid = tl.where(own, n_mid, 0)
+        n_diag = tl.where(own, n_diag, 0)
+        n_hi = tl.where(own, n_hi, 0)
     mask_off = 0
     if HAS_MASK:
         mask_off = tl.load(MASK_INDPTR + i_b).to(tl.int64)
@@ -338,7 +379,7 @@ def _swa_extend_kernel(
         SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, USE_TMA,
     )
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, s_mid, 0, pre_scale, vs, logit_cap,
+        acc, m_i, l_i, b_q, pu_lo, pu_hi, pre_scale, vs, logit_cap,
         K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh, K_DESC, V_DESC,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
@@ -347,7 +388,7 @@ def _swa_extend_kernel(
         SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
     )
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, s_lo, s_mid, pre_scale, vs, logit_cap,
+        acc, m_i, l_i, b_q, pm_lo, pm_hi, pre_scale, vs, logit_cap,
         K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh, K_DESC, V_DESC,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
@@ -374,14 +415,46 @@ def _swa_extend_kernel(
         SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
     )
 
-    if HAS_SINKS:
-        # the sink joins the denominator only; a row with no visible key stays all zeros
-        b_sink = tl.load(SINKS + o_h).to(tl.float32) * 1.4426950408889634
-        l_i = l_i + tl.where(m_i == float("-inf"), 0.0, tl.math.exp2(b_sink - m_i))
-    b_o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    # [BLOCK_M, BLOCK_DV]
-    p_o = O + o_qt[:, None] * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
-    tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_row[:, None] & m_dv[None, :])
+    if SPLIT:
+        # partial output over this split's keys (v_scale already in P) and its log2-sum-exp2
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        b_lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        # [BLOCK_M, BLOCK_DV]
+        b_o = acc / l_safe[:, None]
+        o_row = (o_qt * HQ + o_h) * num_splits + i_s
+        tl.store(PART + lse_offset + o_row, b_lse, mask=m_row)
+        tl.store(PART + o_row[:, None] * DV + o_dv[None, :], b_o, mask=m_row[:, None] & m_dv[None, :])
+    else:
+        if HAS_SINKS:
+            # the sink joins the denominator only; a row with no visible key stays all zeros
+            b_sink = tl.load(SINKS + o_h).to(tl.float32) * 1.4426950408889634
+            l_i = l_i + tl.where(m_i == float("-inf"), 0.0, tl.math.exp2(b_sink - m_i))
+        b_o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        # [BLOCK_M, BLOCK_DV]
+        p_o = O + o_qt[:, None] * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
+        tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_row[:, None] & m_dv[None, :])
+
+
+@triton.jit
+def _swa_extend_merge_kernel(
+    PART, SINKS, O, QO_INDPTR,
+    num_splits, lse_offset, stride_ot, stride_oh, HQ, B,
+    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr,
+):
+    """One program per (token, query head): decode's merge of the split partials (plus the sink).
+
+    Decode's merge kernel writes every row it is launched over; this one first drops tokens outside
+    ``[qo_indptr[0], qo_indptr[B])`` (CUDA-graph padding past the requests, whose partials nobody
+    wrote), so that those rows of ``O`` keep what they held, as without splits.
+    """
+    i_th = tl.program_id(0)
+    i_t = i_th // HQ
+    if (i_t < tl.load(QO_INDPTR)) | (i_t >= tl.load(QO_INDPTR + B)):
+        return
+    # [1]
+    o_hq = i_th % HQ + tl.arange(0, 1)
+    _swa_decode_merge(PART, SINKS, O, i_t.to(tl.int64), o_hq.to(tl.int64), o_hq < HQ, num_splits, lse_offset,
+                      stride_ot, stride_oh, HQ, DV, 1, BLOCK_S, BLOCK_DV, HAS_SINKS, "")
 
 
 @dataclass(frozen=True)
@@ -456,6 +529,33 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
         warps = 4 if d <= 256 else 8
         stages = 3 if d <= 128 else 2
     return ExtendConfig(block_m, block_n, pack, warps, stages, tma)
+
+
+def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int) -> int:
+    """Splits of each program's cached-prefix window, from host ints only (CUDA-graph capturable).
+
+    ``programs`` is the launch's unsplit grid (query tiles of the longest request x query-head groups
+    x requests), ``max_window`` a host bound on the cached prefix keys any request reads, ``block_n``
+    the key tile and ``num_sms`` the GPU's SM count.
+
+    - Split only where the programs alone leave at least half the SMs idle (``2 * programs <=
+      num_sms``): speculative verify and short extends at small batch, which are latency bound (one
+      program streams its whole window serially: B 1, 8 drafts, W 1023, 32/8 heads, D 128 is 8
+      programs on 132 SMs, 30-38 us on the H200 against 7.2 us for decode over the same window).
+      Prefills and large batches keep the unsplit kernel, untouched.
+    - Then fill about ``SPLIT_RESIDENT`` programs per SM (two verify-sized tiles fit one SM's shared
+      memory and registers), with at least ``SPLIT_MIN_TILES`` key tiles per split so that each split's
+      pipeline fill and its float32 partial (`[rows, Dv]`, written once and read back by the merge)
+      stay small against its K/V reads; at most ``MAX_SPLITS``. On 132 SMs, W 1023 (1024 keys,
+      16 tiles of 64): 4 splits at B 1 and at B 8 (64 programs), none at B 64.
+
+    Both constants are estimates to tune on the GPU (``bench/bench_extend.py --verify-splits``). A
+    prefix-less launch (a whole prompt) gains nothing from splits: pass ``max_window=0`` there.
+    """
+    if programs <= 0 or 2 * programs > num_sms or max_window <= 0:
+        return 1
+    most = triton.cdiv(max_window, block_n) // SPLIT_MIN_TILES
+    return max(1, min(MAX_SPLITS, most, (num_sms * SPLIT_RESIDENT) // programs))
 
 
 @functools.cache
@@ -556,6 +656,8 @@ def swa_extend(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_tma: bool | None = None,
+    max_window: int | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """Sliding-window attention of new tokens over their cached window prefix and each other.
 
@@ -611,6 +713,15 @@ def swa_extend(
             power-of-two head dims, 16-byte aligned (base, token and head strides), each token's
             heads within its row. ``False`` keeps the portable pointer loads. Masked tiles (window
             edges, diagonal) and the cached prefix always use pointers.
+        max_window (int | None): host bound on the cached prefix keys any request reads, which sizes
+            the splits (never read from the device). Default: ``W + 1`` for a sliding window, capped by
+            ``kv_indices.numel()`` or ``page_table.shape[1] * page_size``, which alone bound it at
+            ``W = -1``. ``0`` (no request has a cached prefix) turns the automatic splits off.
+        num_splits (int | None): splits of each query tile's cached prefix (split-KV, at most 64):
+            each split streams its share of the prefix tiles and writes float32 partials that a
+            second kernel merges (adding the sinks). ``None``: ``extend_num_splits``, which splits
+            only launches that leave most SMs idle (verify and short extends at small batch); ``1``
+            disables; tests force more to walk the split path on tiny shapes.
 
     Returns:
         torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).
@@ -702,6 +813,15 @@ def swa_extend(
     if max_extend_len is None:
         max_extend_len = _max_extend_len(qo_indptr, T)
     check_int("max_extend_len", max_extend_len, minimum=0)
+    if max_window is None:
+        max_window = page_table.shape[1] * page_size if paged else kv_indices.numel()
+        if window_left >= 0:
+            max_window = min(max_window, window_left + 1)
+    check_int("max_window", max_window, minimum=0)
+    if num_splits is not None:
+        check_int("num_splits", num_splits, minimum=1)
+        if num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
 
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     cfg = extend_config(D, DV, HQ // H, max_extend_len, q.dtype, interpret)
@@ -724,16 +844,24 @@ def swa_extend(
         raise ValueError(f"use_tma=True is not legal here: the TMA path {why}")
     tma = tma and not why
 
+    m_tiles = triton.cdiv(max_extend_len, bm // gp)
+    if num_splits is None:
+        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, max_window, bn, _device_sizes(dev)[0])
+    split = num_splits > 1
+
     if T == 0 or B == 0 or max_extend_len == 0:
         return out
     k_desc, v_desc = _new_key_descriptors(k, v, bn) if tma else (None, None)
-    grid = (triton.cdiv(max_extend_len, bm // gp), HQ // gp, B)
+    # split-KV: partials [T, HQ, splits, Dv] then their log2-sum-exp2 [T, HQ, splits], as decode's
+    lse_offset = T * HQ * num_splits * DV if split else 0
+    part = torch.empty(lse_offset + T * HQ * num_splits, dtype=torch.float32, device=dev) if split else out
+    grid = (m_tiles * num_splits, HQ // gp, B)
     _swa_extend_kernel[grid](
-        q, k, v, k_desc, v_desc, k_buffer, v_buffer, out,
+        q, k, v, k_desc, v_desc, k_buffer, v_buffer, out, part,
         qo_indptr, prefix_lens,
         kv_indptr_arg, kv_indices_arg, page_table_arg, window_starts_arg,
         mask_arg, mask_indptr_arg, qpos_arg, sinks if sinks is not None else q,
-        ks, vs, float(sm_scale), float(logit_cap), window_left,
+        ks, vs, float(sm_scale), float(logit_cap), window_left, num_splits, lse_offset, HQ,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), stride_pt,
@@ -743,8 +871,16 @@ def swa_extend(
         WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
         KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        USE_TMA=tma, num_warps=warps, num_stages=stages,
+        USE_TMA=tma, SPLIT=split, num_warps=warps, num_stages=stages,
     )
+    if split:
+        block_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // block_dv))
+        _swa_extend_merge_kernel[(T * HQ,)](
+            part, sinks if sinks is not None else q, out, qo_indptr,
+            num_splits, lse_offset, out.stride(0), out.stride(1), HQ, B,
+            DV=DV, BLOCK_S=block_s, BLOCK_DV=block_dv, HAS_SINKS=sinks is not None,
+            num_warps=4 if block_dv >= 256 else 2,
+        )
     return out
 
 
