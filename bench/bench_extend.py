@@ -7,7 +7,8 @@
   ``torch.compile``) on the same tokens (no-prefix cases).
 - Verify: 4, 8 and 16 chain drafts at B 1, 8 and 64 after prefixes of about 8k (W = 1023, D 128,
   32/8 heads, page sizes 1 and 16), one tree-mask case, and the decode kernel (``swa_decode``) over
-  the same windows as the yardstick.
+  the same windows as the yardstick. Verify takes the automatic split-KV count (printed with each
+  row); ``--verify-splits`` times forced counts at B 1 and 8 beside it (prints only).
 
 FLOPs count attended (query, key) pairs only: ``2 * (D + Dv)`` per pair and query head. Bytes are the
 fewest the op must move: q, new k/v, the cached window once per KV head, indices, the output.
@@ -19,6 +20,8 @@ within 1.5x of decode's time over the same windows.
     python bench/bench_extend.py --sweep    # tile configs at N = 8192 (tuning the heuristic)
     python bench/bench_extend.py --sweep --sweep-dims 128 --sweep-configs 64:64:4:3:4:0,64:64:4:3:4:1
                                             # the default D = 128 tiles with pointer vs TMA new-key loads
+    python bench/bench_extend.py --verify-splits 1,2,4,8,16 --no-flex --quick
+                                            # forced split counts of the B 1/8 verify, then B 64
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
-from triton_swa.ops.extend import extend_config, swa_extend  # noqa: E402
+from triton_swa.ops.extend import extend_config, extend_num_splits, swa_extend  # noqa: E402
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
@@ -209,6 +212,35 @@ def bench_verify(rec, summary, b, drafts, page_size, tree=False, d=128, hq=32, h
             summary[("verify", b, drafts, page_size, tree)]["decode"] = row
 
 
+def auto_splits(b, drafts, d, hq, h) -> int:
+    """The split count swa_extend picks for a verify batch on this GPU (mirrors its automatic choice)."""
+    cfg = extend_config(d, d, hq // h, drafts, DTYPE)
+    programs = -(-drafts // (cfg.block_m // cfg.pack)) * (hq // cfg.pack) * b
+    smem = getattr(torch.cuda.get_device_properties(DEV), "shared_memory_per_multiprocessor", 0) or 228 * 1024
+    tile = 2 * (cfg.num_stages * cfg.block_n * 2 * d + cfg.block_m * d)
+    return extend_num_splits(programs, W + 1, cfg.block_n, torch.cuda.get_device_properties(DEV).multi_processor_count,
+                             max(1, min(2, smem // tile)))
+
+
+def verify_splits(counts, d=128, hq=32, h=8, drafts=8):
+    """Forced split counts against the automatic one for the B 1 and 8 chain verify (prints only)."""
+    for page_size in (1, 16):
+        for b in (1, 8):
+            gen = torch.Generator().manual_seed(b * 100 + drafts + page_size)
+            prefixes = [int(x) for x in torch.randint(6000, 10000, (b,), generator=gen)]
+            news = [drafts] * b
+            nb = nbytes_of(prefixes, news, hq, h, d, d, page_size)
+            sets = [build_set(prefixes, news, hq, h, d, d, page_size, gen) for _ in range(rotation_count(nb))]
+            cols = []
+            for n in [None] + counts:
+                fns = [extend_call(s, page_size, drafts, num_splits=n) for s in sets]
+                cols.append(f"{n or 'auto=' + str(auto_splits(b, drafts, d, hq, h))}: "
+                            f"{time_rotated(fns, use_graph=True)[1]:.1f}")
+            print(f"verify-B{b}-E{drafts}-W{W}-HQ{hq}-H{h}-D{d}-P{page_size} us by num_splits: {', '.join(cols)}",
+                  flush=True)
+            del sets
+
+
 def bench_decode(rec, case, sets, prefixes, page_size, d, hq, h):
     """swa_decode of one query per request over the same windows (W + 1 keys: the prefix window plus
     the request's first draft slot stands in for the current token)."""
@@ -281,7 +313,11 @@ def main():
                              "lists; tma 0/1 sets use_tma (omitted: automatic)")
     parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention peer")
     parser.add_argument("--quick", action="store_true", help="N = 8192 prefill and B = 64 verify only")
+    parser.add_argument("--verify-splits", default="",
+                        help="forced num_splits, comma-separated, to time against the automatic count for the "
+                             "B 1 and 8 verify (E 8, page sizes 1 and 16) before the grid; prints only")
     args = parser.parse_args()
+    split_counts = [int(x) for x in args.verify_splits.split(",") if x]
     only = [tuple(int(v) for v in c.split(":")) for c in args.sweep_configs.split(",") if c]
     for c in only:
         if len(c) not in (5, 6) or (len(c) == 6 and c[5] not in (0, 1)):
@@ -293,6 +329,8 @@ def main():
         sweep(rec, tuple(int(x) for x in args.sweep_dims.split(",")), only)
         print(f"saved {rec.save()}")
         return
+    if split_counts:
+        verify_splits(split_counts)
     summary = {}
     # FlexAttention compiles once per shape: all N for 32/8 heads, and N = 8192 for 32/16 heads.
     flex_ok = lambda n, d, hq, h: not args.no_flex and (h == 8 or n == 8192)
@@ -328,7 +366,8 @@ def main():
             else:
                 bench_verify(rec, summary, *item[1:])
             last = rec.rows[-1]
-            print(f"{last['case']} {last['provider']} {last['us_p50']} us {last['tflops']} TFLOP/s", flush=True)
+            note = f" (verify num_splits {auto_splits(item[1], item[2], 128, 32, 8)})" if item[0] == "verify" else ""
+            print(f"{last['case']} {last['provider']} {last['us_p50']} us {last['tflops']} TFLOP/s{note}", flush=True)
     except KeyboardInterrupt as e:
         print(f"interrupted ({e}): saving what was measured")
     finally:

@@ -424,7 +424,7 @@ def test_fully_masked_rows_are_zero(device):
     assert_close(out, built["expected"])
 
 
-@pytest.mark.parametrize("num_splits", [None, 2], ids=["unsplit", "split2"])
+@pytest.mark.parametrize("num_splits", [None, 2], ids=["auto", "split2"])
 def test_writes_only_request_rows(num_splits, device):
     """Rows past ``qo_indptr[-1]`` (CUDA-graph padding) keep what ``out`` held, also through the
     split path's merge (whose partials for those rows nobody wrote)."""
@@ -713,6 +713,7 @@ def test_split_heuristic():
     assert extend_num_splits(programs, 128, bn, sms) == 1  # two tiles: too short to split
     assert extend_num_splits(programs, 1 << 20, bn, sms) == 33  # a long full-attention prefix: fill 2 per SM
     assert extend_num_splits(1, 1 << 30, bn, sms) == 64  # at most MAX_SPLITS
+    assert extend_num_splits(64, window, 32, sms, resident=1) == 2  # D 512 tiles: one program per SM
 
 
 def split_gpu_cases() -> list:

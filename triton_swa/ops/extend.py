@@ -52,7 +52,7 @@ __all__ = ["ExtendConfig", "extend_config", "extend_num_splits", "swa_extend"]
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_HEAD_DIM = 512
-# Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and programs counted as
+# Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and most programs counted as
 # running at once on one SM. Estimates to tune on the GPU (bench_extend.py --verify-splits).
 SPLIT_MIN_TILES = 4
 SPLIT_RESIDENT = 2
@@ -531,23 +531,26 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     return ExtendConfig(block_m, block_n, pack, warps, stages, tma)
 
 
-def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int) -> int:
+def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int,
+                      resident: int = SPLIT_RESIDENT) -> int:
     """Splits of each program's cached-prefix window, from host ints only (CUDA-graph capturable).
 
     ``programs`` is the launch's unsplit grid (query tiles of the longest request x query-head groups
     x requests), ``max_window`` a host bound on the cached prefix keys any request reads, ``block_n``
-    the key tile and ``num_sms`` the GPU's SM count.
+    the key tile, ``num_sms`` the GPU's SM count and ``resident`` the programs one SM runs at once
+    (the launcher passes ``min(SPLIT_RESIDENT, what shared memory holds)``: one at 512-wide heads).
 
     - Split only where the programs alone leave at least half the SMs idle (``2 * programs <=
       num_sms``): speculative verify and short extends at small batch, which are latency bound (one
       program streams its whole window serially: B 1, 8 drafts, W 1023, 32/8 heads, D 128 is 8
       programs on 132 SMs, 30-38 us on the H200 against 7.2 us for decode over the same window).
       Prefills and large batches keep the unsplit kernel, untouched.
-    - Then fill about ``SPLIT_RESIDENT`` programs per SM (two verify-sized tiles fit one SM's shared
-      memory and registers), with at least ``SPLIT_MIN_TILES`` key tiles per split so that each split's
-      pipeline fill and its float32 partial (`[rows, Dv]`, written once and read back by the merge)
-      stay small against its K/V reads; at most ``MAX_SPLITS``. On 132 SMs, W 1023 (1024 keys,
-      16 tiles of 64): 4 splits at B 1 and at B 8 (64 programs), none at B 64.
+    - Then fill about ``resident`` programs per SM (two verify-sized tiles fit one SM's shared
+      memory and registers up to 256-wide heads), with at least ``SPLIT_MIN_TILES`` key tiles per
+      split so that each split's pipeline fill and its float32 partial (`[rows, Dv]`, written once
+      and read back by the merge) stay small against its K/V reads; at most ``MAX_SPLITS``. On 132
+      SMs, W 1023, D 128 (1024 keys, 16 tiles of 64): 4 splits at B 1 (32 programs) and at B 8 (256),
+      none at B 64; D 256 (32-key tiles): 8 splits at B 1, 4 at B 8.
 
     Both constants are estimates to tune on the GPU (``bench/bench_extend.py --verify-splits``). A
     prefix-less launch (a whole prompt) gains nothing from splits: pass ``max_window=0`` there.
@@ -555,7 +558,7 @@ def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
     if programs <= 0 or 2 * programs > num_sms or max_window <= 0:
         return 1
     most = triton.cdiv(max_window, block_n) // SPLIT_MIN_TILES
-    return max(1, min(MAX_SPLITS, most, (num_sms * SPLIT_RESIDENT) // programs))
+    return max(1, min(MAX_SPLITS, most, (num_sms * max(1, resident)) // programs))
 
 
 @functools.cache
@@ -846,7 +849,11 @@ def swa_extend(
 
     m_tiles = triton.cdiv(max_extend_len, bm // gp)
     if num_splits is None:
-        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, max_window, bn, _device_sizes(dev)[0])
+        num_sms, smem = _device_sizes(dev)
+        # programs one SM holds: shared memory for the K/V pipeline stages and the query tile
+        tile_bytes = q.element_size() * (stages * bn * (D + DV) + bm * D)
+        resident = max(1, min(SPLIT_RESIDENT, smem // tile_bytes))
+        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, max_window, bn, num_sms, resident)
     split = num_splits > 1
 
     if T == 0 or B == 0 or max_extend_len == 0:
