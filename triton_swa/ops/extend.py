@@ -54,7 +54,7 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_HEAD_DIM = 512
 # Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and most programs counted as
 # running at once on one SM. Estimates to tune on the GPU (bench_extend.py --verify-splits).
-SPLIT_MIN_TILES = 4
+SPLIT_MIN_TILES = 1
 SPLIT_RESIDENT = 2
 
 
@@ -546,14 +546,15 @@ def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
       programs on 132 SMs, 30-38 us on the H200 against 7.2 us for decode over the same window).
       Prefills and large batches keep the unsplit kernel, untouched.
     - Then fill about ``resident`` programs per SM (two verify-sized tiles fit one SM's shared
-      memory and registers up to 256-wide heads), with at least ``SPLIT_MIN_TILES`` key tiles per
-      split so that each split's pipeline fill and its float32 partial (`[rows, Dv]`, written once
-      and read back by the merge) stay small against its K/V reads; at most ``MAX_SPLITS``. On 132
-      SMs, W 1023, D 128 (1024 keys, 16 tiles of 64): 4 splits at B 1 (32 programs) and at B 8 (256),
-      none at B 64; D 256 (32-key tiles): 8 splits at B 1, 4 at B 8.
+      memory and registers up to 256-wide heads), down to ``SPLIT_MIN_TILES`` (one) key tile per
+      split, at most ``MAX_SPLITS``. On 132 SMs, W 1023, D 128 (1024 keys, 16 tiles of 64): 16
+      splits at B 1 (8 programs), 4 at B 8 (64 programs), none at B 64.
 
-    Both constants are estimates to tune on the GPU (``bench/bench_extend.py --verify-splits``). A
-    prefix-less launch (a whole prompt) gains nothing from splits: pass ``max_window=0`` there.
+    Measured on the H200 (``bench/bench_extend.py --verify-splits 1,2,4,8,16 --quick``; B 1 and 8,
+    8 drafts, W 1023, 32/8 heads, D 128, CSR): B 1 takes 37.8 us unsplit, 25.0 / 17.4 / 14.2 / 12.3
+    us in 2 / 4 / 8 / 16 splits (one tile each is best: the call is latency bound); B 8 takes 40.2
+    us unsplit, 25.5 in 4 splits, 32.0 and 44.0 in 8 and 16 (two and four waves). A prefix-less
+    launch (a whole prompt) gains nothing from splits: pass ``max_window=0`` there.
     """
     if programs <= 0 or 2 * programs > num_sms or max_window <= 0:
         return 1
