@@ -439,7 +439,9 @@ def test_writes_only_request_rows(num_splits, device):
     with _spy_launches() as grids:
         swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16,
                    num_splits=num_splits)
-    assert len(grids["merge"]) == (1 if num_splits else 0)
+    if num_splits:
+        assert len(grids["merge"]) == 1
+    # automatic: no split on the interpreter's 4 SMs, splits on a big GPU (two key tiles of prefix)
     assert torch.isnan(out[-pad:]).all()
     assert_close(out[:-pad], built["expected"])
 
