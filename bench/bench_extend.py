@@ -366,7 +366,8 @@ def main():
             else:
                 bench_verify(rec, summary, *item[1:])
             last = rec.rows[-1]
-            note = f" (verify num_splits {auto_splits(item[1], item[2], 128, 32, 8)})" if item[0] == "verify" else ""
+            verify = item[0] == "verify" and last["provider"] == "triton_swa"
+            note = f" (num_splits {auto_splits(item[1], item[2], 128, 32, 8)})" if verify else ""
             print(f"{last['case']} {last['provider']} {last['us_p50']} us {last['tflops']} TFLOP/s{note}", flush=True)
     except KeyboardInterrupt as e:
         print(f"interrupted ({e}): saving what was measured")
