@@ -18,8 +18,8 @@ within 1.5x of decode's time over the same windows.
 
     python bench/bench_extend.py            # the issue's grid (< 4 min with compiles)
     python bench/bench_extend.py --sweep    # tile configs at N = 8192 (tuning the heuristic)
-    python bench/bench_extend.py --sweep --sweep-dims 128 --sweep-configs 64:64:4:3:4:0,64:64:4:3:4:1
-                                            # the default D = 128 tiles with pointer vs TMA new-key loads
+    python bench/bench_extend.py --sweep --sweep-dims 128 --sweep-configs 64:64:4:3:4,64:128:4:3:4
+                                            # chosen D = 128 tiles only
     python bench/bench_extend.py --verify-splits 1,2,4,8,16 --no-flex --quick
                                             # forced split counts of the B 1/8 verify, then B 64
 """
@@ -268,8 +268,7 @@ def bench_decode(rec, case, sets, prefixes, page_size, d, hq, h):
 
 def sweep(rec, dims=(128, 256), only=None):
     """Tile configurations of the N = 8192 prefill (both head dims): the data behind extend_config.
-    ``only``: (block_m, block_n, num_warps, num_stages, pack[, tma]) tuples to time instead of the lists
-    below; a sixth field 0/1 passes ``use_tma`` (without it, the automatic choice)."""
+    ``only``: (block_m, block_n, num_warps, num_stages, pack) tuples to time instead of the lists below."""
     # (block_m, block_n, num_warps, num_stages, pack); the first of each is extend_config's default
     configs = {
         128: [(64, 64, 4, 3, 4), (128, 64, 8, 3, 4), (128, 64, 8, 2, 4), (128, 64, 8, 4, 4), (128, 32, 8, 3, 4), (128, 128, 8, 2, 4),
@@ -288,13 +287,9 @@ def sweep(rec, dims=(128, 256), only=None):
         sets = [build_set([0], [n], hq, h, d, d, 1, gen) for _ in range(2)]
         flops = 2 * 2 * d * hq * attended_pairs(0, n, W)
         print(f"default for D={d}: {extend_config(d, d, hq // h, n)}")
-        for cfg in cfgs:
-            bm, bn, warps, stages, pack = cfg[:5]
+        for bm, bn, warps, stages, pack in cfgs:
             over = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, pack=pack)
             name = f"sweep-N8k-D{d}-bm{bm}-bn{bn}-w{warps}-s{stages}-g{pack}"
-            if len(cfg) > 5:
-                over["use_tma"] = bool(cfg[5])
-                name += f"-tma{cfg[5]}"
             try:
                 times = time_rotated([extend_call(s, 1, n, **over) for s in sets])
             except Exception as e:  # a config that does not fit (shared memory, registers) is reported
@@ -309,8 +304,7 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="tile configs at N = 8192 instead of the grid")
     parser.add_argument("--sweep-dims", default="128,256", help="head dims the sweep covers")
     parser.add_argument("--sweep-configs", default="",
-                        help="bm:bn:warps:stages:pack[:tma] tuples, comma-separated, instead of the built-in "
-                             "lists; tma 0/1 sets use_tma (omitted: automatic)")
+                        help="bm:bn:warps:stages:pack tuples, comma-separated, instead of the built-in lists")
     parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention peer")
     parser.add_argument("--quick", action="store_true", help="N = 8192 prefill and B = 64 verify only")
     parser.add_argument("--verify-splits", default="",
@@ -320,8 +314,8 @@ def main():
     split_counts = [int(x) for x in args.verify_splits.split(",") if x]
     only = [tuple(int(v) for v in c.split(":")) for c in args.sweep_configs.split(",") if c]
     for c in only:
-        if len(c) not in (5, 6) or (len(c) == 6 and c[5] not in (0, 1)):
-            parser.error(f"--sweep-configs: want bm:bn:warps:stages:pack[:tma 0/1], got {':'.join(map(str, c))}")
+        if len(c) != 5:
+            parser.error(f"--sweep-configs: want bm:bn:warps:stages:pack, got {':'.join(map(str, c))}")
     torch.manual_seed(0)
     rec = Recorder.start("extend")
     print(f"copy ceiling {rec.copy_tbps:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)

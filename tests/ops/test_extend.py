@@ -24,8 +24,6 @@ from triton_swa.testing import assert_close, make_pool_state
 pytestmark = pytest.mark.interpreter
 
 HAS_CUDA = torch.cuda.is_available()
-# the new-key TMA path runs under the interpreter (forced) and on NVIDIA GPUs of capability >= 9.0
-TMA_OK = not HAS_CUDA or (torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9)
 NAN = float("nan")
 
 
@@ -262,121 +260,6 @@ def _compiled_variants() -> dict:
     return found
 
 
-# ---- the new-key TMA path (use_tma) ----
-
-
-def tma_cases() -> list:
-    """(case, interleaved k/v) pairs: causal prompts long enough that query tiles have new-key tiles
-    between the window's lower edge and the diagonal (the unmasked loop that loads through
-    descriptors): 80 new tokens in 16-key tiles at W = 40 leave up to two of them per query tile,
-    W = -1 up to four."""
-    chunk = _mix((130, 80), (80, 80), (40, 6))  # a chunk after a prefix, a whole prompt, a short extend
-    cases = [
-        (Case(**chunk, W=40, dtype=torch.float16), True),
-        (Case(**chunk, W=-1, HQ=8, H=2, DV=32, paged=True, ps=4, sinks=True, dtype=torch.float16), False),
-    ]
-    if HAS_CUDA:
-        long_mix = _mix((1500, 1500), (2100, 700), (900, 37), (640, 129))
-        big = dict(bm=None, bn=None, chunk=128, dtype=torch.bfloat16)
-        cases += [
-            (Case(**long_mix, W=1023, HQ=8, H=2, D=128, **big), False),
-            (Case(**long_mix, W=1023, HQ=8, H=2, D=128, **big), True),
-            (Case(**long_mix, W=1023, HQ=32, H=8, D=128, paged=True, ps=16, **big), False),
-            (Case(**long_mix, W=-1, HQ=8, H=1, D=64, **big), False),
-            (Case(**long_mix, W=255, HQ=8, H=2, D=256, softcap=30.0, sinks=True, **big), False),
-            (Case(**long_mix, W=255, HQ=8, H=2, D=128, DV=64, fp8="tensor", paged=True, ps=16, **big), False),
-            (Case(**long_mix, W=200, HQ=8, H=2, D=128, bm=64, bn=32, pack=2, chunk=128, dtype=torch.float16),
-             False),
-        ]
-    return [pytest.param(c, il, id=c.id + ("-kvinterleaved" if il else "")) for c, il in cases]
-
-
-def _interleaved_kv(built: dict) -> None:
-    """Replace k/v by views into one `[T, H, 2, D]` buffer: head stride 2D, token stride 4HD (the
-    descriptor's columns then skip the other tensor's heads)."""
-    args = built["args"]
-    kv = torch.stack([args["k"], args["v"]], 2)
-    args["k"], args["v"] = kv[:, :, 0], kv[:, :, 1]
-
-
-@pytest.mark.skipif(not TMA_OK, reason="TMA needs an NVIDIA GPU of compute capability >= 9.0")
-@pytest.mark.parametrize("case, interleaved", tma_cases())
-def test_tma_new_keys_match_reference(case, interleaved, device):
-    built = build(case, device, seed=5)
-    if interleaved:
-        _interleaved_kv(built)
-    got = run_kernel(case, built, use_tma=True)
-    assert_close(got, built["expected"], name=f"{case.id} use_tma=True")
-    if device == "cuda":
-        assert_close(run_kernel(case, built, use_tma=False), built["expected"], name=f"{case.id} use_tma=False")
-
-
-def _unmasked_new_key_rows(case: Case, tok: int) -> torch.Tensor:
-    """Which new tokens sit in a query tile whose unmasked new-key loop is not empty (causal, no
-    explicit positions): its tiles run from the first one wholly inside every row's window to the
-    one holding the tile's first row, ``[n_mid, n_diag)`` in the kernel."""
-    bn, rows = case.bn, []
-    for e in case.new:
-        for m0 in range(0, e, tok):
-            m_last = min(m0 + tok, e) - 1
-            n_diag = (m0 + 1) // bn * bn
-            n_mid = 0
-            if case.W >= 0:
-                n_lo = max(m0 - case.W, 0) // bn * bn
-                n_mid = min(max(-(-max(m_last - case.W, 0) // bn) * bn, n_lo), n_diag)
-            rows += [n_mid < n_diag] * (m_last + 1 - m0)
-    return torch.tensor(rows)
-
-
-@pytest.mark.parametrize("use_tma", [True, None], ids=["forced", "auto"])
-def test_tma_loads_exactly_the_unmasked_new_key_tiles(use_tma, device, monkeypatch):
-    """Descriptors over NaN copies of k/v poison exactly the rows whose query tile has unmasked
-    new-key tiles: those tiles (and no masked one) load through the descriptors. ``use_tma=None`` takes
-    the pointer path (``extend_config`` prefers it: TMA measured slower on the H200)."""
-    if use_tma and not TMA_OK:
-        pytest.skip("TMA needs an NVIDIA GPU of compute capability >= 9.0")
-    case = Case(**_mix((130, 80), (80, 80), (40, 6)), W=40, dtype=torch.float16)
-    built = build(case, device, seed=7)
-    real = extend_mod._new_key_descriptors
-    monkeypatch.setattr(extend_mod, "_new_key_descriptors",
-                        lambda k, v, block_n: real(torch.full_like(k, NAN), torch.full_like(v, NAN), block_n))
-    out = run_kernel(case, built, use_tma=use_tma)
-    poisoned = torch.isnan(out).all(-1).all(-1).cpu()
-    via_tma = bool(use_tma)
-    tok = case.bm // min(case.HQ // case.H, case.bm)  # tokens per query tile: the whole group is packed
-    expected = _unmasked_new_key_rows(case, tok) if via_tma else torch.zeros(len(poisoned), dtype=torch.bool)
-    if via_tma:
-        assert 30 <= int(expected.sum()) < len(expected) - 20, "the case must hold rows of both kinds"
-    assert torch.equal(poisoned, expected), (poisoned.int().tolist(), expected.int().tolist())
-    keep = ~expected.to(out.device)
-    assert_close(out[keep], built["expected"][keep], name="rows without unmasked new-key tiles")
-
-
-def test_tma_illegal_raises(device):
-    """``use_tma=True`` where TMA cannot run raises before launching, naming the argument and why;
-    the automatic choice falls back to pointer loads there."""
-    case = Case(**_mix((30, 12), (9, 9)), W=6, dtype=torch.float16)
-    if not TMA_OK:  # a GPU without TMA
-        built = build(case, device)
-        with pytest.raises(ValueError, match="use_tma=True is not legal.*compute capability"):
-            run_kernel(case, built, use_tma=True)
-        assert_close(run_kernel(case, built), built["expected"], name="no TMA, automatic")
-        return
-    built = build(replace(case, D=24), device)
-    with pytest.raises(ValueError, match="use_tma=True is not legal.*power-of-two k head dim"):
-        run_kernel(replace(case, D=24), built, use_tma=True)
-    built = build(case, device)
-    args = built["args"]
-    shifted = torch.empty(args["k"].numel() + 1, dtype=args["k"].dtype, device=device)
-    args["k"] = shifted[1:].view(args["k"].shape).copy_(args["k"])  # base 2 bytes past an aligned one
-    with pytest.raises(ValueError, match="use_tma=True is not legal.*16-byte aligned k"):
-        run_kernel(case, built, use_tma=True)
-    assert_close(run_kernel(case, built), built["expected"], name="misaligned k, automatic")
-    args["k"] = args["k"].transpose(0, 1).contiguous().transpose(0, 1)  # head-major: heads outside the row
-    with pytest.raises(ValueError, match="use_tma=True is not legal.*heads inside its row"):
-        run_kernel(case, built, use_tma=True)
-
-
 @pytest.mark.gpu
 def test_default_tiles_keep_wgmma_async():
     """ptxas must not serialise the wgmma of any compiled variant, the default prefill ones included
@@ -392,17 +275,17 @@ def test_default_tiles_keep_wgmma_async():
         case = Case(**_mix((700, 300), (200, 200)), W=127, HQ=8, H=2, D=d, ps=16, paged=paged,
                     dtype=torch.bfloat16, fp8=fp8, bm=None, bn=None, chunk=128)
         built = build(case, "cuda")
-        # pointer loads, the new-key TMA path, and split-KV (forced: a prefill does not split itself)
-        for use_tma, splits in ((False, 1), (True, 1), (False, 2)):
-            got = run_kernel(case, built, use_tma=use_tma, num_splits=splits)
-            assert_close(got, built["expected"], name=f"{case.id} use_tma={use_tma} num_splits={splits}")
+        # unsplit, and split-KV (forced: a prefill does not split itself)
+        for splits in (1, 2):
+            got = run_kernel(case, built, num_splits=splits)
+            assert_close(got, built["expected"], name=f"{case.id} num_splits={splits}")
         # the verify tiles, split as the heuristic splits them on a big GPU
         verify = Case(**_mix((3000, 8), (2000, 8)), W=1023, HQ=32, H=8, D=d, ps=16, paged=paged,
                       dtype=torch.bfloat16, fp8=fp8, bm=None, bn=None, chunk=128)
         built = build(verify, "cuda")
         assert_close(run_kernel(verify, built, num_splits=4), built["expected"], name=f"{verify.id} num_splits=4")
-    variants = _compiled_variants()  # these twelve and whatever earlier tests compiled
-    assert len(variants) >= 12
+    variants = _compiled_variants()  # these nine and whatever earlier tests compiled
+    assert len(variants) >= 9
     for kern in variants.values():
         with tempfile.TemporaryDirectory() as tmp:
             ptx = os.path.join(tmp, "k.ptx")
@@ -549,8 +432,6 @@ def _bad_inputs():
         ("block", kw("block_n", 24), ValueError, "block_n must be a power of two"),
         ("pack", kw("pack", 3), ValueError, "pack"),
         ("causal", kw("causal", 1), TypeError, "causal must be a bool"),
-        ("tma-type", kw("use_tma", 1), TypeError, "use_tma must be a bool"),
-        ("tma-fp32", kw("use_tma", True), ValueError, "use_tma=True is not legal"),  # fp32 (or no TMA on the GPU)
         ("splits-0", kw("num_splits", 0), ValueError, "num_splits must be >= 1"),
         ("splits-65", kw("num_splits", 65), ValueError, "num_splits must be at most 64"),
         ("splits-float", kw("num_splits", 2.0), TypeError, "num_splits must be an int"),

@@ -34,7 +34,6 @@ and its window is streamed once per KV head.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -42,7 +41,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._checks import check_int, check_tensor, check_window_left
 from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _swa_decode_merge
@@ -78,7 +76,7 @@ def _load_2d(ptrs, m_rows, m_cols, ROWS: tl.constexpr, COLS: tl.constexpr):
 def _swa_extend_tiles(
     acc, m_i, l_i, b_q,
     s_begin, s_end, qk_scale, v_scale, logit_cap,
-    K_SRC, V_SRC, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
+    K_SRC, V_SRC, stride_kt, stride_kh, stride_vt, stride_vh,
     KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
     CUSTOM_MASK, mask_off, Q_POS, q_start,
     i_kvh, P, E, lo, window_left,
@@ -86,7 +84,7 @@ def _swa_extend_tiles(
     PREFIX: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, KV_SCALE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Online-softmax update of one query tile with the key tiles ``[s_begin, s_end)``.
 
@@ -95,12 +93,8 @@ def _swa_extend_tiles(
     the step's contiguous ``k``/``v``). Scores are in log2 units (``qk_scale`` holds ``log2(e)``,
     and must be positive: it is applied to the row max before the exponent).
     Unmasked calls (``MASKED=False``) must only cover tiles that every row of the tile fully sees.
-    ``TMA`` (unmasked new keys only, ``D == BLOCK_D`` and ``Dv == BLOCK_DV``) loads the K/V tiles
-    through the tensor descriptors ``K_DESC``/``V_DESC`` (rows of ``k``/``v`` as `[T, cols]`, head
-    ``h`` at column ``h * stride_kh``) instead of pointers.
     """
-    tl.static_assert(not TMA or (not PREFIX and not MASKED and EVEN_D and EVEN_DV))
-    if not PREFIX and not TMA:
+    if not PREFIX:
         # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
         o_kt = o_n[:, None] * stride_kt + o_d[None, :]
         o_vt = o_n[:, None] * stride_vt + o_dv[None, :]
@@ -142,16 +136,13 @@ def _swa_extend_tiles(
                     b_slot = tl.load(KV_INDICES + kv_end + o_j).to(tl.int64)
             p_k = K_SRC + b_slot[:, None] * stride_kt + i_kvh * stride_kh + o_d[None, :]
             p_v = V_SRC + b_slot[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
-        elif not TMA:
+        else:
             m_key = o_j < E
             i_t = tl.cast(q_start + s, tl.int64)
             p_k = K_SRC + (i_t * stride_kt + i_kvh * stride_kh) + o_kt
             p_v = V_SRC + (i_t * stride_vt + i_kvh * stride_vh) + o_vt
         # [BLOCK_N, BLOCK_D]
-        if TMA:
-            b_k = K_DESC.load([q_start + s, i_kvh * stride_kh])
-        else:
-            b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
+        b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
         # [BLOCK_M, BLOCK_N]
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PREC)
         if SOFTCAP:
@@ -195,10 +186,7 @@ def _swa_extend_tiles(
         l_i = l_i * alpha + tl.sum(b_p, 1)
         acc = acc * alpha[:, None]
         # [BLOCK_N, BLOCK_DV]
-        if TMA:
-            b_v = V_DESC.load([q_start + s, i_kvh * stride_vh])
-        else:
-            b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
+        b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
         if KV_SCALE:
             b_p = b_p * v_scale
         acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
@@ -208,7 +196,7 @@ def _swa_extend_tiles(
 
 @triton.jit
 def _swa_extend_kernel(
-    Q, K, V, K_DESC, V_DESC, K_BUF, V_BUF, O, PART,
+    Q, K, V, K_BUF, V_BUF, O, PART,
     QO_INDPTR, PREFIX_LENS,
     KV_INDPTR, KV_INDICES, PAGE_TABLE, WINDOW_STARTS,
     CUSTOM_MASK, MASK_INDPTR, Q_POS, SINKS,
@@ -221,12 +209,9 @@ def _swa_extend_kernel(
     PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
-
-    ``K_DESC``/``V_DESC`` are tensor descriptors over the rows of ``K``/``V`` when ``USE_TMA`` (the
-    unmasked new-key tiles load through them), ``None`` otherwise.
 
     ``SPLIT``: ``program_id(0)`` is ``query tile * num_splits + split``. Split ``s`` takes its share of
     the cached-prefix tiles (``ceil(tiles / num_splits)`` whole tiles each, oldest first, so the last
@@ -371,48 +356,48 @@ def _swa_extend_kernel(
     # into an unmasked one, or a gathered fp8 prefix loop into the new-key loop.
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_mid, n_diag, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, USE_TMA,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, pu_lo, pu_hi, pre_scale, vs, logit_cap,
-        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh, K_DESC, V_DESC,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         True, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, pm_lo, pm_hi, pre_scale, vs, logit_cap,
-        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh, K_DESC, V_DESC,
+        K_BUF, V_BUF, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, 0, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         True, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
+        SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_lo, n_mid, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_diag, n_hi, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh, K_DESC, V_DESC,
+        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, False,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
 
     if SPLIT:
@@ -462,8 +447,7 @@ class ExtendConfig:
     """Tile shape and launch knobs of one extend launch.
 
     ``block_m`` rows per program (``block_m // pack`` tokens x ``pack`` query heads of one KV head),
-    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size),
-    ``tma``: load the unmasked new-key tiles through TMA descriptors where the launch allows it.
+    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size).
     """
 
     block_m: int
@@ -471,7 +455,6 @@ class ExtendConfig:
     pack: int
     num_warps: int
     num_stages: int
-    tma: bool = False
 
 
 def _pow2_divisor(n: int) -> int:
@@ -499,11 +482,10 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
       (tokens x packed heads) so that no program streams the window for padding rows; the window
       is then read once per KV head, as in decode, with 4 warps (8 at ``D = 512``).
     - fp32 inputs (tests, reference-grade runs) use smaller tiles: fp32 tiles take twice the space.
-    - ``tma``: off. Loading the new-key tiles every row sees through TMA descriptors (Hopper and
-      newer, ``use_tma=True``) frees address registers (ptxas for sm_90 at the D = 128 tiles: 244
-      registers instead of 255) but ran slower on the H200 (N = 8192, W = 1023, D = 128: 194-210
-      TFLOP/s against 269-301 with pointer loads, ``bench_extend.py --sweep --sweep-configs
-      64:64:4:3:4:0,64:64:4:3:4:1``); at ``D = 256`` the default tiles also spill with it.
+    - Pointer loads, not TMA: loading the new-key tiles through Hopper tensor descriptors freed
+      address registers (ptxas for sm_90 at the D = 128 tiles: 244 instead of 255) but ran slower on
+      the H200 (N = 8192, W = 1023, D = 128: 194-210 TFLOP/s against 269-301; commit c5a2bd1 and
+      its sweep), so that path was removed again.
     - Under Triton's interpreter, which pays per element rather than per instruction, the smallest
       legal tiles.
     """
@@ -520,7 +502,6 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     if dtype == torch.float32:
         block_m, block_n, stages = max(16, block_m // 2), max(16, block_n // 2), min(stages, 2)
     pack = min(_pow2_divisor(group), block_m)
-    tma = False
     rows = max(1, max_extend_len) * pack
     if rows < block_m:
         # a short request: one tile holds it whole; tiles below 16 rows do not map to tensor cores
@@ -528,7 +509,7 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
         block_n = 64 if d <= 128 else 32
         warps = 4 if d <= 256 else 8
         stages = 3 if d <= 128 else 2
-    return ExtendConfig(block_m, block_n, pack, warps, stages, tma)
+    return ExtendConfig(block_m, block_n, pack, warps, stages)
 
 
 def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int,
@@ -561,48 +542,6 @@ def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
     most = triton.cdiv(max_window, block_n) // SPLIT_MIN_TILES
     return max(1, min(MAX_SPLITS, most, (num_sms * max(1, resident)) // programs))
 
-
-@functools.cache
-def _has_tma(device_index: int) -> bool:
-    """An NVIDIA GPU of compute capability 9.0 or newer (Hopper's tensor memory accelerator)."""
-    return torch.version.hip is None and torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def _tma_problem(k: torch.Tensor, v: torch.Tensor, block_d: int, block_dv: int, interpret: bool) -> str:
-    """Why the new-key tiles cannot load through tensor descriptors here ("" when they can).
-
-    A descriptor views ``k`` as rows `[T, cols]` with strides ``[stride_kt, 1]`` (head ``h`` at column
-    ``h * stride_kh``; a token's heads must lie within its row, as in a contiguous or fused-QKV
-    ``k``), so TMA's rules apply to that view: fp16/bf16, 16-byte aligned base and row and head
-    strides, a tile that spans the whole head (``D == BLOCK_D``: TMA zero-fills only past the
-    tensor's end, it cannot mask the padding columns of a head). Under Triton's interpreter the
-    device check is skipped (tests walk the path on the CPU).
-    """
-    if not interpret:
-        if k.device.type != "cuda" or not _has_tma(k.device.index):
-            return "needs an NVIDIA GPU of compute capability >= 9.0"
-    if k.dtype not in (torch.float16, torch.bfloat16):
-        return f"needs fp16 or bf16 k/v, got {k.dtype}"
-    for name, x, block in (("k", k, block_d), ("v", v, block_dv)):
-        if x.shape[2] != block:
-            return f"needs a power-of-two {name} head dim >= 16, got {x.shape[2]}"
-        size = x.element_size()
-        if x.data_ptr() % 16 or (x.stride(0) * size) % 16 or (x.shape[1] > 1 and (x.stride(1) * size) % 16):
-            return f"needs a 16-byte aligned {name} (base, token and head strides), got strides {x.stride()}"
-        if x.shape[0] > 1 and (x.shape[1] - 1) * x.stride(1) + x.shape[2] > x.stride(0):
-            return f"needs each token's {name} heads inside its row (token stride >= heads), got strides {x.stride()}"
-    return ""
-
-
-def _new_key_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple:
-    """Tensor descriptors over the rows of the step's ``k``/``v``: `[T, (H - 1) * stride_h + D]`, blocks of
-    `[block_n, D]`; the kernel loads KV head ``h``'s tile at column ``h * stride_h``."""
-    descs = []
-    for x in (k, v):
-        t, h, d = x.shape
-        cols = (h - 1) * x.stride(1) + d
-        descs.append(TensorDescriptor(x, [t, cols], [x.stride(0), 1], [block_n, d]))
-    return tuple(descs)
 
 
 def _check_pow2(name: str, value: int, minimum: int) -> int:
@@ -659,7 +598,6 @@ def swa_extend(
     pack: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    use_tma: bool | None = None,
     max_window: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
@@ -708,15 +646,6 @@ def swa_extend(
             computed from ``qo_indptr`` (one device sync), or is ``T`` while a CUDA graph is captured.
         block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
             (tests use small blocks to walk multi-tile paths).
-        use_tma (bool | None): load the new-key K/V tiles that every row of a query tile sees (the
-            unmasked loop of a long causal prompt) through TMA tensor descriptors. ``None``
-            (default): where ``extend_config`` prefers it, which is nowhere today (slower on the
-            H200), for causal launches without ``custom_mask``/``q_positions``. ``True`` forces it
-            (also under the interpreter, for tests) and raises where it is not legal, i.e. anywhere
-            but an NVIDIA GPU of compute capability >= 9.0 with fp16/bf16 ``k``/``v`` of
-            power-of-two head dims, 16-byte aligned (base, token and head strides), each token's
-            heads within its row. ``False`` keeps the portable pointer loads. Masked tiles (window
-            edges, diagonal) and the cached prefix always use pointers.
         max_window (int | None): host bound on the cached prefix keys any request reads, which sizes
             the splits (never read from the device). Default: ``W + 1`` for a sliding window, capped by
             ``kv_indices.numel()`` or ``page_table.shape[1] * page_size``, which alone bound it at
@@ -837,16 +766,6 @@ def swa_extend(
     warps = cfg.num_warps if num_warps is None else check_int("num_warps", num_warps, minimum=1)
     stages = cfg.num_stages if num_stages is None else check_int("num_stages", num_stages, minimum=1)
     block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
-    if use_tma is not None and not isinstance(use_tma, bool):
-        raise TypeError(f"use_tma must be a bool or None, got {type(use_tma).__name__}")
-    # automatic: only where an unmasked new-key loop can run (causal, no mask or explicit positions, a
-    # request longer than a key tile), so verify and short extends keep their kernels and launch cost
-    walks = causal and not has_mask and q_positions is None and max_extend_len > bn
-    tma = cfg.tma and walks if use_tma is None else use_tma
-    why = _tma_problem(k, v, block_d, block_dv, interpret) if tma else ""
-    if use_tma and why:
-        raise ValueError(f"use_tma=True is not legal here: the TMA path {why}")
-    tma = tma and not why
 
     m_tiles = triton.cdiv(max_extend_len, bm // gp)
     if num_splits is None:
@@ -859,13 +778,12 @@ def swa_extend(
 
     if T == 0 or B == 0 or max_extend_len == 0:
         return out
-    k_desc, v_desc = _new_key_descriptors(k, v, bn) if tma else (None, None)
     # split-KV: partials [T, HQ, splits, Dv] then their log2-sum-exp2 [T, HQ, splits], as decode's
     lse_offset = T * HQ * num_splits * DV if split else 0
     part = torch.empty(lse_offset + T * HQ * num_splits, dtype=torch.float32, device=dev) if split else out
     grid = (m_tiles * num_splits, HQ // gp, B)
     _swa_extend_kernel[grid](
-        q, k, v, k_desc, v_desc, k_buffer, v_buffer, out, part,
+        q, k, v, k_buffer, v_buffer, out, part,
         qo_indptr, prefix_lens,
         kv_indptr_arg, kv_indices_arg, page_table_arg, window_starts_arg,
         mask_arg, mask_indptr_arg, qpos_arg, sinks if sinks is not None else q,
@@ -879,7 +797,7 @@ def swa_extend(
         WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
         KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        USE_TMA=tma, SPLIT=split, num_warps=warps, num_stages=stages,
+        SPLIT=split, num_warps=warps, num_stages=stages,
     )
     if split:
         block_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // block_dv))
