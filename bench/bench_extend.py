@@ -37,7 +37,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
-from triton_swa.ops.extend import extend_config, extend_num_splits, swa_extend  # noqa: E402
+from triton_swa.ops.decode import _device_sizes  # noqa: E402
+from triton_swa.ops.extend import extend_config, extend_num_splits, extend_resident_programs, swa_extend  # noqa: E402
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
@@ -216,10 +217,9 @@ def auto_splits(b, drafts, d, hq, h) -> int:
     """The split count swa_extend picks for a verify batch on this GPU (mirrors its automatic choice)."""
     cfg = extend_config(d, d, hq // h, drafts, DTYPE)
     programs = -(-drafts // (cfg.block_m // cfg.pack)) * (hq // cfg.pack) * b
-    smem = getattr(torch.cuda.get_device_properties(DEV), "shared_memory_per_multiprocessor", 0) or 228 * 1024
-    tile = 2 * (cfg.num_stages * cfg.block_n * 2 * d + cfg.block_m * d)
-    return extend_num_splits(programs, W + 1, cfg.block_n, torch.cuda.get_device_properties(DEV).multi_processor_count,
-                             max(1, min(2, smem // tile)))
+    num_sms, smem = _device_sizes(torch.device(DEV))
+    resident = extend_resident_programs(cfg.block_m, cfg.block_n, cfg.num_stages, d, d, 2, smem)
+    return extend_num_splits(programs, W + 1, cfg.block_n, num_sms, resident)
 
 
 def verify_splits(counts, d=128, hq=32, h=8, drafts=8):

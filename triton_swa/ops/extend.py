@@ -45,7 +45,7 @@ import triton.language as tl
 from .._checks import check_int, check_tensor, check_window_left
 from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _swa_decode_merge
 
-__all__ = ["ExtendConfig", "extend_config", "extend_num_splits", "swa_extend"]
+__all__ = ["ExtendConfig", "extend_config", "extend_num_splits", "extend_resident_programs", "swa_extend"]
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -543,6 +543,13 @@ def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
     return max(1, min(MAX_SPLITS, most, (num_sms * max(1, resident)) // programs))
 
 
+def extend_resident_programs(block_m: int, block_n: int, num_stages: int, head_dim: int, v_head_dim: int,
+                             itemsize: int, smem_per_sm: int) -> int:
+    """Programs one SM holds for :func:`extend_num_splits`: as many as shared memory fits (the K/V
+    pipeline stages and the query tile), at most ``SPLIT_RESIDENT``."""
+    tile_bytes = itemsize * (num_stages * block_n * (head_dim + v_head_dim) + block_m * head_dim)
+    return max(1, min(SPLIT_RESIDENT, smem_per_sm // tile_bytes))
+
 
 def _check_pow2(name: str, value: int, minimum: int) -> int:
     check_int(name, value, minimum=minimum)
@@ -770,9 +777,7 @@ def swa_extend(
     m_tiles = triton.cdiv(max_extend_len, bm // gp)
     if num_splits is None:
         num_sms, smem = _device_sizes(dev)
-        # programs one SM holds: shared memory for the K/V pipeline stages and the query tile
-        tile_bytes = q.element_size() * (stages * bn * (D + DV) + bm * D)
-        resident = max(1, min(SPLIT_RESIDENT, smem // tile_bytes))
+        resident = extend_resident_programs(bm, bn, stages, D, DV, q.element_size(), smem)
         num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, max_window, bn, num_sms, resident)
     split = num_splits > 1
 
