@@ -185,6 +185,10 @@ def cpu_cases() -> list[Case]:
         Case(**_mix(*MIX), W=16, bm=32, bn=16),  # W + 1 a multiple of the tile, boundaries on tile edges
         Case(**_mix(*MIX), W=15, HQ=8, H=2, bm=32, bn=32),  # 4 heads packed: 8 tokens per tile
         Case(**_mix(*MIX), W=11, HQ=8, H=2, pack=2, bm=16),  # a partial pack
+        # 4 tokens per tile under 32-key tiles: a 16-key diagonal tile, and key tiles aligned on the
+        # query tile, the lowest reaching below the first new key
+        Case(**_mix(*MIX), W=20, HQ=8, H=2, bm=16, bn=32),
+        Case(**_mix(*MIX), W=-1, HQ=8, H=2, bm=32, bn=32, paged=True, ps=4),
         Case(**_mix(*MIX), W=9, HQ=3, H=3),  # MHA
         Case(**_mix(*MIX), W=9, HQ=6, H=1, pack=2),  # MQA, group of 6
         Case(**_mix(*MIX), W=12, D=24),  # head dim not a power of two

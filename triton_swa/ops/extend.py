@@ -84,7 +84,7 @@ def _swa_extend_tiles(
     PREFIX: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, KV_SCALE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, BELOW_ZERO: tl.constexpr = False,
 ):
     """Online-softmax update of one query tile with the key tiles ``[s_begin, s_end)``.
 
@@ -93,6 +93,9 @@ def _swa_extend_tiles(
     the step's contiguous ``k``/``v``). Scores are in log2 units (``qk_scale`` holds ``log2(e)``,
     and must be positive: it is applied to the row max before the exponent).
     Unmasked calls (``MASKED=False``) must only cover tiles that every row of the tile fully sees.
+    ``BELOW_ZERO``: new-key tiles may begin below ``j = 0`` (a masked causal lower edge aligned on
+    the query tile); those keys are masked out (a flag, not always on: at 256-wide heads the extra
+    compare alone makes ptxas spill).
     """
     if not PREFIX:
         # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
@@ -110,7 +113,8 @@ def _swa_extend_tiles(
     else:
         b_lb = tl.zeros_like(o_i)
         if WINDOW:
-            b_lb = o_i - window_left
+            # a causal tile's lower-edge key tiles may reach below the first new key (j < 0)
+            b_lb = tl.maximum(o_i - window_left, 0)
         b_ub = tl.zeros_like(o_i) + E - 1
         if CAUSAL:
             b_ub = tl.minimum(o_i, E - 1)
@@ -138,6 +142,8 @@ def _swa_extend_tiles(
             p_v = V_SRC + b_slot[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
         else:
             m_key = o_j < E
+            if BELOW_ZERO:
+                m_key = m_key & (o_j >= 0)
             i_t = tl.cast(q_start + s, tl.int64)
             p_k = K_SRC + (i_t * stride_kt + i_kvh * stride_kh) + o_kt
             p_v = V_SRC + (i_t * stride_vt + i_kvh * stride_vh) + o_vt
@@ -205,7 +211,7 @@ def _swa_extend_kernel(
     stride_bkt, stride_bkh, stride_bvt, stride_bvh, stride_ot, stride_oh, stride_pt,
     G: tl.constexpr, GP: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_DIAG: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
@@ -326,12 +332,19 @@ def _swa_extend_kernel(
         if not HAS_QPOS:
             n_lo = (tl.maximum(m0 - window_left, 0) // BLOCK_N) * BLOCK_N
     if CAUSAL and not HAS_MASK and not HAS_QPOS:
-        # lower-edge tiles (masked), tiles every row sees (no mask), then the diagonal (masked)
-        n_diag = ((m0 + 1) // BLOCK_N) * BLOCK_N
-        n_mid = n_lo
+        # The diagonal keys [m0, m_last] in tiles of BLOCK_N_DIAG (masked), and below them BLOCK_N
+        # tiles aligned on m0, not on 0: tiles every row sees (no mask), then the lower edge (masked,
+        # the lowest may reach below key 0). A tile of TOK tokens then computes about TOK + W + 1 keys
+        # per row, not up to BLOCK_N + W + BLOCK_N with 0-aligned tiles (a 64-key diagonal tile for 16
+        # tokens at pack 4).
+        n_diag = m0
+        n_first = 0
+        y = 0
         if WINDOW:
+            n_first = tl.maximum(m0 - window_left, 0)
             y = tl.maximum(m_last - window_left, 0)
-            n_mid = tl.minimum(tl.maximum(((y + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, n_lo), n_diag)
+        n_lo = m0 - ((m0 - n_first + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+        n_mid = m0 - (tl.maximum(m0 - y, 0) // BLOCK_N) * BLOCK_N
         n_hi = m_last + 1
     else:
         n_mid = n_lo
@@ -388,16 +401,16 @@ def _swa_extend_kernel(
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, TOK % BLOCK_N != 0,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_diag, n_hi, qk_scale, 1.0, logit_cap,
         K, V, stride_kt, stride_kh, stride_vt, stride_vh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
-        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+        o_i, r_i, tl.arange(0, BLOCK_N_DIAG), o_d, o_dv, m_d, m_dv,
         False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N_DIAG, DOT_PREC,
     )
 
     if SPLIT:
@@ -773,6 +786,11 @@ def swa_extend(
     warps = cfg.num_warps if num_warps is None else check_int("num_warps", num_warps, minimum=1)
     stages = cfg.num_stages if num_stages is None else check_int("num_stages", num_stages, minimum=1)
     block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
+    # a causal tile's diagonal spans its own bm // gp tokens: narrower key tiles there (16 keys at
+    # least, tensor cores' smallest); the other loops keep bn
+    bn_diag = bn
+    if causal and not has_mask and q_positions is None:
+        bn_diag = max(16, min(bn, bm // gp))
 
     m_tiles = triton.cdiv(max_extend_len, bm // gp)
     if num_splits is None:
@@ -798,7 +816,7 @@ def swa_extend(
         out.stride(0), out.stride(1), stride_pt,
         G=HQ // H, GP=gp, D=D, DV=DV,
         BLOCK_D=block_d, BLOCK_DV=block_dv,
-        BLOCK_M=bm, BLOCK_N=bn, PAGED=paged, PAGE=page_size,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_DIAG=bn_diag, PAGED=paged, PAGE=page_size,
         WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
         KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
