@@ -263,6 +263,39 @@ def test_model_level_steps_match_reference(window_left, page_size, device):
 
 
 @pytest.mark.interpreter
+def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
+    """Eager EXTEND passes the batch's longest prefix (capped at the window) as ``max_window``, so a
+    prompt without a prefix takes no empty split-KV programs; verify keeps the layer's bound (None,
+    the launcher's), as CUDA-graph replay does."""
+    import triton_swa.backend as backend_mod
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["window_left"], kwargs["max_window"]))
+        return backend_mod_extend(*args, **kwargs)
+
+    backend_mod_extend = backend_mod.swa_extend
+    monkeypatch.setattr(backend_mod, "swa_extend", spy)
+    window_left = 5
+    sim = make_sim(window_left, 1, seed=2, device=device)
+    runner = ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left, device=device)
+    backend = TritonSWAAttnBackend(runner)
+    layers = model_layers(window_left)
+    run_step(sim, backend, layers, ForwardMode.EXTEND, [7, 3, 12])
+    assert seen and all(bound == 0 for _, bound in seen), seen
+    seen.clear()
+    sim.evict()
+    run_step(sim, backend, layers, ForwardMode.EXTEND, [2, 0, 9])  # prefixes 7, 3, 12
+    assert {bound for w, bound in seen if w >= 0} == {window_left}
+    assert {bound for w, bound in seen if w < 0} == {12}
+    seen.clear()
+    sim.evict()
+    run_step(sim, backend, layers, ForwardMode.TARGET_VERIFY, [3, 3, 3], draft_num=3)
+    assert seen and all(bound is None for _, bound in seen), seen
+
+
+@pytest.mark.interpreter
 def test_draft_worker_regression_policy_vs_legacy_rule(device):
     """Gemma 4 + DFlash: the draft's active pool is SWA-backed and shares the target's mapping, its
     allocator is not the SWA allocator's type. The policy translates and reads the right K/V; the

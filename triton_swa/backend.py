@@ -73,6 +73,9 @@ class ForwardMetadata:
     prefix_lens: torch.Tensor | None = None  # int32 [B], extend modes
     prefix_lens_cpu: torch.Tensor | None = None
     max_extend_len: int = 0
+    # longest cached prefix of an eager EXTEND / DRAFT_EXTEND batch (None: verify, whose split
+    # count follows the layer's window bound, as under CUDA-graph replay)
+    max_prefix_len: int | None = None
     causal: bool = True
     custom_mask: torch.Tensor | None = None
     mask_indptr: torch.Tensor | None = None
@@ -305,6 +308,10 @@ class TritonSWAAttnBackend:
             max_extend = max(ext_cpu, default=0)
         meta = ForwardMetadata(mode, None, None, qo_indptr=qo_indptr, prefix_lens=prefix, prefix_lens_cpu=prefix_cpu,
                                max_extend_len=int(max_extend))
+        if not mode.is_target_verify():
+            # bounds the prefix keys a request reads, so that a prompt without a prefix takes no
+            # (empty) split-KV programs
+            meta.max_prefix_len = int(prefix_cpu.max()) if bs else 0
         if spec is not None and mode.is_target_verify():
             meta.causal = spec.causal
             meta.q_positions = spec.positions
@@ -378,11 +385,14 @@ class TritonSWAAttnBackend:
             v = v.view(-1, layer.tp_k_head_num, layer.v_head_dim)
             self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch, save_kv_cache)
         window = layer.sliding_window_size
+        max_window = meta.max_prefix_len
+        if max_window is not None and window >= 0:
+            max_window = min(max_window, window)
         out = swa_extend(
             q, k, v, k_buf, v_buf, meta.qo_indptr, meta.prefix_lens, **idx.kernel_args(decode=False),
             window_left=window, causal=meta.causal, custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr,
             q_positions=meta.q_positions, sm_scale=layer.scaling, logit_cap=layer.logit_cap, sinks=layer.sinks,
-            k_scale=layer.k_scale, v_scale=layer.v_scale, max_extend_len=meta.max_extend_len,
+            k_scale=layer.k_scale, v_scale=layer.v_scale, max_extend_len=meta.max_extend_len, max_window=max_window,
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
