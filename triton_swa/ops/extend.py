@@ -217,14 +217,9 @@ def _swa_extend_kernel(
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
     DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(1)``.
+    """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
 
-    ``program_id(0)`` is ``(tile * num_splits + split) * head_groups + head_group``, the query tiles
-    counted from the last one: programs start in launch order, so the heaviest tiles (whole windows,
-    or the longest causal prefixes) go first and the light first tiles of a prompt fill the last
-    wave, across all head groups (longest-first scheduling against the tail of a partial wave).
-
-    ``SPLIT``: split ``s`` takes its share of
+    ``SPLIT``: ``program_id(0)`` is ``query tile * num_splits + split``. Split ``s`` takes its share of
     the cached-prefix tiles (``ceil(tiles / num_splits)`` whole tiles each, oldest first, so the last
     splits of a short prefix may be empty) and the last split also takes every new-key tile; each
     writes float32 partials to ``PART`` in decode's layout: the output over its keys normalised by its
@@ -234,14 +229,13 @@ def _swa_extend_kernel(
     TOK: tl.constexpr = BLOCK_M // GP
     EVEN_D: tl.constexpr = D == BLOCK_D
     EVEN_DV: tl.constexpr = DV == BLOCK_DV
-    head_groups = HQ // GP
-    i_hg = tl.program_id(0) % head_groups
-    i_ms = tl.program_id(0) // head_groups
     if SPLIT:
-        i_s = i_ms % num_splits
-        i_ms = i_ms // num_splits
-    i_m = tl.num_programs(0) // (head_groups * num_splits) - 1 - i_ms
-    i_b = tl.program_id(1)
+        i_m = tl.program_id(0) // num_splits
+        i_s = tl.program_id(0) % num_splits
+    else:
+        i_m = tl.program_id(0)
+    i_hg = tl.program_id(1)
+    i_b = tl.program_id(2)
 
     q_start = tl.load(QO_INDPTR + i_b).to(tl.int32)
     E = tl.load(QO_INDPTR + i_b + 1).to(tl.int32) - q_start
@@ -810,7 +804,7 @@ def swa_extend(
     # split-KV: partials [T, HQ, splits, Dv] then their log2-sum-exp2 [T, HQ, splits], as decode's
     lse_offset = T * HQ * num_splits * DV if split else 0
     part = torch.empty(lse_offset + T * HQ * num_splits, dtype=torch.float32, device=dev) if split else out
-    grid = (m_tiles * num_splits * (HQ // gp), B)
+    grid = (m_tiles * num_splits, HQ // gp, B)
     _swa_extend_kernel[grid](
         q, k, v, k_buffer, v_buffer, out, part,
         qo_indptr, prefix_lens,
