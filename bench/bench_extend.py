@@ -268,7 +268,8 @@ def bench_decode(rec, case, sets, prefixes, page_size, d, hq, h):
 
 def sweep(rec, dims=(128, 256), only=None):
     """Tile configurations of the N = 8192 prefill (both head dims): the data behind extend_config.
-    ``only``: (block_m, block_n, num_warps, num_stages, pack) tuples to time instead of the lists below."""
+    ``only``: (block_m, block_n, num_warps, num_stages, pack[, edge_in_loop]) tuples to time instead of
+    the lists below (repeat entries to alternate two configs)."""
     # (block_m, block_n, num_warps, num_stages, pack); the first of each is extend_config's default
     configs = {
         128: [(64, 64, 4, 3, 4), (128, 64, 8, 3, 4), (128, 64, 8, 2, 4), (128, 64, 8, 4, 4), (128, 32, 8, 3, 4), (128, 128, 8, 2, 4),
@@ -287,9 +288,12 @@ def sweep(rec, dims=(128, 256), only=None):
         sets = [build_set([0], [n], hq, h, d, d, 1, gen) for _ in range(2)]
         flops = 2 * 2 * d * hq * attended_pairs(0, n, W)
         print(f"default for D={d}: {extend_config(d, d, hq // h, n)}")
-        for bm, bn, warps, stages, pack in cfgs:
+        for bm, bn, warps, stages, pack, *edge in cfgs:
             over = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, pack=pack)
             name = f"sweep-N8k-D{d}-bm{bm}-bn{bn}-w{warps}-s{stages}-g{pack}"
+            if edge:
+                over["edge_in_loop"] = bool(edge[0])
+                name += f"-e{edge[0]}"
             try:
                 times = time_rotated([extend_call(s, 1, n, **over) for s in sets])
             except Exception as e:  # a config that does not fit (shared memory, registers) is reported
@@ -304,7 +308,8 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="tile configs at N = 8192 instead of the grid")
     parser.add_argument("--sweep-dims", default="128,256", help="head dims the sweep covers")
     parser.add_argument("--sweep-configs", default="",
-                        help="bm:bn:warps:stages:pack tuples, comma-separated, instead of the built-in lists")
+                        help="bm:bn:warps:stages:pack[:edge_in_loop] tuples, comma-separated, instead of the "
+                             "built-in lists")
     parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention peer")
     parser.add_argument("--quick", action="store_true", help="N = 8192 prefill and B = 64 verify only")
     parser.add_argument("--verify-splits", default="",
@@ -314,8 +319,8 @@ def main():
     split_counts = [int(x) for x in args.verify_splits.split(",") if x]
     only = [tuple(int(v) for v in c.split(":")) for c in args.sweep_configs.split(",") if c]
     for c in only:
-        if len(c) != 5:
-            parser.error(f"--sweep-configs: want bm:bn:warps:stages:pack, got {':'.join(map(str, c))}")
+        if len(c) not in (5, 6):
+            parser.error(f"--sweep-configs: want bm:bn:warps:stages:pack[:edge], got {':'.join(map(str, c))}")
     torch.manual_seed(0)
     rec = Recorder.start("extend")
     print(f"copy ceiling {rec.copy_tbps:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)

@@ -48,6 +48,7 @@ class Case:
     bm: int | None = 16
     bn: int | None = 16
     pack: int | None = None
+    edge: bool | None = None  # edge_in_loop override
     chunk: int = 5
 
     @property
@@ -70,6 +71,8 @@ class Case:
             parts.append(f"bm{self.bm}bn{self.bn}")
         if self.pack:
             parts.append(f"pack{self.pack}")
+        if self.edge is not None:
+            parts.append(f"edge{int(self.edge)}")
         return "-".join(parts)
 
 
@@ -157,7 +160,7 @@ def run_kernel(case: Case, built: dict, **extra) -> torch.Tensor:
     T, HQ = args["q"].shape[:2]
     out = torch.full((T, HQ, case.DV or case.D), NAN, dtype=case.dtype, device=args["q"].device)
     got = swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=case.bm,
-                     block_n=case.bn, pack=case.pack, **extra)
+                     block_n=case.bn, pack=case.pack, edge_in_loop=case.edge, **extra)
     assert got is out
     return out
 
@@ -189,6 +192,11 @@ def cpu_cases() -> list[Case]:
         # query tile, the lowest reaching below the first new key
         Case(**_mix(*MIX), W=20, HQ=8, H=2, bm=16, bn=32),
         Case(**_mix(*MIX), W=-1, HQ=8, H=2, bm=32, bn=32, paged=True, ps=4),
+        # the lower edge streamed inside the main loop, on both tile alignments and without a window
+        Case(**_mix(*MIX), W=20, HQ=8, H=2, bm=16, bn=32, edge=True),
+        Case(**_mix(*MIX), W=11, edge=True, sinks=True),
+        Case(**_mix(*MIX), W=-1, HQ=8, H=2, bm=32, bn=32, paged=True, ps=4, edge=True),
+        Case(**_mix(*MIX), W=1, edge=True),
         Case(**_mix(*MIX), W=9, HQ=3, H=3),  # MHA
         Case(**_mix(*MIX), W=9, HQ=6, H=1, pack=2),  # MQA, group of 6
         Case(**_mix(*MIX), W=12, D=24),  # head dim not a power of two

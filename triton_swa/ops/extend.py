@@ -84,7 +84,7 @@ def _swa_extend_tiles(
     PREFIX: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, KV_SCALE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, BELOW_ZERO: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, EDGE: tl.constexpr = False, edge_end=0,
 ):
     """Online-softmax update of one query tile with the key tiles ``[s_begin, s_end)``.
 
@@ -93,9 +93,9 @@ def _swa_extend_tiles(
     the step's contiguous ``k``/``v``). Scores are in log2 units (``qk_scale`` holds ``log2(e)``,
     and must be positive: it is applied to the row max before the exponent).
     Unmasked calls (``MASKED=False``) must only cover tiles that every row of the tile fully sees.
-    ``BELOW_ZERO``: new-key tiles may begin below ``j = 0`` (a masked causal lower edge aligned on
-    the query tile); those keys are masked out (a flag, not always on: at 256-wide heads the extra
-    compare alone makes ptxas spill).
+    ``EDGE`` (an unmasked call over causal new keys): the tiles below ``edge_end`` are the window's
+    lower edge and get its mask by a branch inside the loop, so that one pipelined loop streams the
+    edge and the tiles every row sees (a separate one-tile loop restarts the load pipeline).
     """
     if not PREFIX:
         # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
@@ -113,8 +113,7 @@ def _swa_extend_tiles(
     else:
         b_lb = tl.zeros_like(o_i)
         if WINDOW:
-            # a causal tile's lower-edge key tiles may reach below the first new key (j < 0)
-            b_lb = tl.maximum(o_i - window_left, 0)
+            b_lb = o_i - window_left
         b_ub = tl.zeros_like(o_i) + E - 1
         if CAUSAL:
             b_ub = tl.minimum(o_i, E - 1)
@@ -142,8 +141,6 @@ def _swa_extend_tiles(
             p_v = V_SRC + b_slot[:, None] * stride_vt + i_kvh * stride_vh + o_dv[None, :]
         else:
             m_key = o_j < E
-            if BELOW_ZERO:
-                m_key = m_key & (o_j >= 0)
             i_t = tl.cast(q_start + s, tl.int64)
             p_k = K_SRC + (i_t * stride_kt + i_kvh * stride_kh) + o_kt
             p_v = V_SRC + (i_t * stride_vt + i_kvh * stride_vh) + o_vt
@@ -180,9 +177,12 @@ def _swa_extend_tiles(
             elif CAUSAL:
                 m_s = m_s & (o_j[None, :] <= o_i[:, None])
             b_s = tl.where(m_s, b_s, float("-inf"))
+        if EDGE:
+            if s < edge_end:
+                b_s = tl.where(o_n[None, :] >= (b_lb - s)[:, None], b_s, float("-inf"))
         # [BLOCK_M]
         m_ij = tl.maximum(m_i, tl.max(b_s, 1) * s_scale)
-        if MASKED:
+        if MASKED or EDGE:
             # a row with no visible key yet keeps m = -inf; subtract 0 instead so that exp2 gives 0, not NaN
             m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         else:
@@ -215,7 +215,7 @@ def _swa_extend_kernel(
     PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
-    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, EDGE_IN_LOOP: tl.constexpr,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
 
@@ -332,19 +332,23 @@ def _swa_extend_kernel(
         if not HAS_QPOS:
             n_lo = (tl.maximum(m0 - window_left, 0) // BLOCK_N) * BLOCK_N
     if CAUSAL and not HAS_MASK and not HAS_QPOS:
-        # The diagonal keys [m0, m_last] in tiles of BLOCK_N_DIAG (masked), and below them BLOCK_N
-        # tiles aligned on m0, not on 0: tiles every row sees (no mask), then the lower edge (masked,
-        # the lowest may reach below key 0). A tile of TOK tokens then computes about TOK + W + 1 keys
-        # per row, not up to BLOCK_N + W + BLOCK_N with 0-aligned tiles (a 64-key diagonal tile for 16
-        # tokens at pack 4).
-        n_diag = m0
+        # The diagonal keys from n_diag to m_last in tiles of BLOCK_N_DIAG (masked); below them BLOCK_N
+        # tiles: the lower edge (masked) from n_lo, then from n_mid those every row sees (no mask).
+        # The tiles are aligned on m0 where the lowest one stays at or above key 0, so that a tile of
+        # TOK tokens computes about TOK + W + 1 keys per row, not up to TOK + W + 2 * BLOCK_N with
+        # 0-aligned tiles (1040 keys, not 1088, for 16 tokens at W 1023). Near the start of a prompt
+        # they are aligned on 0, and the diagonal loop covers [m0 rounded down, m_last].
         n_first = 0
         y = 0
         if WINDOW:
             n_first = tl.maximum(m0 - window_left, 0)
             y = tl.maximum(m_last - window_left, 0)
         n_lo = m0 - ((m0 - n_first + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-        n_mid = m0 - (tl.maximum(m0 - y, 0) // BLOCK_N) * BLOCK_N
+        aligned = n_lo >= 0
+        n_diag = tl.where(aligned, m0, (m0 // BLOCK_N) * BLOCK_N)
+        n_lo = tl.where(aligned, n_lo, (n_first // BLOCK_N) * BLOCK_N)
+        n_mid = tl.where(aligned, m0 - (tl.maximum(m0 - y, 0) // BLOCK_N) * BLOCK_N,
+                         tl.minimum(tl.maximum(((y + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, n_lo), n_diag))
         n_hi = m_last + 1
     else:
         n_mid = n_lo
@@ -366,15 +370,19 @@ def _swa_extend_kernel(
     # Order of the loops: new keys unmasked, prefix unmasked, then the masked ones (prefix edge, new
     # edge, diagonal). The softmax does not care, but ptxas serialises every wgmma of the kernel
     # (C7515, about half the tensor-core throughput on Hopper) when a masked loop's accumulator flows
-    # into an unmasked one, or a gathered fp8 prefix loop into the new-key loop.
+    # into an unmasked one, or a gathered fp8 prefix loop into the new-key loop. EDGE_IN_LOOP (causal
+    # new keys only) streams the new-key lower edge inside the first loop instead.
+    n_start = n_mid
+    if EDGE_IN_LOOP:
+        n_start = n_lo
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, n_mid, n_diag, qk_scale, 1.0, logit_cap,
+        acc, m_i, l_i, b_q, n_start, n_diag, qk_scale, 1.0, logit_cap,
         K, V, stride_kt, stride_kh, stride_vt, stride_vh,
         KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
         CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
         False, False, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, EDGE_IN_LOOP, n_mid,
     )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, pu_lo, pu_hi, pre_scale, vs, logit_cap,
@@ -394,15 +402,16 @@ def _swa_extend_kernel(
         True, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
         SOFTCAP, KV_SCALE, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
     )
-    acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, n_lo, n_mid, qk_scale, 1.0, logit_cap,
-        K, V, stride_kt, stride_kh, stride_vt, stride_vh,
-        KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
-        CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
-        o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
-        SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC, TOK % BLOCK_N != 0,
-    )
+    if not EDGE_IN_LOOP:
+        acc, m_i, l_i = _swa_extend_tiles(
+            acc, m_i, l_i, b_q, n_lo, n_mid, qk_scale, 1.0, logit_cap,
+            K, V, stride_kt, stride_kh, stride_vt, stride_vh,
+            KV_INDICES, kv_end, PAGE_TABLE, page_base, ws_page,
+            CUSTOM_MASK, mask_off, Q_POS, q_start, i_kvh, P, E, lo, window_left,
+            o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
+            False, True, PAGED, PAGE, WINDOW, CAUSAL, HAS_MASK, HAS_QPOS,
+            SOFTCAP, False, EVEN_D, EVEN_DV, BLOCK_N, DOT_PREC,
+        )
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_diag, n_hi, qk_scale, 1.0, logit_cap,
         K, V, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -460,7 +469,9 @@ class ExtendConfig:
     """Tile shape and launch knobs of one extend launch.
 
     ``block_m`` rows per program (``block_m // pack`` tokens x ``pack`` query heads of one KV head),
-    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size).
+    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size),
+    ``edge_in_loop``: causal launches stream the window's lower-edge key tiles inside the main loop
+    (masked by a branch) rather than in a loop of their own.
     """
 
     block_m: int
@@ -468,6 +479,7 @@ class ExtendConfig:
     pack: int
     num_warps: int
     num_stages: int
+    edge_in_loop: bool = False
 
 
 def _pow2_divisor(n: int) -> int:
@@ -506,10 +518,11 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     if interpret:
         pack = min(_pow2_divisor(group), 16)
         return ExtendConfig(16, 16, pack, 1, 1)
+    edge = False
     if d <= 128:
         block_m, block_n, warps, stages = 64, 64, 4, 3
     elif d <= 256:
-        block_m, block_n, warps, stages = 128, 32, 8, 2
+        block_m, block_n, warps, stages, edge = 128, 32, 8, 2, True
     else:
         block_m, block_n, warps, stages = 32, 32, 8, 2
     if dtype == torch.float32:
@@ -522,7 +535,7 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
         block_n = 64 if d <= 128 else 32
         warps = 4 if d <= 256 else 8
         stages = 3 if d <= 128 else 2
-    return ExtendConfig(block_m, block_n, pack, warps, stages)
+    return ExtendConfig(block_m, block_n, pack, warps, stages, edge)
 
 
 def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int,
@@ -618,6 +631,7 @@ def swa_extend(
     pack: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    edge_in_loop: bool | None = None,
     max_window: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
@@ -666,6 +680,8 @@ def swa_extend(
             computed from ``qo_indptr`` (one device sync), or is ``T`` while a CUDA graph is captured.
         block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
             (tests use small blocks to walk multi-tile paths).
+        edge_in_loop (bool | None): override ``extend_config``'s choice of streaming a causal
+            window's lower edge inside the main key loop.
         max_window (int | None): host bound on the cached prefix keys any request reads, which sizes
             the splits (never read from the device). Default: ``W + 1`` for a sliding window, capped by
             ``kv_indices.numel()`` or ``page_table.shape[1] * page_size``, which alone bound it at
@@ -785,6 +801,10 @@ def swa_extend(
         raise ValueError(f"pack ({gp}) must divide the GQA group size ({HQ // H}) and block_m ({bm})")
     warps = cfg.num_warps if num_warps is None else check_int("num_warps", num_warps, minimum=1)
     stages = cfg.num_stages if num_stages is None else check_int("num_stages", num_stages, minimum=1)
+    if edge_in_loop is None:
+        edge_in_loop = cfg.edge_in_loop
+    elif not isinstance(edge_in_loop, bool):
+        raise TypeError(f"edge_in_loop must be a bool, got {type(edge_in_loop).__name__}")
     block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
     # a causal tile's diagonal spans its own bm // gp tokens: narrower key tiles there (16 keys at
     # least, tensor cores' smallest); the other loops keep bn
@@ -820,7 +840,8 @@ def swa_extend(
         WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
         KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        SPLIT=split, num_warps=warps, num_stages=stages,
+        SPLIT=split, EDGE_IN_LOOP=edge_in_loop and causal and not has_mask and q_positions is None,
+        num_warps=warps, num_stages=stages,
     )
     if split:
         block_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // block_dv))
