@@ -71,11 +71,15 @@ def copy_ceiling_tbps(nbytes: int = 2 * 2**30) -> float:
 
 
 def _git_sha() -> str:
+    """``$GIT_SHA`` first: a device copy of the tree may carry a stale ``.git`` (pass the commit
+    measured, ``GIT_SHA=$(git rev-parse --short HEAD)`` on this side), then git, else unknown."""
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except Exception:
-        return os.environ.get("GIT_SHA", "unknown")
+        return "unknown"
 
 
 @dataclass

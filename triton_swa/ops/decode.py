@@ -401,6 +401,10 @@ def _interpreting() -> bool:
 # binder, as benchmarks do to compare). The direct call uses the compiled kernel's launcher signature
 # of triton 3.6 (on CUDA and HIP alike); other Triton versions go through the JIT every time.
 _FAST_LAUNCH = triton.__version__.startswith("3.6.")
+try:  # Triton's argument specialisation, for _Launch keys over varying integers (3.6's native binder)
+    from triton._C.libtriton import native_specialize_impl as _SPECIALIZE
+except ImportError:  # pragma: no cover - other Triton versions take the JIT path
+    _SPECIALIZE = None
 _DRIVER: list = []
 
 
@@ -413,18 +417,20 @@ def _driver_fns():
 
 
 class _Launch:
-    """One kernel with fixed grid, constexprs and options. The first call per device and pointer
-    alignment goes through Triton's JIT (which compiles, or finds the compiled kernel); later calls with
-    the same key launch that compiled kernel directly, skipping the JIT's per-call argument binding.
+    """One kernel with fixed constexprs and options. The first call per device and specialisation key
+    goes through Triton's JIT (which compiles, or finds the compiled kernel); later calls with the same
+    key launch that compiled kernel directly, skipping the JIT's per-call argument binding.
 
-    This is sound because everything else Triton specialises on is fixed per plan: argument dtypes,
-    integer values (strides, counts) and constexprs; only pointers vary, and the key holds their
-    16-byte alignment, which is all Triton specialises a pointer on.
+    The key is what Triton specialises a kernel on beyond the constexprs and options. With ``n_ptr``
+    (decode's plans, whose argument dtypes and integers are fixed per plan) it is the 16-byte alignment
+    of the first ``n_ptr`` arguments (pointers); with ``n_ptr=None`` (extend, whose integers vary from
+    call to call) it is Triton's own specialisation of every argument (dtype, 16-divisibility, an
+    integer's width and whether it is 1). The grid is fixed (``grid``) or given per call.
     """
 
     __slots__ = ("fn", "grid", "constexprs", "tail", "options", "n_ptr", "compiled", "interpret")
 
-    def __init__(self, fn, grid, constexprs: dict, n_ptr: int, num_warps: int, num_stages: int | None = None):
+    def __init__(self, fn, grid, constexprs: dict, n_ptr: int | None, num_warps: int, num_stages: int | None = None):
         self.fn, self.grid, self.constexprs, self.n_ptr = fn, grid, constexprs, n_ptr
         self.interpret = _interpreting()
         self.tail = ()
@@ -433,16 +439,22 @@ class _Launch:
             self.options["num_stages"] = num_stages
         self.compiled: dict = {}
 
-    def __call__(self, args: tuple) -> None:
-        if not _FAST_LAUNCH or self.interpret:
-            self.fn[self.grid](*args, **self.constexprs, **self.options)
+    def __call__(self, args: tuple, grid: tuple | None = None) -> None:
+        grid = self.grid if grid is None else grid
+        if not _FAST_LAUNCH or self.interpret or (self.n_ptr is None and _SPECIALIZE is None):
+            self.fn[grid](*args, **self.constexprs, **self.options)
             return
         get_device, get_stream = _driver_fns()
         device = get_device()
-        key = (device, *[a.data_ptr() & 15 == 0 for a in args[: self.n_ptr]])
+        if self.n_ptr is None:
+            # the JIT's own backend for this device, as its binder uses (device_caches: 3.6's layout)
+            backend = self.fn.device_caches[device][3]
+            key = (device, *[_SPECIALIZE(backend, a, False, True, True) for a in args])
+        else:
+            key = (device, *[a.data_ptr() & 15 == 0 for a in args[: self.n_ptr]])
         kernel = self.compiled.get(key)
         if kernel is None:
-            kernel = self.fn[self.grid](*args, **self.constexprs, **self.options)
+            kernel = self.fn[grid](*args, **self.constexprs, **self.options)
             if all(hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
                 # The launcher takes every parameter in order, the constexprs (the last ones) included.
                 self.tail = tuple(self.constexprs[name] for name in self.fn.arg_names[len(args):])
@@ -455,8 +467,7 @@ class _Launch:
             # No launch hooks (profilers) registered: the launcher skips them and their metadata.
             meta = enter = leave = None
         else:
-            meta = kernel.launch_metadata(self.grid, stream, *full)
-        grid = self.grid
+            meta = kernel.launch_metadata(grid, stream, *full)
         kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, meta, enter, leave,
                    *full)
 

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_int, check_tensor, check_window_left
-from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _swa_decode_merge
+from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _Launch, _swa_decode_merge
 
 __all__ = ["ExtendConfig", "extend_config", "extend_num_splits", "extend_resident_programs", "swa_extend"]
 
@@ -825,7 +825,7 @@ def swa_extend(
     lse_offset = T * HQ * num_splits * DV if split else 0
     part = torch.empty(lse_offset + T * HQ * num_splits, dtype=torch.float32, device=dev) if split else out
     grid = (m_tiles * num_splits, HQ // gp, B)
-    _swa_extend_kernel[grid](
+    args = (
         q, k, v, k_buffer, v_buffer, out, part,
         qo_indptr, prefix_lens,
         kv_indptr_arg, kv_indices_arg, page_table_arg, window_starts_arg,
@@ -834,6 +834,8 @@ def swa_extend(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), stride_pt,
+    )
+    constexprs = dict(
         G=HQ // H, GP=gp, D=D, DV=DV,
         BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_DIAG=bn_diag, PAGED=paged, PAGE=page_size,
@@ -841,8 +843,8 @@ def swa_extend(
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
         KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         SPLIT=split, EDGE_IN_LOOP=edge_in_loop and causal and not has_mask and q_positions is None,
-        num_warps=warps, num_stages=stages,
     )
+    _extend_launch(constexprs, warps, stages)(args, grid)
     if split:
         block_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // block_dv))
         _swa_extend_merge_kernel[(T * HQ,)](
@@ -852,6 +854,22 @@ def swa_extend(
             num_warps=4 if block_dv >= 256 else 2,
         )
     return out
+
+
+# One _Launch per constexpr set and options: repeated calls skip Triton's per-call argument binding
+# (about half of a short prefill's host time on the H200's host: bench/probe_extend_launch.py).
+_LAUNCHES: dict = {}
+
+
+def _extend_launch(constexprs: dict, num_warps: int, num_stages: int):
+    kernel = _swa_extend_kernel
+    if not isinstance(kernel, triton.runtime.JITFunction):  # a test's stand-in: launch it as it is
+        return lambda args, grid: kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+    key = (*constexprs.values(), num_warps, num_stages)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        launch = _LAUNCHES[key] = _Launch(kernel, None, constexprs, None, num_warps, num_stages)
+    return launch
 
 
 def _max_extend_len(qo_indptr: torch.Tensor, total: int) -> int:
