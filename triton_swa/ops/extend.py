@@ -503,6 +503,10 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
       warps (two warpgroups of 64 rows for wgmma) keeps the tensor cores fed; ``block_n`` halves so
       that the fp32 accumulator (``block_m x Dv``) and the score tile stay in registers, with two
       K/V stages in shared memory. ``D = 512`` drops to 32-row tiles: a 64-row wgmma tile spills.
+    - ``edge_in_loop`` on at ``D = 256`` only: streaming the window's lower edge inside the main
+      loop took the D 256 prefill from 316-317 to 341-348 TFLOP/s, and changed nothing measurable
+      at D 128 (283-291 against 272-290, alternated in one run;
+      ``bench/results/extend-sweep-edge-2026-11-29-NVIDIA_H200.log``), where it costs registers.
     - Verify and short extends (few tokens per request): ``block_m`` shrinks to the request's rows
       (tokens x packed heads) so that no program streams the window for padding rows; the window
       is then read once per KV head, as in decode, with 4 warps (8 at ``D = 512``).
