@@ -16,8 +16,10 @@ committed prefix of ``P = prefix_lens[b]`` tokens. The new tokens attend
 Work is proportional to ``tokens x min(W + 1, context)``: every program owns one query tile of one
 request and one group of query heads, and visits only the key tiles that intersect its rows' windows,
 in up to five loops: new-key tiles every row sees (no mask), prefix tiles every row sees (no mask),
-then the masked ones: prefix tiles on the window's lower edge, new-key tiles on the lower edge, and
-the causal diagonal. Index entries outside ``[max(0, P - W), P)`` are never read.
+then the masked ones: prefix tiles on the window's lower edge, new-key tiles on the lower edge (or,
+with ``edge_in_loop``, inside the first loop behind a branch), and the causal diagonal, in tiles as
+narrow as the query tile's own tokens (16 keys at least). Index entries outside ``[max(0, P - W), P)``
+are never read.
 
 Split-KV (``num_splits``, chosen by ``extend_num_splits`` from host ints): where the programs alone
 leave most SMs idle (verify and short extends at small batch), each query tile's cached-prefix tiles
