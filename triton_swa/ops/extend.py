@@ -329,10 +329,6 @@ def _swa_extend_kernel(
         pre_scale = qk_scale * ks
 
     # ---- new keys j in [0, E) from the step's contiguous k/v ----
-    n_lo = 0
-    if WINDOW:
-        if not HAS_QPOS:
-            n_lo = (tl.maximum(m0 - window_left, 0) // BLOCK_N) * BLOCK_N
     if CAUSAL and not HAS_MASK and not HAS_QPOS:
         # The diagonal keys from n_diag to m_last in tiles of BLOCK_N_DIAG (masked); below them BLOCK_N
         # tiles: the lower edge (masked) from n_lo, then from n_mid those every row sees (no mask).
@@ -353,6 +349,11 @@ def _swa_extend_kernel(
                          tl.minimum(tl.maximum(((y + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, n_lo), n_diag))
         n_hi = m_last + 1
     else:
+        # one masked loop from the tile holding the earliest key any row sees
+        n_lo = 0
+        if WINDOW:
+            if not HAS_QPOS:
+                n_lo = (tl.maximum(m0 - window_left, 0) // BLOCK_N) * BLOCK_N
         n_mid = n_lo
         n_diag = n_lo
         n_hi = E
