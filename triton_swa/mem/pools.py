@@ -69,9 +69,11 @@ class ReqToTokenPool:
 
     def _rows(self, free_index) -> list[int]:
         if isinstance(free_index, torch.Tensor):
-            if free_index.dtype not in (torch.int32, torch.int64) or free_index.dim() > 1:
-                raise TypeError(f"free_index must be an int, a list of ints or a 0-/1-D int32/int64 tensor, "
-                                f"got a {free_index.dtype} tensor of shape {list(free_index.shape)}")
+            if free_index.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"free_index must be an int, a list of ints or an int32/int64 tensor, "
+                                f"got a {free_index.dtype} tensor")
+            if free_index.dim() > 1:
+                raise ValueError(f"free_index must be a 0-/1-D tensor, got shape {list(free_index.shape)}")
             return [int(r) for r in free_index.reshape(-1).tolist()]
         if isinstance(free_index, (list, tuple)):
             rows = list(free_index)
