@@ -456,3 +456,17 @@ def test_invariant_checker_catches_each_kind_of_corruption():
     rtp.req_to_token[b, 4] = rtp.req_to_token[a, 4]
     with pytest.raises(AssertionError, match=rf"slot \d+ is owned twice: by request row {a} token 4 .* and by request row {b} token 4"):
         check_allocator_invariants(alloc, rtp.req_to_token, reqs)
+
+
+def test_empty_frees_and_allocations_change_nothing():
+    _, alloc = make_swa(size=16, size_swa=8, page_size=4)
+    alloc.alloc(4)
+    before = snapshot(alloc)
+    e = torch.zeros(0, dtype=torch.int64)
+    alloc.free(e)
+    alloc.free_swa(e)
+    alloc.full_attn_allocator.free(e)
+    alloc.free(torch.zeros(2, 3, dtype=torch.int32))  # padded tokens only (slot 0)
+    assert alloc.alloc_extend(e, e, e, 0).numel() == 0 and alloc.alloc_decode(e, e).numel() == 0
+    assert alloc.alloc(0).numel() == 0
+    assert_same_snapshot(before, snapshot(alloc))

@@ -25,18 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_int, check_tensor, same_device
+from .._checks import check_int, check_tensor, check_window_left, same_device
+from .pools import _check_device
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _check_device_arg(name: str, device) -> torch.device:
-    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
-        raise TypeError(f"{name} must be a torch.device or a device string, got {type(device).__name__}")
-    try:
-        return torch.device(device)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"{name} is not a valid device: {device!r} ({e})") from None
 
 
 def _check_index(name: str, x, device: torch.device, ndim: int | None = None) -> torch.Tensor:
@@ -84,7 +76,7 @@ class PagedTokenToKVPoolAllocator:
             raise ValueError(f"size ({size}) must be a multiple of page_size ({page_size})")
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
-        device = _check_device_arg("device", device)
+        device = _check_device("device", device)
         if not isinstance(need_sort, bool):
             raise TypeError(f"need_sort must be a bool, got {type(need_sort).__name__}")
         if kvcache is None:
@@ -556,8 +548,6 @@ def evict_swa_window(
     Returns:
         int: the new ``evicted_len`` (tokens below it have no SWA slot).
     """
-    from .._checks import check_window_left
-
     if not (callable(getattr(allocator, "free_swa", None)) and isinstance(getattr(allocator, "page_size", None), int)):
         raise TypeError(f"allocator must be an SWA allocator (with free_swa), got {type(allocator).__name__}")
     check_tensor("req_to_token", req_to_token, dtype=_INDEX_DTYPES, ndim=2)
