@@ -41,11 +41,9 @@ def _check_index(name: str, x, device: torch.device, ndim: int | None = None) ->
 
 def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """int64 CPU copies of 1-D tensors, read back in one transfer when any lives on a device."""
-    if all(t.device.type == "cpu" for t in tensors):
-        return [t.long() for t in tensors]
-    dev = next(t.device for t in tensors if t.device.type != "cpu")
-    packed = torch.cat([t.to(dev).long() for t in tensors]).cpu()
-    return list(packed.split([t.numel() for t in tensors]))
+    on_device = [t.long() for t in tensors if t.device.type != "cpu"]
+    read = iter(torch.cat(on_device).cpu().split([t.numel() for t in on_device]) if on_device else ())
+    return [t.long() if t.device.type == "cpu" else next(read) for t in tensors]
 
 
 def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
