@@ -305,7 +305,7 @@ def test_draft_worker_regression_policy_vs_legacy_rule(device):
     # both sides so that the legacy rule's wrong slots stay in bounds.
     draft_pool = SWAKVPool(256, 256, 1, torch.float32, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
                            device=device, head_num=2, head_dim=16)
-    plain_alloc = TokenToKVPoolAllocator(256, torch.float32, device, _plain_pool(device))
+    plain_alloc = TokenToKVPoolAllocator(16, torch.float32, device, _plain_pool(device))  # the pool has 16 slots
     layer = AttentionLayer(0, HQ, 2, 16, sliding_window_size=w)
     outs = {}
     for name, legacy in (("policy", None), ("legacy", SWATokenToKVPoolAllocator)):

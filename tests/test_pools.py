@@ -19,6 +19,7 @@ from triton_swa import (
     TokenToKVPoolAllocator,
     evict_swa_window,
 )
+from triton_swa.mem import check_allocator_invariants
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = pytest.mark.reference
@@ -33,7 +34,8 @@ def make_swa(size=64, size_swa=32, page_size=1, dtype=torch.float16, **kw):
 
 
 def snapshot(alloc):
-    return (alloc.full_attn_allocator.free_pages.clone(), alloc.swa_attn_allocator.free_pages.clone(),
+    full, swa = alloc.full_attn_allocator, alloc.swa_attn_allocator
+    return (full.free_pages.clone(), swa.free_pages.clone(), full.slot_owned.clone(), swa.slot_owned.clone(),
             alloc.full_to_swa_index_mapping.clone())
 
 
@@ -165,33 +167,8 @@ def _grow(alloc, rtp, rows, lens, new):
     return slots
 
 
-def check_invariants(alloc, rtp, rows, lens, evicted, page_size):
-    mapping = alloc.full_to_swa_index_mapping
-    live_full, live_swa = [], []
-    for r, n, e in zip(rows, lens, evicted):
-        full = rtp.req_to_token[r, :n].long()
-        assert (full > 0).all()
-        # Page-aligned: token t at offset t % page_size, on both sides.
-        assert torch.equal(full % page_size, torch.arange(n) % page_size)
-        swa = mapping[full]
-        assert (swa[:e] == 0).all(), "evicted tokens map to 0"
-        assert (swa[e:] > 0).all(), "tokens after the eviction mark keep their SWA slot"
-        assert torch.equal(swa[e:] % page_size, full[e:] % page_size), "lockstep in-page offsets"
-        live_full.append(full)
-        live_swa.append(swa[e:])
-    live_full, live_swa = torch.cat(live_full), torch.cat(live_swa)
-    assert live_full.unique().numel() == live_full.numel(), "a full slot handed out twice"
-    assert live_swa.unique().numel() == live_swa.numel(), "an SWA slot handed out twice"
-    for side, live in ((alloc.full_attn_allocator, live_full), (alloc.swa_attn_allocator, live_swa)):
-        free = side.free_pages
-        assert free.unique().numel() == free.numel(), "a page is on the free list twice"
-        used = (live // page_size).unique()
-        assert not torch.isin(used, free).any(), "a live page is on the free list"
-        assert len(free) + used.numel() == side.num_pages, "pages leaked"
-    # Every full slot that is not live maps to 0.
-    dead = torch.ones(len(mapping) - 1, dtype=torch.bool)
-    dead[live_full] = False
-    assert (mapping[:-1][dead] == 0).all() and int(mapping[-1]) == -1
+def check_invariants(alloc, rtp, rows, lens, evicted):
+    check_allocator_invariants(alloc, rtp.req_to_token, list(zip(rows, lens, evicted)))
 
 
 @settings(max_examples=25, deadline=None)
@@ -211,13 +188,13 @@ def test_allocator_invariants_under_growth_and_eviction(page_size, window_left, 
             assert_same_snapshot(before, snapshot(alloc))
             continue
         lens = [n + m for n, m in zip(lens, new)]
-        check_invariants(alloc, rtp, rows, lens, evicted, page_size)
+        check_invariants(alloc, rtp, rows, lens, evicted)
         for i, r in enumerate(rows):
             evicted[i] = evict_swa_window(alloc, rtp.req_to_token, r, lens[i], window_left, evicted[i])
             next_window = ref.extend_window_start(lens[i], window_left)
             assert evicted[i] <= next_window, "evicted a token the next query can see"
             assert next_window - evicted[i] < page_size, "kept a whole page nobody can see"
-        check_invariants(alloc, rtp, rows, lens, evicted, page_size)
+        check_invariants(alloc, rtp, rows, lens, evicted)
     # Finishing every request returns every page.
     for r, n in zip(rows, lens):
         alloc.free(rtp.req_to_token[r, :n].long())
@@ -278,3 +255,218 @@ def test_make_pool_state_poisons_everything_outside_windows():
     assert finite == readable and 0 not in finite
     assert copy.copy(state.seq_lens().tolist()) == [3, 20, 41]
     assert state.prefix_lens().tolist() == [2, 17, 39]
+
+
+# ----- issue 11: ownership (defects 1 and 8) ---------------------------------------------------------
+
+
+def _live_slots(rtp, rows_lens):
+    return torch.cat([rtp.req_to_token[r, :n].long() for r, n in rows_lens])
+
+
+def test_rejected_draft_tail_mid_page_keeps_the_live_page():
+    """Defect 1, the page-4 backend scenario: 23 committed tokens, 4 drafts verified, all rejected.
+
+    The rejected tail starts at token 23, inside the page that holds committed tokens 20-22. The old
+    ``free`` put that page back on the free list; the next request's allocation (which takes every
+    free page) then received slots of tokens 20-22 and overwrote their K/V.
+    """
+    ps = 4
+    # Full pool: 6 pages for the 24 first positions + 1 draft page + 2 spare; SWA likewise.
+    pool, alloc = make_swa(size=9 * ps, size_swa=9 * ps, page_size=ps)
+    rtp = ReqToTokenPool(3, 64)
+    a, b = rtp.alloc(2)
+    assert _grow(alloc, rtp, [a], [0], [23]) is not None
+    committed_page = int(rtp.req_to_token[a, 22]) // ps
+    assert _grow(alloc, rtp, [a], [23], [4]) is not None  # drafts: token 23 continues the page of 20-22
+    assert int(rtp.req_to_token[a, 23]) // ps == committed_page
+    alloc.free(rtp.req_to_token[a, 23:27].long())  # reject every draft
+    live = set(_live_slots(rtp, [(a, 23)]).tolist())
+    free_pages = alloc.full_attn_allocator.available_size() // ps
+    got = _grow(alloc, rtp, [b], [0], [free_pages * ps])  # takes every free page
+    assert got is not None
+    reused = sorted(live & set(got.tolist()))
+    assert not reused, f"live slots of committed tokens handed out again: {reused}"
+    swa_live = set(alloc.full_to_swa_index_mapping[_live_slots(rtp, [(a, 23)])].tolist())
+    assert not swa_live & set(alloc.full_to_swa_index_mapping[got].tolist())
+    assert free_pages == 3, "only the wholly rejected draft page came back"
+    check_invariants(alloc, rtp, [a, b], [23, free_pages * ps], [0, 0])
+    # The kept page is continued by the next step (token 23 takes the slot freed above).
+    assert _grow(alloc, rtp, [a], [23], [1]) is not None and int(rtp.req_to_token[a, 23]) // ps == committed_page
+    # Finishing both requests returns every page.
+    alloc.free(rtp.req_to_token[a, :24].long())
+    alloc.free(rtp.req_to_token[b, :free_pages * ps].long())
+    assert alloc.full_available_size() == 9 * ps and alloc.swa_available_size() == 9 * ps
+
+
+def test_paged_free_of_part_of_a_page_keeps_it_until_the_last_slot():
+    pool = MHATokenToKVPool(16, 4, torch.float16, 1, 8, 1)
+    alloc = PagedTokenToKVPoolAllocator(16, 4, torch.float16, "cpu", pool)
+    slots = alloc.alloc(8)  # pages 1 and 2
+    alloc.free(slots[2:6])  # the second half of page 1, the first half of page 2
+    assert alloc.available_size() == 8 and alloc.slot_owned[slots].tolist() == [True] * 2 + [False] * 4 + [True] * 2
+    alloc.free(slots[:2])
+    assert alloc.available_size() == 12 and alloc.free_pages.tolist()[-1] == 1
+    alloc.free(slots[6:])
+    assert alloc.available_size() == 16
+
+
+def test_double_free_raises_and_changes_nothing():
+    """Defect 8: freeing one allocation twice handed its slots out twice (``alloc(16)`` and a later
+    ``alloc(4)`` both held slots 4-7) and ``full_available_size()`` reported 20 of 16."""
+    _, alloc = make_swa(size=16, size_swa=16, page_size=4)
+    x = alloc.alloc(4)
+    assert x.tolist() == [4, 5, 6, 7]
+    alloc.free(x)
+    before = snapshot(alloc)
+    with pytest.raises(ValueError, match=r"free_index holds slot 4, which is not allocated"):
+        alloc.free(x)
+    assert_same_snapshot(before, snapshot(alloc))
+    assert alloc.full_available_size() == 16 and alloc.swa_available_size() == 16
+    everything = alloc.alloc(16)
+    assert everything is not None and alloc.alloc(4) is None
+    alloc.free_swa(torch.tensor([9]))  # full slot 9 maps to its SWA slot: freed
+    alloc.free_swa(torch.tensor([9]))  # now 0 (evicted): skipped, as SGLang does
+    before = snapshot(alloc)
+    with pytest.raises(ValueError, match="slot 5 twice"):
+        alloc.free(torch.tensor([5, 5]))
+    with pytest.raises(ValueError, match="slot 9 twice"):
+        alloc.full_attn_allocator.free(torch.tensor([9, 9]))
+    assert_same_snapshot(before, snapshot(alloc))
+
+
+def test_paged_double_free_raises():
+    pool = MHATokenToKVPool(16, 1, torch.float16, 1, 8, 1)
+    alloc = TokenToKVPoolAllocator(16, torch.float16, "cpu", pool)
+    a = alloc.alloc(16)
+    alloc.free(a[:4])
+    with pytest.raises(ValueError, match="free_index holds slot 1, which is not allocated"):
+        alloc.free(a[:4])
+    assert alloc.available_size() == 4
+    b, c = alloc.alloc(4), alloc.alloc(1)
+    assert sorted(b.tolist()) == [1, 2, 3, 4] and c is None
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_out_of_range_free_raises(page_size):
+    """Defect 8: ``free([1000])`` on a 16-slot pool later handed out slot 1000 (past the buffers)."""
+    _, alloc = make_swa(size=16, size_swa=16, page_size=page_size)
+    alloc.alloc(16)
+    before = snapshot(alloc)
+    for bad in ([1000], [-1], [16 + page_size], [page_size, page_size + 1, 1000]):
+        with pytest.raises(ValueError, match=rf"free_index holds slot {bad[-1]}, outside"):
+            alloc.free(torch.tensor(bad))
+        with pytest.raises(ValueError, match=rf"free_index holds slot {bad[-1]}, outside"):
+            alloc.full_attn_allocator.free(torch.tensor(bad))
+        assert_same_snapshot(before, snapshot(alloc))
+    assert alloc.alloc(page_size) is None
+    if page_size > 1:
+        with pytest.raises(ValueError, match="slot 2, outside"):  # a slot of the dummy page
+            alloc.free(torch.tensor([2]))
+    alloc.free(torch.tensor([0, 0]))  # the dummy slot (padded tokens) is skipped, repeated or not
+    assert_same_snapshot(before, snapshot(alloc))
+
+
+def test_req_to_token_pool_double_free_raises():
+    """Defect 8: a double-freed row was handed out twice (``alloc(3)`` returned ``[1, 2, 1]``)."""
+    rtp = ReqToTokenPool(3, 8)
+    rows = rtp.alloc(2)
+    rtp.free(rows[0])
+    with pytest.raises(ValueError, match=rf"row {rows[0]}, which is not allocated"):
+        rtp.free(rows[0])
+    with pytest.raises(ValueError, match=rf"row {rows[1]} twice"):
+        rtp.free([rows[1], rows[1]])
+    with pytest.raises(ValueError, match="not allocated"):
+        rtp.free([rows[1], 3])  # 3 was never handed out: nothing is freed, rows[1] stays in use
+    assert rtp.available_size() == 2
+    got = rtp.alloc(2)
+    assert len(set(got) | {rows[1]}) == 3 and rtp.alloc(1) is None
+
+
+def test_size_swa_past_the_swa_buffer_raises():
+    """Defect 8: the allocator did not check ``size_swa`` against the pool's SWA buffer and handed
+    out SWA slots past it (a write there lands outside ``k_buffer``)."""
+    pool = SWAKVPool(16, 8, 4, torch.float16, [0], [1], head_num=1, head_dim=8)
+    with pytest.raises(ValueError, match=r"size_swa \(16\) exceeds the SWA sub-pool's size \(8"):
+        SWATokenToKVPoolAllocator(16, 16, 4, torch.float16, "cpu", pool)
+    with pytest.raises(ValueError, match=r"size \(32\) exceeds the full sub-pool's size \(16"):
+        SWATokenToKVPoolAllocator(32, 8, 4, torch.float16, "cpu", pool)
+    assert pool.full_to_swa_index_mapping is None, "nothing registered by a failed construction"
+
+
+def test_alloc_extend_refuses_to_continue_into_owned_or_freed_slots():
+    ps = 4
+    _, alloc = make_swa(size=32, size_swa=32, page_size=ps)
+    rtp = ReqToTokenPool(2, 32)
+    (a,) = rtp.alloc(1)
+    _grow(alloc, rtp, [a], [0], [6])
+    before = snapshot(alloc)
+    s5 = rtp.req_to_token[a, 5].long().reshape(1)
+    s4 = rtp.req_to_token[a, 4].long().reshape(1)
+    # A stale last_loc: token 5 is live, so continuing after token 4 would hand slot 5 out again.
+    with pytest.raises(ValueError, match=r"last_loc\[0\] = \d+: slot \d+ after it is already allocated"):
+        alloc.alloc_extend(torch.tensor([5]), torch.tensor([7]), s4, 2)
+    # last_loc at the wrong offset for prefix 6.
+    with pytest.raises(ValueError, match=r"last_loc\[0\] = \d+ is not the slot of token prefix_lens\[0\] - 1 = 5"):
+        alloc.alloc_extend(torch.tensor([6]), torch.tensor([7]), s4, 1)
+    # -1 while the prefix ends inside a page.
+    with pytest.raises(ValueError, match=r"last_loc\[0\] = -1 is not the slot"):
+        alloc.alloc_extend(torch.tensor([6]), torch.tensor([7]), torch.tensor([-1]), 1)
+    with pytest.raises(ValueError, match="neither -1 nor a slot"):
+        alloc.alloc_extend(torch.tensor([6]), torch.tensor([7]), torch.tensor([1000]), 1)
+    with pytest.raises(ValueError, match="continue the same page"):
+        alloc.alloc_extend(torch.tensor([6, 6]), torch.tensor([7, 7]), torch.cat([s5, s5]), 2)
+    assert_same_snapshot(before, snapshot(alloc))
+    # A freed last token: its page may be empty of owners (or reused) by now.
+    alloc.free(rtp.req_to_token[a, 4:6].long())
+    before = snapshot(alloc)
+    with pytest.raises(ValueError, match=r"last_loc\[0\] = \d+ is a slot that is not allocated"):
+        alloc.alloc_extend(torch.tensor([6]), torch.tensor([7]), s5, 1)
+    assert_same_snapshot(before, snapshot(alloc))
+    # An evicted last token has no SWA page to continue.
+    alloc.free_swa(rtp.req_to_token[a, :4].long())
+    alloc.free(rtp.req_to_token[a, 3:4].long())
+    before = snapshot(alloc)
+    with pytest.raises(ValueError, match=r"last_loc\[0\] = \d+ has no SWA slot"):
+        alloc.alloc_extend(torch.tensor([3]), torch.tensor([4]), rtp.req_to_token[a, 2].long().reshape(1), 1)
+    assert_same_snapshot(before, snapshot(alloc))
+
+
+def test_invariant_checker_catches_each_kind_of_corruption():
+    ps = 4
+    _, alloc = make_swa(size=32, size_swa=32, page_size=ps)
+    rtp = ReqToTokenPool(3, 32)
+    a, b = rtp.alloc(2)
+    _grow(alloc, rtp, [a, b], [0, 0], [6, 5])
+    reqs = [(a, 6, 0), (b, 5, 0)]
+    check_allocator_invariants(alloc, rtp.req_to_token, reqs)
+    with pytest.raises(AssertionError, match=r"slot \d+ is owned but no live token uses it"):
+        check_allocator_invariants(alloc, rtp.req_to_token, [(a, 6, 0), (b, 4, 0)])
+    with pytest.raises(AssertionError, match=rf"request row {a}: evicted token 0 .* maps to SWA slot"):
+        check_allocator_invariants(alloc, rtp.req_to_token, [(a, 6, 4), (b, 5, 0)])
+    full = alloc.full_attn_allocator
+    saved = full.free_pages.clone()
+    full.free_pages = torch.cat([full.free_pages, rtp.req_to_token[a, 5:6].long() // ps])
+    with pytest.raises(AssertionError, match=rf"a live page is on the free list: page \d+ holds slot \d+ of request row {a}"):
+        check_allocator_invariants(alloc, rtp.req_to_token, reqs)
+    full.free_pages = saved[1:]
+    with pytest.raises(AssertionError, match="pages leaked"):
+        check_allocator_invariants(alloc, rtp.req_to_token, reqs)
+    full.free_pages = saved
+    rtp.req_to_token[b, 4] = rtp.req_to_token[a, 4]
+    with pytest.raises(AssertionError, match=rf"slot \d+ is owned twice: by request row {a} token 4 .* and by request row {b} token 4"):
+        check_allocator_invariants(alloc, rtp.req_to_token, reqs)
+
+
+def test_empty_frees_and_allocations_change_nothing():
+    _, alloc = make_swa(size=16, size_swa=8, page_size=4)
+    alloc.alloc(4)
+    before = snapshot(alloc)
+    e = torch.zeros(0, dtype=torch.int64)
+    alloc.free(e)
+    alloc.free_swa(e)
+    alloc.full_attn_allocator.free(e)
+    alloc.free(torch.zeros(2, 3, dtype=torch.int32))  # padded tokens only (slot 0)
+    assert alloc.alloc_extend(e, e, e, 0).numel() == 0 and alloc.alloc_decode(e, e).numel() == 0
+    assert alloc.alloc(0).numel() == 0
+    assert_same_snapshot(before, snapshot(alloc))

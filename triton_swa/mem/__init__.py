@@ -6,6 +6,7 @@ from .allocators import (
     TokenToKVPoolAllocator,
     evict_swa_window,
 )
+from .invariants import check_allocator_invariants
 from .pools import BaseSWAKVPool, MHATokenToKVPool, ReqToTokenPool, SWAKVPool
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "SWAKVPool",
     "SWATokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",
+    "check_allocator_invariants",
     "evict_swa_window",
 ]

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from abc import ABC, abstractmethod
 
 import torch
@@ -16,8 +18,25 @@ import torch
 from .._checks import KV_DTYPES, check_int, check_tensor, storage_dtype
 
 
+def _check_device(name: str, device) -> torch.device:
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"{name} must be a torch.device or a device string, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{name} is not a valid device: {device!r} ({e})") from None
+
+
+def _debug() -> bool:
+    """Checks that read device values (a synchronisation) run only with ``TRITON_SWA_DEBUG=1``."""
+    return os.environ.get("TRITON_SWA_DEBUG", "0") not in ("", "0")
+
+
 class ReqToTokenPool:
     """Rows of full-pool slots, one row per live request; row 0 is a padding row never handed out.
+
+    Rows are tracked: ``alloc`` hands out only free rows, ``free`` takes only rows that are handed
+    out, so no row can be handed out twice.
 
     Args:
         size (int): how many requests can live at once (rows ``1..size``).
@@ -25,40 +44,89 @@ class ReqToTokenPool:
         device: where ``req_to_token`` lives.
     """
 
-    def __init__(self, size: int, max_context_len: int, device="cpu"):
+    def __init__(self, size: int, max_context_len: int, device="cpu", enable_memory_saver: bool = False):
         check_int("size", size, minimum=1)
         check_int("max_context_len", max_context_len, minimum=1)
+        if not isinstance(enable_memory_saver, bool):
+            raise TypeError(f"enable_memory_saver must be a bool, got {type(enable_memory_saver).__name__}")
         self.size = size
         self.max_context_len = max_context_len
-        self.device = torch.device(device)
+        self.device = _check_device("device", device)
         self.req_to_token = torch.zeros(size + 1, max_context_len, dtype=torch.int32, device=self.device)
-        self.free_slots = list(range(1, size + 1))
+        self.clear()
 
     def available_size(self) -> int:
         return len(self.free_slots)
 
     def alloc(self, need_size: int) -> list[int] | None:
-        """Hand out ``need_size`` rows, or return None (and change nothing) when too few are free."""
+        """Hand out ``need_size`` free rows, or return None (and change nothing) when too few are free."""
         check_int("need_size", need_size, minimum=0)
         if need_size > len(self.free_slots):
             return None
         rows, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        self._in_use.update(rows)
+        return rows
+
+    def _rows(self, free_index) -> list[int]:
+        if isinstance(free_index, torch.Tensor):
+            if free_index.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"free_index must be an int, a list of ints or an int32/int64 tensor, "
+                                f"got a {free_index.dtype} tensor")
+            if free_index.dim() > 1:
+                raise ValueError(f"free_index must be a 0-/1-D tensor, got shape {list(free_index.shape)}")
+            return [int(r) for r in free_index.reshape(-1).tolist()]
+        if isinstance(free_index, (list, tuple)):
+            rows = list(free_index)
+        else:
+            rows = [free_index]
+        for r in rows:
+            if isinstance(r, bool) or not isinstance(r, int):
+                raise TypeError(f"free_index must be an int or a list of ints, got an element of type {type(r).__name__}")
         return rows
 
     def free(self, free_index) -> None:
-        """Return rows (an int or a list of ints) to the free list."""
-        rows = [free_index] if isinstance(free_index, int) else [int(r) for r in free_index]
+        """Return rows (an int, a list of ints or an int tensor) to the free list.
+
+        Raises:
+            TypeError: not ints.
+            ValueError: a row outside ``1..size``, one not handed out (a double free), or one given
+                twice; no row is freed then.
+        """
+        rows = self._rows(free_index)
+        seen = set()
         for r in rows:
             if not 1 <= r <= self.size:
                 raise ValueError(f"free_index holds row {r}, outside 1..{self.size} (row 0 is padding)")
+            if r in seen:
+                raise ValueError(f"free_index holds row {r} twice")
+            if r not in self._in_use:
+                raise ValueError(f"free_index holds row {r}, which is not allocated (a double free?)")
+            seen.add(r)
+        self._in_use.difference_update(rows)
         self.free_slots.extend(rows)
 
     def write(self, indices, values: torch.Tensor) -> None:
         """``req_to_token[indices] = values`` (SGLang's spelling)."""
+        check_tensor("values", values, dtype=(torch.int32, torch.int64))
         self.req_to_token[indices] = values.to(torch.int32)
 
     def clear(self) -> None:
         self.free_slots = list(range(1, self.size + 1))
+        self._in_use: set[int] = set()
+
+
+def _layer_ids(name: str, ids) -> list[int]:
+    if isinstance(ids, (str, bytes, torch.Tensor)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints, got {type(ids).__name__}")
+    ids = list(ids)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"{name} must be a list of ints, got an element of type {type(i).__name__}")
+        if i < 0:
+            raise ValueError(f"{name} must hold layer ids >= 0, got {i}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{name} names a layer twice: {ids}")
+    return ids
 
 
 def _layer_id(layer) -> int:
@@ -90,16 +158,20 @@ class MHATokenToKVPool:
         v_head_dim: int | None = None,
         start_layer: int = 0,
     ):
-        check_int("size", size, minimum=0)
+        check_int("size", size, minimum=1)
         check_int("page_size", page_size, minimum=1)
         if size % page_size:
             raise ValueError(f"size ({size}) must be a multiple of page_size ({page_size})")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, one of {KV_DTYPES}, got {type(dtype).__name__}")
         if dtype not in KV_DTYPES:
             raise TypeError(f"dtype must be one of {KV_DTYPES}, got {dtype}")
         check_int("head_num", head_num, minimum=1)
         check_int("head_dim", head_dim, minimum=1)
         check_int("layer_num", layer_num, minimum=1)
         v_head_dim = head_dim if v_head_dim is None else check_int("v_head_dim", v_head_dim, minimum=1)
+        check_int("start_layer", start_layer, minimum=0)
+        device = _check_device("device", device)
         self.size, self.page_size, self.dtype = size, page_size, dtype
         self.store_dtype = storage_dtype(dtype)
         self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_head_dim
@@ -110,6 +182,7 @@ class MHATokenToKVPool:
         self.v_buffer = [torch.zeros(rows, head_num, v_head_dim, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
 
     def _index(self, layer_id: int) -> int:
+        check_int("layer_id", layer_id)
         i = layer_id - self.start_layer
         if not 0 <= i < self.layer_num:
             last = self.start_layer + self.layer_num - 1
@@ -140,6 +213,21 @@ class MHATokenToKVPool:
         n = loc.shape[0]
         check_tensor("cache_k", cache_k, device=self.device, shape=(n, self.head_num, self.head_dim))
         check_tensor("cache_v", cache_v, device=self.device, shape=(n, self.head_num, self.v_head_dim))
+        for name, x in (("cache_k", cache_k), ("cache_v", cache_v)):
+            if not x.dtype.is_floating_point:
+                raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is not None and not isinstance(scale, torch.Tensor):
+                if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+                    raise TypeError(f"{name} must be a number, a tensor or None, got {type(scale).__name__}")
+                if not math.isfinite(scale) or scale <= 0:
+                    raise ValueError(f"{name} must be finite and > 0, got {scale}")
+        if _debug() and n:
+            rows = self.k_buffer[i].shape[0]
+            bad = (loc < 0) | (loc >= rows)
+            if bool(bad.any()):
+                j = int(bad.nonzero()[0])
+                raise ValueError(f"loc[{j}] = {int(loc[j])} is outside this pool's slots 0..{rows - 1}")
         for buf, x, scale in ((self.k_buffer[i], cache_k, k_scale), (self.v_buffer[i], cache_v, v_scale)):
             if x.dtype != self.dtype:
                 if scale is not None:
@@ -195,11 +283,23 @@ class SWAKVPool(BaseSWAKVPool):
         full_head_dim: int | None = None,
         full_v_head_dim: int | None = None,
     ):
-        swa_ids, full_ids = [int(i) for i in swa_attention_layer_ids], [int(i) for i in full_attention_layer_ids]
+        check_int("page_size", page_size, minimum=1)
+        for name, value in (("size", size), ("size_swa", size_swa)):
+            check_int(name, value, minimum=1)
+            if value % page_size:
+                raise ValueError(f"{name} ({value}) must be a multiple of page_size ({page_size})")
+        swa_ids = _layer_ids("swa_attention_layer_ids", swa_attention_layer_ids)
+        full_ids = _layer_ids("full_attention_layer_ids", full_attention_layer_ids)
         if set(swa_ids) & set(full_ids):
             raise ValueError(f"layer ids {sorted(set(swa_ids) & set(full_ids))} are both sliding and full")
         if not swa_ids:
             raise ValueError("swa_attention_layer_ids must name at least one layer")
+        geometry = {"head_num": head_num, "head_dim": head_dim, "v_head_dim": v_head_dim,
+                    "swa_head_num": swa_head_num, "swa_head_dim": swa_head_dim, "swa_v_head_dim": swa_v_head_dim,
+                    "full_head_num": full_head_num, "full_head_dim": full_head_dim, "full_v_head_dim": full_v_head_dim}
+        for name, value in geometry.items():
+            if value is not None:
+                check_int(name, value, minimum=1)
 
         def pick(side, own, shared):
             value = own if own is not None else shared
@@ -207,12 +307,12 @@ class SWAKVPool(BaseSWAKVPool):
                 raise ValueError(f"{side} head geometry missing: give head_num/head_dim or their {side}_ variants")
             return value
 
-        self.size, self.size_swa, self.page_size, self.dtype = size, size_swa, page_size, dtype
-        self.device = torch.device(device)
-        self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
         def first(*values):
             return next(v for v in values if v is not None)
 
+        self.size, self.size_swa, self.page_size, self.dtype = size, size_swa, page_size, dtype
+        self.device = _check_device("device", device)
+        self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
         swa_hd = pick("swa", swa_head_dim, head_dim)
         self.swa_kv_pool = MHATokenToKVPool(
             size_swa, page_size, dtype, pick("swa", swa_head_num, head_num), swa_hd, len(swa_ids), device,
@@ -243,10 +343,18 @@ class SWAKVPool(BaseSWAKVPool):
         if self.full_to_swa_index_mapping is None:
             raise ValueError("no full_to_swa_index_mapping registered: call register_mapping first")
         check_tensor("kv_indices", kv_indices, dtype=(torch.int32, torch.int64), device=self.device)
+        if _debug() and kv_indices.numel():
+            n = self.full_to_swa_index_mapping.shape[0]
+            bad = (kv_indices < -1) | (kv_indices >= n - 1)
+            if bool(bad.any()):
+                j = int(bad.reshape(-1).nonzero()[0])
+                raise ValueError(f"kv_indices holds {int(kv_indices.reshape(-1)[j])} at flat index {j}, "
+                                 f"outside the full slots 0..{n - 2} (or -1)")
         return self.full_to_swa_index_mapping[kv_indices.long()].to(torch.int32)
 
     def route(self, layer_id: int) -> tuple[MHATokenToKVPool, int, bool]:
         """(sub-pool, layer id inside it, is_swa) of a model layer."""
+        check_int("layer_id", layer_id)
         if layer_id not in self.layers_mapping:
             raise ValueError(f"layer_id {layer_id} is not in layers_mapping (known: {sorted(self.layers_mapping)})")
         index, is_swa = self.layers_mapping[layer_id]
