@@ -202,6 +202,12 @@ def cpu_cases() -> list[Case]:
         Case(**_mix(*MIX), W=12, D=24),  # head dim not a power of two
         Case(**_mix(*MIX), W=12, D=16, DV=40, paged=True, ps=4),  # V head dim of its own
         Case(**_mix(*MIX), W=12, dtype=torch.float16),
+        # bf16 through the interpreter's float32 dots (UPCAST_DOT, SPEC §8): prefill, chunked prefill,
+        # one-token extends, over a CSR list and a page table with softcap and sinks, and chain verify
+        Case(**_mix(*MIX), W=11, dtype=torch.bfloat16),
+        Case(**_mix(*MIX), W=10, dtype=torch.bfloat16, paged=True, ps=4, softcap=2.5, sinks=True),
+        Case(**_mix((50, 8), (37, 8), (70, 8), (8, 8)), W=19, HQ=8, dtype=torch.bfloat16),
+        Case(**_mix((70, 6), (30, 8), (9, 5)), W=12, mode="tree", HQ=8, dtype=torch.bfloat16, fp8="float"),
         Case(**_mix(*MIX), W=10, softcap=2.5),
         Case(**_mix(*MIX), W=10, sinks=True, paged=True, ps=4),
         Case(**_mix(*MIX), W=10, fp8="float"),
@@ -538,6 +544,7 @@ def split_cases() -> list:
         (Case(**VERIFY, W=40, fp8="tensor", paged=True, ps=4, dtype=torch.float16), 2),
         (Case(**_mix((75, 21), (60, 1), (14, 0)), W=-1, D=24, DV=40), 3),
         (Case(**_mix((60, 7), (13, 13), (40, 4)), W=30, mode="noncausal", HQ=8, H=2, pack=2), 2),
+        (Case(**VERIFY, W=40, HQ=8, H=2, dtype=torch.bfloat16, sinks=True), 3),  # bf16 split verify
     ]
     return [pytest.param(c, n, id=f"{c.id}-S{n}") for c, n in cases]
 
