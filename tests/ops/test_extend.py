@@ -18,7 +18,7 @@ import torch
 import triton_swa_reference as ref
 
 from triton_swa.ops import extend as extend_mod
-from triton_swa.ops.extend import extend_config, extend_num_splits, swa_extend
+from triton_swa.ops.extend import extend_config, extend_grid, extend_num_splits, swa_extend
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = pytest.mark.interpreter
@@ -686,3 +686,54 @@ def test_split_cuda_graph_replay(device):
     call(eager)
     torch.cuda.synchronize()
     assert torch.equal(graphed, eager)
+
+
+# ---- grid limits (issue 11, defect 4) and poisoned allocations ----
+
+
+def test_grid_limits():
+    """The batch rides on grid axis 2 (at most 65535 programs on CUDA): a bigger batch raises
+    ValueError naming it before anything is launched; axis 0 takes up to 2**31 - 1."""
+    assert extend_grid(3, 2, 8, 65535) == (6, 8, 65535)
+    assert extend_grid(2**30, 1, 1, 1) == (2**30, 1, 1)
+    with pytest.raises(ValueError, match="the batch .*65535"):
+        extend_grid(1, 1, 8, 65536)
+    with pytest.raises(ValueError, match="query-head groups"):
+        extend_grid(1, 1, 70000, 1)
+    with pytest.raises(ValueError, match="query tiles x splits"):
+        extend_grid(2**30, 2, 1, 1)
+    with pytest.raises(ValueError, match="split merge"):
+        extend_grid(1, 2, 1, 1, merge_programs=2**31)
+
+
+def test_huge_batch_raises_before_launch(device):
+    B, HQ, D = 65536, 1, 16
+    q = torch.randn(B, HQ, D, device=device)
+    buf = torch.randn(8, 1, D, device=device)
+    out = torch.full_like(q, NAN)
+    with _spy_launches() as grids, pytest.raises(ValueError, match="65535"):
+        swa_extend(q, q, q, buf, buf, torch.arange(B + 1, dtype=torch.int32, device=device),
+                   torch.zeros(B, dtype=torch.int32, device=device), window_left=4,
+                   kv_indptr=torch.zeros(B + 1, dtype=torch.int32, device=device),
+                   kv_indices=torch.zeros(0, dtype=torch.int32, device=device), out=out, max_extend_len=1)
+    assert grids["main"] == [] and bool(out.isnan().all())
+
+
+@pytest.mark.parametrize("num_splits", [1, 2], ids=["direct", "split2"])
+def test_allocated_output_rows_outside_requests_stay_poisoned(num_splits, device):
+    """With ``out=None`` under TRITON_SWA_POISON=1 (on for the whole suite), rows of requests are
+    written and equal the reference, and rows past ``qo_indptr[B]`` (never written, as documented)
+    hold NaN: the poisoning reaches the op's own allocations (output and split partials)."""
+    from triton_swa.ops._poison import poison_enabled
+
+    assert poison_enabled()
+    case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)
+    built = build(case, device)
+    args = built["args"]
+    pad = 2
+    for name in ("q", "k", "v"):
+        x = args[name]
+        args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
+    got = swa_extend(*args.values(), **built["index"], **built["kw"], block_m=16, block_n=16, num_splits=num_splits)
+    assert bool(got[-pad:].isnan().all())
+    assert_close(got[:-pad], built["expected"])

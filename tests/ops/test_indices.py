@@ -499,3 +499,58 @@ def test_cuda_graph_capture_gpu():
         ref.store_kv(exp_k, exp_v, loc[:n].cpu(), k[:n].cpu(), k[:n].cpu(), mapping=mapping.cpu(),
                      k_scale=scale, v_scale=scale)
         assert_close(kb[1:], exp_k[1:].cuda(), atol=0, rtol=0, name="k_buffer")
+
+
+# ---- store_kv never writes outside its buffers (issue 11, defect 7) ----
+
+
+def _canaried(rows: int, heads: int, dim: int, extra: int, device, dtype=torch.float32):
+    """A buffer of ``rows`` rows and the ``extra`` rows right after it in the same storage (what a
+    store past the buffer would hit), both NaN."""
+    whole = torch.full((rows + extra, heads, dim), float("nan"), dtype=dtype, device=device)
+    return whole[:rows], whole[rows:]
+
+
+@pytest.mark.parametrize("sliding", [False, True], ids=["full-layer", "sliding-layer"])
+def test_store_kv_drops_out_of_range_slots(sliding, device):
+    """Slots past the buffer (just past it, beyond -rows, through a mapping entry past the buffer or
+    a loc past the mapping) are dropped: the neighbouring rows stay NaN, the in-range rows are
+    written exactly as the reference writes them."""
+    rows, H, D, DV = 8, 2, 4, 3
+    kb, k_canary = _canaried(rows, H, D, 6, device)
+    vb, v_canary = _canaried(rows, H, DV, 6, device)
+    if sliding:
+        # mapping[full] = swa slot: 3 -> 8 (one past), 4 -> 12 (further), 6 -> -9 (before -rows)
+        mapping = torch.tensor([0, 2, 5, 8, 12, 7, -9, 1, 0, 0, -1], dtype=torch.int64, device=device)
+        loc = torch.tensor([1, 3, 2, 4, 6, 11, 7, -1 - 11], device=device)  # 11, -12: past the mapping
+        good = torch.tensor([True, False, True, False, False, False, True, False])
+        slots = mapping.cpu()[loc.cpu()[good]]
+    else:
+        mapping = None
+        loc = torch.tensor([2, 8, 5, 9, -9, 13, 7, -1], device=device)
+        good = torch.tensor([True, False, True, False, False, False, True, True])
+        slots = loc.cpu()[good]
+    n = loc.shape[0]
+    k = torch.randn(n, H, D, device=device)
+    v = torch.randn(n, H, DV, device=device)
+    store_kv(kb, vb, loc, k, v, mapping=mapping)
+    assert bool(k_canary.isnan().all()) and bool(v_canary.isnan().all()), "a store landed past the buffer"
+    exp_k = torch.full((rows, H, D), float("nan"))
+    exp_v = torch.full((rows, H, DV), float("nan"))
+    exp_k[slots] = k.cpu()[good]
+    exp_v[slots] = v.cpu()[good]
+    assert_close(kb, exp_k, atol=0, rtol=0, name="k_buffer")
+    assert_close(vb, exp_v, atol=0, rtol=0, name="v_buffer")
+
+
+def test_store_kv_drops_far_slots_per_buffer(device):
+    """K and V buffers of different sizes each keep their own bound; far-away slots are dropped too."""
+    kb, k_canary = _canaried(6, 1, 4, 4, device)
+    vb, v_canary = _canaried(10, 1, 4, 4, device)
+    loc = torch.tensor([3, 7, 2**40, -(2**40), 2**31 - 1], device=device)
+    x = torch.randn(5, 1, 4, device=device)
+    store_kv(kb, vb, loc, x, x + 1)
+    assert bool(k_canary.isnan().all()) and bool(v_canary.isnan().all())
+    assert torch.equal(kb[3], x[0]) and bool(kb[torch.arange(6, device=device) != 3].isnan().all())
+    assert torch.equal(vb[3], x[0] + 1) and torch.equal(vb[7], x[1] + 1)
+    assert int((~vb.isnan()).any(-1).any(-1).sum()) == 2
