@@ -566,14 +566,14 @@ def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
     check_tensor("k_buffer", k_buffer, device=device, ndim=3)
     check_tensor("v_buffer", v_buffer, device=device, ndim=3)
     kv_dtype = k_buffer.dtype
+    if kv_dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
+                        f"got {kv_dtype}")
     if v_buffer.dtype != kv_dtype:
         raise TypeError(f"v_buffer must have k_buffer's dtype {kv_dtype}, got {v_buffer.dtype}")
     fp8_view = kv_dtype == torch.uint8
     if fp8_view:
         k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
-    elif kv_dtype not in (q.dtype, torch.float8_e4m3fn):
-        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
-                        f"got {kv_dtype}")
     slots, H, Dk = k_buffer.shape
     DV = v_buffer.shape[2]
     if Dk != D:

@@ -925,10 +925,10 @@ def _check_tensor_args(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens) -> N
             raise ValueError(f"{name} must be in [1, {_MAX_HEAD_DIM}], got {d}")
     kv_dtypes = (q.dtype, torch.float8_e4m3fn, torch.uint8)
     check_tensor("k_buffer", k_buffer, dtype=kv_dtypes, device=dev)
-    check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
     if k_buffer.dim() not in (3, 4) or k_buffer.shape[-2:] != (H, D):
         raise ValueError(f"k_buffer must have shape [slots, {H}, {D}] or [pages, page_size, {H}, {D}], "
                          f"got {list(k_buffer.shape)}")
+    check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
     if v_buffer.shape[:-1] != k_buffer.shape[:-1] or v_buffer.shape[-1] != DV:
         raise ValueError(f"v_buffer must have shape {list(k_buffer.shape[:-1]) + [DV]}, got {list(v_buffer.shape)}")
     for name, x in (("q", q), ("k", k), ("v", v), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):

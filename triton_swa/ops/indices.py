@@ -648,8 +648,8 @@ def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out
         if out.shape[0] < n:
             raise ValueError(f"out holds {out.shape[0]} entries, fewer than the {n} of out_cache_loc")
     capacity = out.shape[0]
-    block = 1024 if block is None else block
-    if block < 1 or block & (block - 1):
+    block = 1024 if block is None else check_int("block", block, minimum=1)
+    if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
     if capacity:
         _swa_translate_kernel[(triton.cdiv(capacity, block),)](
