@@ -554,3 +554,29 @@ def test_store_kv_drops_far_slots_per_buffer(device):
     assert torch.equal(kb[3], x[0]) and bool(kb[torch.arange(6, device=device) != 3].isnan().all())
     assert torch.equal(vb[3], x[0] + 1) and torch.equal(vb[7], x[1] + 1)
     assert int((~vb.isnan()).any(-1).any(-1).sum()) == 2
+
+
+def test_strided_views_where_strides_are_passed(device):
+    """store_kv's loc, swa_out_cache_loc's out_cache_loc and req_to_token's rows are read through
+    their strides: strided views give the reference's result."""
+    state = _state([9, 17, 4], 5, 4)
+    rt, mapping, rpi, seq, pre = _batch(state, device)
+    wide_rt = torch.zeros(rt.shape[0], 2 * rt.shape[1], dtype=rt.dtype, device=device)
+    wide_rt[:, ::2] = rt
+    got = build_window_indices(wide_rt[:, ::2], rpi, seq, window_left=5, mapping=mapping)
+    want = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    loc = state.new_slots().to(device)
+    wide_loc = torch.zeros(2 * loc.shape[0], dtype=loc.dtype, device=device)
+    wide_loc[::2] = loc
+    assert torch.equal(swa_out_cache_loc(wide_loc[::2], mapping), ref.swa_out_cache_loc(loc, mapping))
+    n = loc.shape[0]
+    kb = torch.full((int(mapping.max()) + 1, 2, 4), float("nan"), device=device)
+    vb = kb.clone()
+    k, v = torch.randn(n, 2, 4, device=device), torch.randn(n, 2, 4, device=device)
+    exp_k, exp_v = kb.cpu().clone(), vb.cpu().clone()
+    ref.store_kv(exp_k, exp_v, loc.cpu(), k.cpu(), v.cpu(), mapping=mapping.cpu())
+    store_kv(kb, vb, wide_loc[::2], k, v, mapping=mapping)
+    assert_close(kb, exp_k, atol=0, rtol=0, name="k_buffer")
+    assert_close(vb, exp_v, atol=0, rtol=0, name="v_buffer")

@@ -812,11 +812,14 @@ def swa_decode(
         seq_lens (torch.Tensor | None): int32/int64 `[B]`; the window is ``[window_starts, seq_lens)``
             (empty when ``seq_lens <= window_starts``: zeros, as for CUDA-graph padding rows).
         page_size (int): tokens per page of the pool (page-table form; must be 1 with CSR).
-        sm_scale (float | None): score scale, ``1 / sqrt(D)`` by default.
-        logit_cap (float | None): soft cap ``cap * tanh(s / cap)`` of the scores when ``> 0``.
-        sinks (torch.Tensor | None): `[HQ]` float, one sink logit per query head.
-        k_scale, v_scale (float | torch.Tensor | None): per-tensor dequantisation scales of fp8 K/V
-            (a float, or a one-element tensor read on the device).
+        sm_scale (float | None): score scale, finite and ``> 0``; ``1 / sqrt(D)`` by default.
+        logit_cap (float | None): soft cap ``cap * tanh(s / cap)`` of the scores when ``> 0``
+            (finite; 0 or None: off).
+        sinks (torch.Tensor | None): `[HQ]` float (contiguous), one sink logit per query head; ``-inf``
+            is no sink, and a window without keys gives zeros whatever its sink.
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor dequantisation scales of fp8 K/V:
+            a finite float ``> 0``, or a one-element float tensor on ``q``'s device, read in the kernel
+            (its value is checked only by the debug guard).
         out (torch.Tensor | None): `[B, HQ, Dv]` in ``q``'s dtype (last stride 1), written in place.
         max_window (int | None): most tokens in any window (``W + 1`` for a sliding layer), sizes the
             splits; defaults to ``kv_indices.numel()`` or ``max_pages * page_size``.
@@ -827,10 +830,12 @@ def swa_decode(
         torch.Tensor: `[B, HQ, Dv]` in ``q``'s dtype (``out`` when given).
 
     Raises:
-        TypeError, ValueError: naming the argument, before any launch, for wrong shapes, dtypes,
-            devices, strides, head-count ratios, page sizes or index forms. Indices themselves are
-            not read on the host: slots must lie inside the buffers and page-table rows must cover
-            their windows.
+        TypeError: naming the argument, before any launch, for a wrong type or dtype.
+        ValueError: naming the argument, before any launch, for wrong shapes, devices, strides,
+            head-count ratios, page sizes, index forms or scalar values (scales, caps, sizes), or a
+            grid past CUDA's limits. Indices themselves are not read on the host (the debug guard
+            does that): slots must lie inside the buffers and page-table rows must cover their
+            windows.
     """
     return _swa_decode_impl(
         q, k_buffer, v_buffer, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,

@@ -684,14 +684,22 @@ def swa_extend(
         mask_indptr (torch.Tensor | None): int `[B]` (or `[B + 1]`) offsets into ``custom_mask``.
         q_positions (torch.Tensor | None): int `[T]` absolute positions of the new tokens for the
             window test (tree drafts sit at ``P + depth``); default ``P + i``.
-        sm_scale (float | None): score scale, default ``1 / sqrt(D)``.
-        logit_cap (float): soft cap ``cap * tanh(s / cap)`` when ``> 0``.
-        sinks (torch.Tensor | None): `[HQ]` one logit per query head, joins the softmax denominator.
+        sm_scale (float | None): score scale, finite and ``> 0``; default ``1 / sqrt(D)``.
+        logit_cap (float): soft cap ``cap * tanh(s / cap)`` when ``> 0`` (finite; 0 or None: off).
+        sinks (torch.Tensor | None): `[HQ]` one logit per query head, joins the softmax denominator
+            (``-inf``: no sink; a row without visible keys gives zeros whatever its sink).
         k_scale, v_scale (float | torch.Tensor | None): per-tensor scales of the cached K/V (fp8
-            pools store ``value / scale``): a number, or a one-element device tensor read in the
-            kernel (CUDA-graph friendly). The step's new ``k``/``v`` are never scaled.
+            pools store ``value / scale``): a finite number ``> 0``, or a one-element float device
+            tensor read in the kernel (CUDA-graph friendly; its value is checked only by the debug
+            guard). The step's new ``k``/``v`` are never scaled.
         out (torch.Tensor | None): `[T, HQ, Dv]` in ``q``'s dtype, written in place; rows of
-            requests are written, nothing else.
+            requests (tokens ``[qo_indptr[0], qo_indptr[B])``) are written, nothing else. Without
+            ``out`` the other rows of the returned tensor are unset (NaN under
+            ``TRITON_SWA_POISON=1``).
+
+    The 1-D index tensors (``qo_indptr``, ``prefix_lens``, ``kv_indptr``, ``kv_indices``,
+    ``window_starts``, ``q_positions``, ``mask_indptr``, ``custom_mask``) must be contiguous: the
+    kernel reads them with unit strides. At most 65535 requests per call (CUDA's grid axis 2).
         max_extend_len (int | None): host bound on ``E`` that sizes the grid. Without it the bound is
             computed from ``qo_indptr`` (one device sync), or is ``T`` while a CUDA graph is captured.
         block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
@@ -712,7 +720,9 @@ def swa_extend(
         torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).
 
     Raises:
-        TypeError, ValueError: on a bad argument, before anything is launched.
+        TypeError: naming the argument, before anything is launched, for a wrong type or dtype.
+        ValueError: naming the argument, before anything is launched, for a wrong shape, device,
+            stride, window, page size, head ratio or scalar value, or a grid past CUDA's limits.
     """
     _check_tensor_args(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens)
     T, HQ, D = q.shape

@@ -424,8 +424,7 @@ def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, 
     if mapping is not None:
         _check_mapping(mapping, device, page_size)
     for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens), ("prefix_lens", prefix_lens)):
-        if t is not None and t.numel() and t.stride(0) != 1:
-            raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
+        check_contiguous(name, t)  # read with unit strides
     return B
 
 
