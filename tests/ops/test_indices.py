@@ -580,3 +580,24 @@ def test_strided_views_where_strides_are_passed(device):
     store_kv(kb, vb, wide_loc[::2], k, v, mapping=mapping)
     assert_close(kb, exp_k, atol=0, rtol=0, name="k_buffer")
     assert_close(vb, exp_v, atol=0, rtol=0, name="v_buffer")
+
+
+def test_poisoned_index_buffers(device, monkeypatch):
+    """Under TRITON_SWA_POISON=1 (the suite's default) the index buffers an op allocates start as the
+    int32 minimum: entries past kv_indptr[B] (documented as untouched) keep it, every other entry is
+    the reference's; with the switch off, the same call gives the same written entries."""
+    from triton_swa.ops._poison import INT_POISON, empty, poison_enabled
+
+    state = _state([9, 17], 5, 4)
+    rt, mapping, rpi, seq, pre = _batch(state, device)
+    exact = window_index_count(seq.cpu(), 5)
+    assert poison_enabled()
+    got = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact + 3)
+    assert bool((got.kv_indices[exact:] == INT_POISON).all())
+    want = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
+    assert torch.equal(got.kv_indices[:exact], want.kv_indices) and torch.equal(got.kv_indptr, want.kv_indptr)
+    assert bool(empty(4, dtype=torch.float32, device=device).isnan().all())
+    monkeypatch.delenv("TRITON_SWA_POISON")
+    assert not poison_enabled()
+    again = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
+    assert torch.equal(again.kv_indices, want.kv_indices)
