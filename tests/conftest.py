@@ -3,6 +3,12 @@
 Without CUDA, Triton kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be in the
 environment before triton is first imported (``@triton.jit`` decides at decoration time), so it is
 set here, before any test module imports triton_swa's kernels. torch does not import triton itself.
+
+Every test runs with ``TRITON_SWA_POISON=1`` (``triton_swa/ops/_poison.py``): the buffers the ops
+allocate themselves (outputs, split-KV partials, index buffers) start as NaN or the int32 minimum,
+so a split, tile or row that a kernel forgets to write fails the comparison with the reference
+instead of passing on whatever ``torch.empty`` returned. A test that needs it off uses
+``monkeypatch.delenv("TRITON_SWA_POISON")``.
 """
 
 import os
@@ -22,6 +28,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _poison_internal_buffers(monkeypatch):
+    monkeypatch.setenv("TRITON_SWA_POISON", "1")
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -74,3 +75,80 @@ KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a KV buffer is stored in: fp8 as uint8 (index_put and friends do not take fp8)."""
     return torch.uint8 if dtype == torch.float8_e4m3fn else dtype
+
+
+# ---- scalars of the attention and store ops: one rule everywhere ----
+#
+# A wrong type (a string, a bool, an int tensor) is a TypeError; a wrong value (NaN, inf, 0 or a
+# negative number where a positive one is needed, a tensor of the wrong size or device) a ValueError.
+
+SCALE_TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _is_number(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float))
+
+
+def check_sm_scale(sm_scale, default: float) -> float:
+    """``sm_scale`` as a float (``default`` for None): a finite number > 0, or raise naming it."""
+    if sm_scale is None:
+        return default
+    if not _is_number(sm_scale):
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    if not (math.isfinite(sm_scale) and sm_scale > 0):
+        raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+def check_logit_cap(logit_cap) -> float:
+    """``logit_cap`` as a float (None: 0): finite and >= 0, where 0 turns the soft cap off."""
+    if logit_cap is None:
+        return 0.0
+    if not _is_number(logit_cap):
+        raise TypeError(f"logit_cap must be a float (0 disables it), got {type(logit_cap).__name__}")
+    if not (math.isfinite(logit_cap) and logit_cap >= 0):
+        raise ValueError(f"logit_cap must be finite and >= 0 (0 disables it), got {logit_cap!r}")
+    return float(logit_cap)
+
+
+def check_kv_scale(name: str, scale, device) -> tuple[float, torch.Tensor | None]:
+    """A per-tensor K/V scale as ``(host factor, device tensor or None)``.
+
+    None gives ``(1.0, None)``; a Python number must be finite and > 0 and gives ``(scale, None)``; a
+    one-element float tensor on ``device`` gives ``(1.0, tensor)`` (read in the kernel, so that a
+    CUDA graph replays with its current value; its value is checked only by the debug guard, which
+    synchronises).
+    """
+    if scale is None:
+        return 1.0, None
+    if isinstance(scale, torch.Tensor):
+        if scale.dtype not in SCALE_TENSOR_DTYPES:
+            raise TypeError(f"{name} must be a float or a one-element float tensor, got a {scale.dtype} tensor")
+        check_tensor(name, scale, device=device)
+        if scale.numel() != 1:
+            raise ValueError(f"{name} must hold one value (a per-tensor scale), got shape {list(scale.shape)}")
+        return 1.0, scale
+    if not _is_number(scale):
+        raise TypeError(f"{name} must be a float or a one-element float tensor, got {type(scale).__name__}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {scale!r}")
+    return float(scale), None
+
+
+def check_contiguous(name: str, x: torch.Tensor | None) -> None:
+    """Raise ValueError naming ``x`` unless it is contiguous (kernels index it with unit strides)."""
+    if x is not None and not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (strides {x.stride()} for shape {tuple(x.shape)})")
+
+
+# CUDA's grid limits: axis 0 up to 2**31 - 1 programs, axes 1 and 2 up to 65535.
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def check_grid(op: str, grid: Sequence[int], what: Sequence[str]) -> tuple[int, ...]:
+    """Raise ValueError before a launch whose grid exceeds CUDA's limits; ``what`` names each axis."""
+    for axis, (n, limit) in enumerate(zip(grid, GRID_LIMITS)):
+        if n > limit:
+            raise ValueError(f"{op}: {what[axis]} gives {n} programs on grid axis {axis}, more than CUDA's "
+                             f"limit of {limit}; split the batch")
+    return tuple(grid)

@@ -18,7 +18,7 @@ import torch
 import triton_swa_reference as ref
 
 from triton_swa.ops import extend as extend_mod
-from triton_swa.ops.extend import extend_config, extend_num_splits, swa_extend
+from triton_swa.ops.extend import extend_config, extend_grid, extend_num_splits, swa_extend
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = pytest.mark.interpreter
@@ -202,6 +202,13 @@ def cpu_cases() -> list[Case]:
         Case(**_mix(*MIX), W=12, D=24),  # head dim not a power of two
         Case(**_mix(*MIX), W=12, D=16, DV=40, paged=True, ps=4),  # V head dim of its own
         Case(**_mix(*MIX), W=12, dtype=torch.float16),
+        # bf16 through the interpreter's float32 dots (UPCAST_DOT, SPEC §8): prefill, chunked prefill,
+        # one-token extends, over a CSR list and a page table with softcap and sinks, and chain verify
+        Case(**_mix((45, 21), (19, 19), (30, 1), (9, 0)), W=11, dtype=torch.bfloat16),
+        Case(**_mix((45, 21), (19, 19), (30, 1)), W=10, dtype=torch.bfloat16, paged=True, ps=4, softcap=2.5,
+             sinks=True),
+        Case(**_mix((50, 8), (37, 8)), W=19, HQ=8, dtype=torch.bfloat16),
+        Case(**_mix((40, 6), (9, 5)), W=12, mode="tree", HQ=8, dtype=torch.bfloat16, fp8="float"),
         Case(**_mix(*MIX), W=10, softcap=2.5),
         Case(**_mix(*MIX), W=10, sinks=True, paged=True, ps=4),
         Case(**_mix(*MIX), W=10, fp8="float"),
@@ -538,6 +545,7 @@ def split_cases() -> list:
         (Case(**VERIFY, W=40, fp8="tensor", paged=True, ps=4, dtype=torch.float16), 2),
         (Case(**_mix((75, 21), (60, 1), (14, 0)), W=-1, D=24, DV=40), 3),
         (Case(**_mix((60, 7), (13, 13), (40, 4)), W=30, mode="noncausal", HQ=8, H=2, pack=2), 2),
+        (Case(**_mix((50, 4), (9, 4)), W=40, dtype=torch.bfloat16, sinks=True), 3),  # bf16 split verify
     ]
     return [pytest.param(c, n, id=f"{c.id}-S{n}") for c, n in cases]
 
@@ -678,3 +686,76 @@ def test_split_cuda_graph_replay(device):
     call(eager)
     torch.cuda.synchronize()
     assert torch.equal(graphed, eager)
+
+
+# ---- grid limits (issue 11, defect 4) and poisoned allocations ----
+
+
+def test_grid_limits():
+    """The batch rides on grid axis 2 (at most 65535 programs on CUDA): a bigger batch raises
+    ValueError naming it before anything is launched; axis 0 takes up to 2**31 - 1."""
+    assert extend_grid(3, 2, 8, 65535) == (6, 8, 65535)
+    assert extend_grid(2**30, 1, 1, 1) == (2**30, 1, 1)
+    with pytest.raises(ValueError, match="the batch .*65535"):
+        extend_grid(1, 1, 8, 65536)
+    with pytest.raises(ValueError, match="query-head groups"):
+        extend_grid(1, 1, 70000, 1)
+    with pytest.raises(ValueError, match="query tiles x splits"):
+        extend_grid(2**30, 2, 1, 1)
+    with pytest.raises(ValueError, match="split merge"):
+        extend_grid(1, 2, 1, 1, merge_programs=2**31)
+
+
+def test_huge_batch_raises_before_launch(device):
+    B, HQ, D = 65536, 1, 16
+    q = torch.randn(B, HQ, D, device=device)
+    buf = torch.randn(8, 1, D, device=device)
+    out = torch.full_like(q, NAN)
+    with _spy_launches() as grids, pytest.raises(ValueError, match="65535"):
+        swa_extend(q, q, q, buf, buf, torch.arange(B + 1, dtype=torch.int32, device=device),
+                   torch.zeros(B, dtype=torch.int32, device=device), window_left=4,
+                   kv_indptr=torch.zeros(B + 1, dtype=torch.int32, device=device),
+                   kv_indices=torch.zeros(0, dtype=torch.int32, device=device), out=out, max_extend_len=1)
+    assert grids["main"] == [] and bool(out.isnan().all())
+
+
+@pytest.mark.parametrize("num_splits", [1, 2], ids=["direct", "split2"])
+def test_allocated_output_rows_outside_requests_stay_poisoned(num_splits, device):
+    """With ``out=None`` under TRITON_SWA_POISON=1 (on for the whole suite), rows of requests are
+    written and equal the reference, and rows past ``qo_indptr[B]`` (never written, as documented)
+    hold NaN: the poisoning reaches the op's own allocations (output and split partials)."""
+    from triton_swa.ops._poison import poison_enabled
+
+    assert poison_enabled()
+    case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)
+    built = build(case, device)
+    args = built["args"]
+    pad = 2
+    for name in ("q", "k", "v"):
+        x = args[name]
+        args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
+    got = swa_extend(*args.values(), **built["index"], **built["kw"], block_m=16, block_n=16, num_splits=num_splits)
+    assert bool(got[-pad:].isnan().all())
+    assert_close(got[:-pad], built["expected"])
+
+
+def test_strided_views_where_strides_are_passed(device):
+    """q/k/v as views of one fused qkv tensor, a page-strided out and a pool with padded head rows:
+    the kernel takes these strides, so the views give the reference's result (the index tensors,
+    read with unit strides, are rejected when strided: test_bad_inputs)."""
+    case = Case(**_mix((40, 6), (9, 9)), W=7, HQ=4, H=2)
+    built = build(case, device)
+    args = built["args"]
+    T, D = args["q"].shape[0], case.D
+    fused = torch.full((T, 4 + 2 + 2 + 1, D), NAN, device=args["q"].device)
+    fused[:, :4], fused[:, 4:6], fused[:, 6:8] = args["q"], args["k"], args["v"]
+    args["q"], args["k"], args["v"] = fused[:, :4], fused[:, 4:6], fused[:, 6:8]
+    for name in ("k_buffer", "v_buffer"):
+        buf = args[name]
+        wide = torch.full((buf.shape[0], buf.shape[1] + 1, D), NAN, dtype=buf.dtype, device=buf.device)
+        wide[:, :buf.shape[1]] = buf
+        args[name] = wide[:, :buf.shape[1]]
+    wide_out = torch.full((T, 2 * case.HQ, D), NAN, device=args["q"].device)
+    got = swa_extend(*args.values(), **built["index"], **built["kw"], out=wide_out[:, ::2], block_m=16, block_n=16)
+    assert_close(got, built["expected"])
+    assert bool(wide_out[:, 1::2].isnan().all())

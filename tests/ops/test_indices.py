@@ -499,3 +499,105 @@ def test_cuda_graph_capture_gpu():
         ref.store_kv(exp_k, exp_v, loc[:n].cpu(), k[:n].cpu(), k[:n].cpu(), mapping=mapping.cpu(),
                      k_scale=scale, v_scale=scale)
         assert_close(kb[1:], exp_k[1:].cuda(), atol=0, rtol=0, name="k_buffer")
+
+
+# ---- store_kv never writes outside its buffers (issue 11, defect 7) ----
+
+
+def _canaried(rows: int, heads: int, dim: int, extra: int, device, dtype=torch.float32):
+    """A buffer of ``rows`` rows and the ``extra`` rows right after it in the same storage (what a
+    store past the buffer would hit), both NaN."""
+    whole = torch.full((rows + extra, heads, dim), float("nan"), dtype=dtype, device=device)
+    return whole[:rows], whole[rows:]
+
+
+@pytest.mark.parametrize("sliding", [False, True], ids=["full-layer", "sliding-layer"])
+def test_store_kv_drops_out_of_range_slots(sliding, device):
+    """Slots past the buffer (just past it, beyond -rows, through a mapping entry past the buffer or
+    a loc past the mapping) are dropped: the neighbouring rows stay NaN, the in-range rows are
+    written exactly as the reference writes them."""
+    rows, H, D, DV = 8, 2, 4, 3
+    kb, k_canary = _canaried(rows, H, D, 6, device)
+    vb, v_canary = _canaried(rows, H, DV, 6, device)
+    if sliding:
+        # mapping[full] = swa slot: 3 -> 8 (one past), 4 -> 12 (further), 6 -> -9 (before -rows)
+        mapping = torch.tensor([0, 2, 5, 8, 12, 7, -9, 1, 0, 0, -1], dtype=torch.int64, device=device)
+        loc = torch.tensor([1, 3, 2, 4, 6, 11, 7, -1 - 11], device=device)  # 11, -12: past the mapping
+        good = torch.tensor([True, False, True, False, False, False, True, False])
+        slots = mapping.cpu()[loc.cpu()[good]]
+    else:
+        mapping = None
+        loc = torch.tensor([2, 8, 5, 9, -9, 13, 7, -1], device=device)
+        good = torch.tensor([True, False, True, False, False, False, True, True])
+        slots = loc.cpu()[good]
+    n = loc.shape[0]
+    k = torch.randn(n, H, D, device=device)
+    v = torch.randn(n, H, DV, device=device)
+    store_kv(kb, vb, loc, k, v, mapping=mapping)
+    assert bool(k_canary.isnan().all()) and bool(v_canary.isnan().all()), "a store landed past the buffer"
+    exp_k = torch.full((rows, H, D), float("nan"))
+    exp_v = torch.full((rows, H, DV), float("nan"))
+    exp_k[slots] = k.cpu()[good]
+    exp_v[slots] = v.cpu()[good]
+    assert_close(kb, exp_k, atol=0, rtol=0, name="k_buffer")
+    assert_close(vb, exp_v, atol=0, rtol=0, name="v_buffer")
+
+
+def test_store_kv_drops_far_slots_per_buffer(device):
+    """K and V buffers of different sizes each keep their own bound; far-away slots are dropped too."""
+    kb, k_canary = _canaried(6, 1, 4, 4, device)
+    vb, v_canary = _canaried(10, 1, 4, 4, device)
+    loc = torch.tensor([3, 7, 2**40, -(2**40), 2**31 - 1], device=device)
+    x = torch.randn(5, 1, 4, device=device)
+    store_kv(kb, vb, loc, x, x + 1)
+    assert bool(k_canary.isnan().all()) and bool(v_canary.isnan().all())
+    assert torch.equal(kb[3], x[0]) and bool(kb[torch.arange(6, device=device) != 3].isnan().all())
+    assert torch.equal(vb[3], x[0] + 1) and torch.equal(vb[7], x[1] + 1)
+    assert int((~vb.isnan()).any(-1).any(-1).sum()) == 2
+
+
+def test_strided_views_where_strides_are_passed(device):
+    """store_kv's loc, swa_out_cache_loc's out_cache_loc and req_to_token's rows are read through
+    their strides: strided views give the reference's result."""
+    state = _state([9, 17, 4], 5, 4)
+    rt, mapping, rpi, seq, pre = _batch(state, device)
+    wide_rt = torch.zeros(rt.shape[0], 2 * rt.shape[1], dtype=rt.dtype, device=device)
+    wide_rt[:, ::2] = rt
+    got = build_window_indices(wide_rt[:, ::2], rpi, seq, window_left=5, mapping=mapping)
+    want = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    loc = state.new_slots().to(device)
+    wide_loc = torch.zeros(2 * loc.shape[0], dtype=loc.dtype, device=device)
+    wide_loc[::2] = loc
+    assert torch.equal(swa_out_cache_loc(wide_loc[::2], mapping), ref.swa_out_cache_loc(loc, mapping))
+    n = loc.shape[0]
+    kb = torch.full((int(mapping.max()) + 1, 2, 4), float("nan"), device=device)
+    vb = kb.clone()
+    k, v = torch.randn(n, 2, 4, device=device), torch.randn(n, 2, 4, device=device)
+    exp_k, exp_v = kb.cpu().clone(), vb.cpu().clone()
+    ref.store_kv(exp_k, exp_v, loc.cpu(), k.cpu(), v.cpu(), mapping=mapping.cpu())
+    store_kv(kb, vb, wide_loc[::2], k, v, mapping=mapping)
+    assert_close(kb, exp_k, atol=0, rtol=0, name="k_buffer")
+    assert_close(vb, exp_v, atol=0, rtol=0, name="v_buffer")
+
+
+def test_poisoned_index_buffers(device, monkeypatch):
+    """Under TRITON_SWA_POISON=1 (the suite's default) the index buffers an op allocates start as the
+    int32 minimum: entries past kv_indptr[B] (documented as untouched) keep it, every other entry is
+    the reference's; with the switch off, the same call gives the same written entries."""
+    from triton_swa.ops._poison import INT_POISON, empty, poison_enabled
+
+    state = _state([9, 17], 5, 4)
+    rt, mapping, rpi, seq, pre = _batch(state, device)
+    exact = window_index_count(seq.cpu(), 5)
+    assert poison_enabled()
+    got = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact + 3)
+    assert bool((got.kv_indices[exact:] == INT_POISON).all())
+    want = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
+    assert torch.equal(got.kv_indices[:exact], want.kv_indices) and torch.equal(got.kv_indptr, want.kv_indptr)
+    assert bool(empty(4, dtype=torch.float32, device=device).isnan().all())
+    monkeypatch.delenv("TRITON_SWA_POISON")
+    assert not poison_enabled()
+    again = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
+    assert torch.equal(again.kv_indices, want.kv_indices)

@@ -38,7 +38,8 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-from .._checks import check_int, check_tensor
+from .._checks import check_grid, check_int, check_kv_scale, check_logit_cap, check_sm_scale, check_tensor
+from . import _poison
 
 __all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits",
            "decode_resident_programs", "swa_decode"]
@@ -58,6 +59,25 @@ MERGE_TILE = 8192
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _fold_sink(m_i, l_i, b_sink):
+    """Fold one sink logit per row into an online softmax: ``(m, l, alpha)``, scale the accumulator
+    by ``alpha``. All in log2 units: ``m_i`` the running max (``-inf`` for a row without keys), ``l_i``
+    the sum of ``exp2(s - m_i)``, ``b_sink`` the sink (any of ``-inf``, finite, ``+inf``).
+
+    A sink is one more logit in the denominator and brings no value. Every path (decode's direct
+    output, decode's and extend's merge, extend's direct output) folds it here, guarded so that no
+    ``-inf - -inf`` or ``inf - inf`` reaches an exponent: a row without keys gives ``l = 0`` (no
+    sink, or a ``-inf`` one) or ``alpha = 0`` (a finite sink), a ``+inf`` sink takes all the weight;
+    the output is zeros in each of these cases (SPEC §5), never NaN.
+    """
+    m_new = tl.maximum(m_i, b_sink)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p_sink = tl.where(b_sink == m_ref, 1.0, tl.exp2(b_sink - m_ref))
+    return m_new, l_i * alpha + p_sink, alpha
 
 
 @triton.jit
@@ -93,12 +113,8 @@ def _swa_decode_merge(
         l_i = l_i * alpha + tl.sum(b_w, 1)
         m_i = m_new
     if HAS_SINK:
-        # A sink is one more logit in the denominator, no value.
         b_sink = tl.load(sinks + o_hq, mask=m_h, other=0.0).to(tl.float32) * LOG2E
-        m_new = tl.maximum(m_i, b_sink)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.exp2(b_sink - m_ref)
+        m_i, l_i, alpha = _fold_sink(m_i, l_i, b_sink)
         acc = acc * alpha[:, None]
     # No key and no sink: zeros.
     b_out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -243,11 +259,8 @@ def _swa_decode_kernel(
                 tl.atomic_xchg(p_sem, 0, sem="relaxed", scope="gpu")
     else:
         if HAS_SINK:
-            # A sink is one more logit in the denominator, no value.
             b_sink = tl.load(sinks + o_hq, mask=m_g, other=0.0).to(tl.float32) * LOG2E
-            m_new = tl.maximum(m_i, b_sink)
-            alpha = tl.where(m_i == m_new, 1.0, tl.exp2(m_i - m_new))
-            l_i = l_i * alpha + tl.exp2(b_sink - m_new)
+            m_i, l_i, alpha = _fold_sink(m_i, l_i, b_sink)
             acc = acc * alpha[:, None]
         # An empty window (l = 0, acc = 0) gives zeros.
         l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -516,21 +529,6 @@ _PLANS: dict = {}
 _PLANS_MAX = 4096
 
 
-def _check_scale(name: str, scale, device) -> tuple[float, torch.Tensor | None]:
-    """A per-tensor scale as (host float, None) or (1.0, device tensor of one element)."""
-    if scale is None:
-        return 1.0, None
-    if isinstance(scale, torch.Tensor):
-        check_tensor(name, scale, device=device)
-        if scale.numel() != 1 or not scale.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a float or a one-element float tensor, got {scale.dtype} "
-                             f"of shape {tuple(scale.shape)}")
-        return 1.0, scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"{name} must be a float or a one-element tensor, got {type(scale).__name__}")
-    return float(scale), None
-
-
 def _tensor_key(t):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
 
@@ -568,14 +566,14 @@ def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
     check_tensor("k_buffer", k_buffer, device=device, ndim=3)
     check_tensor("v_buffer", v_buffer, device=device, ndim=3)
     kv_dtype = k_buffer.dtype
+    if kv_dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
+                        f"got {kv_dtype}")
     if v_buffer.dtype != kv_dtype:
         raise TypeError(f"v_buffer must have k_buffer's dtype {kv_dtype}, got {v_buffer.dtype}")
     fp8_view = kv_dtype == torch.uint8
     if fp8_view:
         k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
-    elif kv_dtype not in (q.dtype, torch.float8_e4m3fn):
-        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
-                        f"got {kv_dtype}")
     slots, H, Dk = k_buffer.shape
     DV = v_buffer.shape[2]
     if Dk != D:
@@ -625,8 +623,8 @@ def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
         check_tensor("sinks", sinks, device=device, shape=(HQ,), contiguous=True)
         if not sinks.dtype.is_floating_point:
             raise TypeError(f"sinks must be a float tensor, got {sinks.dtype}")
-    k_scale_t = _check_scale("k_scale", k_scale, device)[1]
-    v_scale_t = _check_scale("v_scale", v_scale, device)[1]
+    k_scale_t = check_kv_scale("k_scale", k_scale, device)[1]
+    v_scale_t = check_kv_scale("v_scale", v_scale, device)[1]
     if out is not None:
         check_tensor("out", out, dtype=q.dtype, device=device, shape=(B, HQ, DV))
         if out.stride(-1) != 1:
@@ -663,6 +661,8 @@ def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
         min_tokens = decode_min_split_tokens(G, D, DV, itemsize)
         num_splits = decode_num_splits(programs, max_window, block_n, num_sms, min_tokens, resident)
     split = num_splits > 1
+    check_grid("swa_decode", (programs, num_splits, 1), ("batch x KV heads x query-head blocks", "splits", ""))
+    check_grid("swa_decode", (B * HQ, 1, 1), ("batch x query heads (merge)", "", ""))
     block_dv = triton.next_power_of_2(DV)
     merge_g = min(cfg.block_g, triton.next_power_of_2(G))
     fused = split and bool(tune.fused_merge)
@@ -715,12 +715,18 @@ def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
                      k_scale=None, v_scale=None, out=None, max_window=None, num_splits=None, block_n=None,
                      tune: _Tune | None = None) -> torch.Tensor:
     """:func:`swa_decode` with launcher overrides (``tune``)."""
-    logit_cap = 0.0 if logit_cap is None else logit_cap
-    if isinstance(logit_cap, bool) or not isinstance(logit_cap, (int, float)) or not logit_cap >= 0:
-        raise ValueError(f"logit_cap must be a float >= 0 (0 disables it), got {logit_cap!r}")
-    if sm_scale is not None and (isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float))
-                                 or not math.isfinite(sm_scale)):
-        raise TypeError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    # Scalars are checked on every call (the plan cache keys on their types, not their values);
+    # scale tensors by the plan (their dtype, shape and device are part of the signature).
+    logit_cap = check_logit_cap(logit_cap)
+    sm_scale = check_sm_scale(sm_scale, None)
+    if isinstance(k_scale, torch.Tensor):
+        k_scale_f, k_scale_t = 1.0, k_scale
+    else:
+        k_scale_f, k_scale_t = check_kv_scale("k_scale", k_scale, None)[0], q
+    if isinstance(v_scale, torch.Tensor):
+        v_scale_f, v_scale_t = 1.0, v_scale
+    else:
+        v_scale_f, v_scale_t = check_kv_scale("v_scale", v_scale, None)[0], q
     args = (q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, sinks,
             k_scale, v_scale, out, max_window, num_splits, block_n, logit_cap > 0, tune)
     try:
@@ -737,25 +743,17 @@ def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
             _PLANS[key] = plan
 
     if out is None:
-        out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+        out = _poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
     if plan.out_shape[0] == 0:
         return out
     if plan.fp8_view:
         k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
-    if isinstance(k_scale, torch.Tensor):
-        k_scale_f, k_scale_t = 1.0, k_scale
-    else:
-        k_scale_f, k_scale_t = (1.0 if k_scale is None else float(k_scale)), q
-    if isinstance(v_scale, torch.Tensor):
-        v_scale_f, v_scale_t = 1.0, v_scale
-    else:
-        v_scale_f, v_scale_t = (1.0 if v_scale is None else float(v_scale)), q
-    scale = plan.default_scale if sm_scale is None else float(sm_scale)
+    scale = plan.default_scale if sm_scale is None else sm_scale
 
     main, merge = plan.main, plan.merge
     part = sem = q
     if plan.split:
-        part = torch.empty(plan.part_numel, dtype=torch.float32, device=q.device)
+        part = _poison.empty(plan.part_numel, dtype=torch.float32, device=q.device)
     if plan.fused:
         sem = _semaphores(q.device, plan.programs)
         if sem is None:
@@ -814,11 +812,14 @@ def swa_decode(
         seq_lens (torch.Tensor | None): int32/int64 `[B]`; the window is ``[window_starts, seq_lens)``
             (empty when ``seq_lens <= window_starts``: zeros, as for CUDA-graph padding rows).
         page_size (int): tokens per page of the pool (page-table form; must be 1 with CSR).
-        sm_scale (float | None): score scale, ``1 / sqrt(D)`` by default.
-        logit_cap (float | None): soft cap ``cap * tanh(s / cap)`` of the scores when ``> 0``.
-        sinks (torch.Tensor | None): `[HQ]` float, one sink logit per query head.
-        k_scale, v_scale (float | torch.Tensor | None): per-tensor dequantisation scales of fp8 K/V
-            (a float, or a one-element tensor read on the device).
+        sm_scale (float | None): score scale, finite and ``> 0``; ``1 / sqrt(D)`` by default.
+        logit_cap (float | None): soft cap ``cap * tanh(s / cap)`` of the scores when ``> 0``
+            (finite; 0 or None: off).
+        sinks (torch.Tensor | None): `[HQ]` float (contiguous), one sink logit per query head; ``-inf``
+            is no sink, and a window without keys gives zeros whatever its sink.
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor dequantisation scales of fp8 K/V:
+            a finite float ``> 0``, or a one-element float tensor on ``q``'s device, read in the kernel
+            (its value is checked only by the debug guard).
         out (torch.Tensor | None): `[B, HQ, Dv]` in ``q``'s dtype (last stride 1), written in place.
         max_window (int | None): most tokens in any window (``W + 1`` for a sliding layer), sizes the
             splits; defaults to ``kv_indices.numel()`` or ``max_pages * page_size``.
@@ -829,10 +830,12 @@ def swa_decode(
         torch.Tensor: `[B, HQ, Dv]` in ``q``'s dtype (``out`` when given).
 
     Raises:
-        TypeError, ValueError: naming the argument, before any launch, for wrong shapes, dtypes,
-            devices, strides, head-count ratios, page sizes or index forms. Indices themselves are
-            not read on the host: slots must lie inside the buffers and page-table rows must cover
-            their windows.
+        TypeError: naming the argument, before any launch, for a wrong type or dtype.
+        ValueError: naming the argument, before any launch, for wrong shapes, devices, strides,
+            head-count ratios, page sizes, index forms or scalar values (scales, caps, sizes), or a
+            grid past CUDA's limits. Indices themselves are not read on the host (the debug guard
+            does that): slots must lie inside the buffers and page-table rows must cover their
+            windows.
     """
     return _swa_decode_impl(
         q, k_buffer, v_buffer, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,

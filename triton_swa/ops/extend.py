@@ -44,10 +44,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_int, check_tensor, check_window_left
-from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _Launch, _swa_decode_merge
+from .._checks import (
+    check_grid,
+    check_int,
+    check_kv_scale,
+    check_logit_cap,
+    check_sm_scale,
+    check_tensor,
+    check_window_left,
+)
+from . import _poison
+from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _fold_sink, _Launch, _swa_decode_merge
 
-__all__ = ["ExtendConfig", "extend_config", "extend_num_splits", "extend_resident_programs", "swa_extend"]
+__all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs",
+           "swa_extend"]
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -217,7 +227,7 @@ def _swa_extend_kernel(
     PAGED: tl.constexpr, PAGE: tl.constexpr,
     WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
-    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, EDGE_IN_LOOP: tl.constexpr,
+    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, EDGE_IN_LOOP: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
 
@@ -262,6 +272,10 @@ def _swa_extend_kernel(
     o_qt = (q_start + o_i).to(tl.int64)
     p_q = Q + o_qt[:, None] * stride_qt + o_h[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_row[:, None] & m_d[None, :], other=0.0)
+    if UPCAST_DOT:
+        # The interpreter multiplies bf16 dot operands as raw bits (SPEC §8): every dot takes b_q's
+        # dtype, so float32 here makes them all float32 (interpreter only; compiled code never sets it).
+        b_q = b_q.to(tl.float32)
 
     # Row positions relative to P (r_i), and the tile's first/last row positions.
     if HAS_QPOS:
@@ -438,7 +452,8 @@ def _swa_extend_kernel(
         if HAS_SINKS:
             # the sink joins the denominator only; a row with no visible key stays all zeros
             b_sink = tl.load(SINKS + o_h).to(tl.float32) * 1.4426950408889634
-            l_i = l_i + tl.where(m_i == float("-inf"), 0.0, tl.math.exp2(b_sink - m_i))
+            m_i, l_i, alpha = _fold_sink(m_i, l_i, b_sink)
+            acc = acc * alpha[:, None]
         b_o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         # [BLOCK_M, BLOCK_DV]
         p_o = O + o_qt[:, None] * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
@@ -584,27 +599,21 @@ def extend_resident_programs(block_m: int, block_n: int, num_stages: int, head_d
     return max(1, min(SPLIT_RESIDENT, smem_per_sm // tile_bytes))
 
 
+def extend_grid(m_tiles: int, num_splits: int, head_groups: int, batch: int, merge_programs: int = 0) -> tuple:
+    """The main kernel's grid ``(query tiles x splits, query-head groups, requests)``, checked against
+    CUDA's limits (axis 0: 2**31 - 1, axes 1 and 2: 65535) before anything is launched: a batch of
+    more than 65535 requests raises ``ValueError`` (split it into several calls). ``merge_programs``
+    (tokens x query heads of the split path's merge, one axis) is checked too."""
+    check_grid("swa_extend", (merge_programs, 1, 1), ("tokens x query heads (split merge)", "", ""))
+    return check_grid("swa_extend", (m_tiles * num_splits, head_groups, batch),
+                      ("query tiles x splits", "query-head groups", "the batch (requests)"))
+
+
 def _check_pow2(name: str, value: int, minimum: int) -> int:
     check_int(name, value, minimum=minimum)
     if value & (value - 1):
         raise ValueError(f"{name} must be a power of two, got {value}")
     return value
-
-
-def _as_scale(name: str, value, device) -> float | torch.Tensor:
-    """A per-tensor scale: a Python number (passed by value) or a one-element float tensor (read in-kernel)."""
-    if value is None:
-        return 1.0
-    if isinstance(value, torch.Tensor):
-        check_tensor(name, value, dtype=(torch.float32, torch.float16, torch.bfloat16), device=device)
-        if value.numel() != 1:
-            raise ValueError(f"{name} must hold one value (per-tensor scale), got shape {list(value.shape)}")
-        return value.reshape(1)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float or a one-element tensor, got {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return float(value)
 
 
 def swa_extend(
@@ -675,14 +684,22 @@ def swa_extend(
         mask_indptr (torch.Tensor | None): int `[B]` (or `[B + 1]`) offsets into ``custom_mask``.
         q_positions (torch.Tensor | None): int `[T]` absolute positions of the new tokens for the
             window test (tree drafts sit at ``P + depth``); default ``P + i``.
-        sm_scale (float | None): score scale, default ``1 / sqrt(D)``.
-        logit_cap (float): soft cap ``cap * tanh(s / cap)`` when ``> 0``.
-        sinks (torch.Tensor | None): `[HQ]` one logit per query head, joins the softmax denominator.
+        sm_scale (float | None): score scale, finite and ``> 0``; default ``1 / sqrt(D)``.
+        logit_cap (float): soft cap ``cap * tanh(s / cap)`` when ``> 0`` (finite; 0 or None: off).
+        sinks (torch.Tensor | None): `[HQ]` one logit per query head, joins the softmax denominator
+            (``-inf``: no sink; a row without visible keys gives zeros whatever its sink).
         k_scale, v_scale (float | torch.Tensor | None): per-tensor scales of the cached K/V (fp8
-            pools store ``value / scale``): a number, or a one-element device tensor read in the
-            kernel (CUDA-graph friendly). The step's new ``k``/``v`` are never scaled.
+            pools store ``value / scale``): a finite number ``> 0``, or a one-element float device
+            tensor read in the kernel (CUDA-graph friendly; its value is checked only by the debug
+            guard). The step's new ``k``/``v`` are never scaled.
         out (torch.Tensor | None): `[T, HQ, Dv]` in ``q``'s dtype, written in place; rows of
-            requests are written, nothing else.
+            requests (tokens ``[qo_indptr[0], qo_indptr[B])``) are written, nothing else. Without
+            ``out`` the other rows of the returned tensor are unset (NaN under
+            ``TRITON_SWA_POISON=1``).
+
+    The 1-D index tensors (``qo_indptr``, ``prefix_lens``, ``kv_indptr``, ``kv_indices``,
+    ``window_starts``, ``q_positions``, ``mask_indptr``, ``custom_mask``) must be contiguous: the
+    kernel reads them with unit strides. At most 65535 requests per call (CUDA's grid axis 2).
         max_extend_len (int | None): host bound on ``E`` that sizes the grid. Without it the bound is
             computed from ``qo_indptr`` (one device sync), or is ``T`` while a CUDA graph is captured.
         block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
@@ -703,7 +720,9 @@ def swa_extend(
         torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).
 
     Raises:
-        TypeError, ValueError: on a bad argument, before anything is launched.
+        TypeError: naming the argument, before anything is launched, for a wrong type or dtype.
+        ValueError: naming the argument, before anything is launched, for a wrong shape, device,
+            stride, window, page size, head ratio or scalar value, or a grid past CUDA's limits.
     """
     _check_tensor_args(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens)
     T, HQ, D = q.shape
@@ -717,24 +736,38 @@ def swa_extend(
         k_buffer = k_buffer.view(torch.float8_e4m3fn)
         v_buffer = v_buffer.view(torch.float8_e4m3fn)
     check_window_left(window_left)
+    # Scalars: one rule for every op (_checks); before any tensor is allocated or launched on.
+    sm_scale = check_sm_scale(sm_scale, 1.0 / math.sqrt(D))
+    logit_cap = check_logit_cap(logit_cap)
+    ks, ks_t = check_kv_scale("k_scale", k_scale, dev)
+    vs, vs_t = check_kv_scale("v_scale", v_scale, dev)
 
     paged = page_table is not None or window_starts is not None
     if paged:
         if kv_indptr is not None or kv_indices is not None:
             raise ValueError("give either kv_indptr/kv_indices or page_table/window_starts, not both")
+        if page_table is None or window_starts is None:
+            raise ValueError("the page-table form needs both page_table and window_starts")
         check_tensor("page_table", page_table, dtype=_INDEX_DTYPES, device=dev, ndim=2)
         if page_table.shape[0] != B:
             raise ValueError(f"page_table must have {B} rows (one per request), got {page_table.shape[0]}")
         if page_table.stride(1) != 1 and page_table.shape[1] > 1:
             raise ValueError("page_table rows must be contiguous (stride 1 along pages)")
-        check_tensor("window_starts", window_starts, dtype=_INDEX_DTYPES, device=dev, shape=(B,))
+        check_tensor("window_starts", window_starts, dtype=_INDEX_DTYPES, device=dev, shape=(B,), contiguous=True)
         check_int("page_size", page_size, minimum=1)
+        if k_buffer.shape[0] % page_size:
+            raise ValueError(f"k_buffer has {k_buffer.shape[0]} slots, not a whole number of pages of "
+                             f"page_size={page_size}")
         kv_indptr_arg, kv_indices_arg = prefix_lens, prefix_lens
         page_table_arg, window_starts_arg, stride_pt = page_table, window_starts, page_table.stride(0)
     else:
         if kv_indptr is None or kv_indices is None:
             raise ValueError("the cached window is missing: give kv_indptr and kv_indices, or page_table and window_starts")
-        check_tensor("kv_indptr", kv_indptr, dtype=_INDEX_DTYPES, device=dev, shape=(B + 1,))
+        check_tensor("kv_indptr", kv_indptr, dtype=_INDEX_DTYPES, device=dev, shape=(B + 1,), contiguous=True)
+        if isinstance(page_size, bool) or page_size != 1:
+            check_int("page_size", page_size, minimum=1)
+            raise ValueError(f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; "
+                             "pass a page_table for the paged form")
         check_tensor("kv_indices", kv_indices, dtype=_INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
         kv_indptr_arg, kv_indices_arg = kv_indptr, kv_indices
         page_table_arg, window_starts_arg, stride_pt = prefix_lens, prefix_lens, 0
@@ -748,7 +781,7 @@ def swa_extend(
                      ndim=1, contiguous=True)
         if mask_indptr is None:
             raise ValueError("custom_mask needs mask_indptr (each request's offset into it)")
-        check_tensor("mask_indptr", mask_indptr, dtype=_INDEX_DTYPES, device=dev, ndim=1)
+        check_tensor("mask_indptr", mask_indptr, dtype=_INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
         if mask_indptr.shape[0] < B:
             raise ValueError(f"mask_indptr must have at least {B} entries, got {mask_indptr.shape[0]}")
         mask_arg = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
@@ -758,30 +791,15 @@ def swa_extend(
     else:
         mask_arg, mask_indptr_arg = prefix_lens, prefix_lens
     if q_positions is not None:
-        check_tensor("q_positions", q_positions, dtype=_INDEX_DTYPES, device=dev, shape=(T,))
+        check_tensor("q_positions", q_positions, dtype=_INDEX_DTYPES, device=dev, shape=(T,), contiguous=True)
     qpos_arg = q_positions if q_positions is not None else prefix_lens
 
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
-        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
-    if not sm_scale > 0:
-        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
-    if isinstance(logit_cap, bool) or not isinstance(logit_cap, (int, float)) or logit_cap < 0:
-        raise ValueError(f"logit_cap must be a float >= 0, got {logit_cap!r}")
     if sinks is not None:
         check_tensor("sinks", sinks, dtype=(torch.float32, torch.float16, torch.bfloat16), device=dev,
                      shape=(HQ,), contiguous=True)
     kv_scaled = k_scale is not None or v_scale is not None
-    ks, vs = _as_scale("k_scale", k_scale, dev), _as_scale("v_scale", v_scale, dev)
-    scale_ptr = isinstance(ks, torch.Tensor) or isinstance(vs, torch.Tensor)
-    if scale_ptr:
-        ks = ks if isinstance(ks, torch.Tensor) else torch.full((1,), ks, dtype=torch.float32, device=dev)
-        vs = vs if isinstance(vs, torch.Tensor) else torch.full((1,), vs, dtype=torch.float32, device=dev)
 
-    if out is None:
-        out = torch.empty(T, HQ, DV, dtype=q.dtype, device=dev)
-    else:
+    if out is not None:
         check_tensor("out", out, dtype=q.dtype, device=dev, shape=(T, HQ, DV))
         if out.stride(2) != 1:
             raise ValueError("out must be contiguous along its last dimension")
@@ -800,6 +818,8 @@ def swa_extend(
             raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
 
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    # bf16 dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
+    upcast = interpret and q.dtype == torch.bfloat16
     cfg = extend_config(D, DV, HQ // H, max_extend_len, q.dtype, interpret)
     bm = cfg.block_m if block_m is None else _check_pow2("block_m", block_m, 16)
     bn = cfg.block_n if block_n is None else _check_pow2("block_n", block_n, 16)
@@ -825,19 +845,26 @@ def swa_extend(
         resident = extend_resident_programs(bm, bn, stages, D, DV, q.element_size(), smem)
         num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, max_window, bn, num_sms, resident)
     split = num_splits > 1
+    grid = extend_grid(m_tiles, num_splits, HQ // gp, B, T * HQ if split else 0)
 
+    if out is None:
+        out = _poison.empty(T, HQ, DV, dtype=q.dtype, device=dev)
     if T == 0 or B == 0 or max_extend_len == 0:
         return out
+    scale_ptr = ks_t is not None or vs_t is not None
+    if scale_ptr:
+        # both scales through pointers (one constexpr): a number becomes a one-element tensor
+        ks = ks_t if ks_t is not None else torch.full((1,), ks, dtype=torch.float32, device=dev)
+        vs = vs_t if vs_t is not None else torch.full((1,), vs, dtype=torch.float32, device=dev)
     # split-KV: partials [T, HQ, splits, Dv] then their log2-sum-exp2 [T, HQ, splits], as decode's
     lse_offset = T * HQ * num_splits * DV if split else 0
-    part = torch.empty(lse_offset + T * HQ * num_splits, dtype=torch.float32, device=dev) if split else out
-    grid = (m_tiles * num_splits, HQ // gp, B)
+    part = _poison.empty(lse_offset + T * HQ * num_splits, dtype=torch.float32, device=dev) if split else out
     args = (
         q, k, v, k_buffer, v_buffer, out, part,
         qo_indptr, prefix_lens,
         kv_indptr_arg, kv_indices_arg, page_table_arg, window_starts_arg,
         mask_arg, mask_indptr_arg, qpos_arg, sinks if sinks is not None else q,
-        ks, vs, float(sm_scale), float(logit_cap), window_left, num_splits, lse_offset, HQ,
+        ks, vs, sm_scale, logit_cap, window_left, num_splits, lse_offset, HQ,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), stride_pt,
@@ -848,8 +875,9 @@ def swa_extend(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_DIAG=bn_diag, PAGED=paged, PAGE=page_size,
         WINDOW=window_left >= 0, CAUSAL=causal and not has_mask, HAS_MASK=has_mask,
         HAS_QPOS=q_positions is not None, SOFTCAP=logit_cap > 0, HAS_SINKS=sinks is not None,
-        KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_SCALE=kv_scaled, SCALE_PTR=scale_ptr, DOT_PREC="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         SPLIT=split, EDGE_IN_LOOP=edge_in_loop and causal and not has_mask and q_positions is None,
+        UPCAST_DOT=upcast,
     )
     _extend_launch(constexprs, warps, stages)(args, grid)
     if split:
@@ -907,10 +935,10 @@ def _check_tensor_args(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens) -> N
             raise ValueError(f"{name} must be in [1, {_MAX_HEAD_DIM}], got {d}")
     kv_dtypes = (q.dtype, torch.float8_e4m3fn, torch.uint8)
     check_tensor("k_buffer", k_buffer, dtype=kv_dtypes, device=dev)
-    check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
     if k_buffer.dim() not in (3, 4) or k_buffer.shape[-2:] != (H, D):
         raise ValueError(f"k_buffer must have shape [slots, {H}, {D}] or [pages, page_size, {H}, {D}], "
                          f"got {list(k_buffer.shape)}")
+    check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
     if v_buffer.shape[:-1] != k_buffer.shape[:-1] or v_buffer.shape[-1] != DV:
         raise ValueError(f"v_buffer must have shape {list(k_buffer.shape[:-1]) + [DV]}, got {list(v_buffer.shape)}")
     for name, x in (("q", q), ("k", k), ("v", v), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
@@ -919,6 +947,6 @@ def _check_tensor_args(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens) -> N
     for name, buf in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
         if buf.dim() == 4 and buf.stride(0) != buf.shape[1] * buf.stride(1):
             raise ValueError(f"a 4-D {name} must have its pages and in-page slots contiguous")
-    check_tensor("prefix_lens", prefix_lens, dtype=_INDEX_DTYPES, device=dev, ndim=1)
+    check_tensor("prefix_lens", prefix_lens, dtype=_INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
     B = prefix_lens.shape[0]
-    check_tensor("qo_indptr", qo_indptr, dtype=_INDEX_DTYPES, device=dev, shape=(B + 1,))
+    check_tensor("qo_indptr", qo_indptr, dtype=_INDEX_DTYPES, device=dev, shape=(B + 1,), contiguous=True)

@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import KV_DTYPES, check_int, check_tensor, check_window_left
+from .._checks import KV_DTYPES, check_contiguous, check_int, check_kv_scale, check_tensor, check_window_left
+from . import _poison
 
 _INT = (torch.int32, torch.int64)
 
@@ -204,18 +205,20 @@ def _bf16_bits(x):
 
 
 @triton.jit
-def _swa_store_rows(p_buf, stride_buf_s, stride_buf_h, stride_buf_d, slot,
+def _swa_store_rows(p_buf, stride_buf_s, stride_buf_h, stride_buf_d, slot, num_slots,
                     p_x, stride_x_n, stride_x_h, stride_x_d, i_n,
                     scale, p_scale, H, D, i_h,
                     SCALE: tl.constexpr, ENC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``.
+    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``,
+    unless ``slot`` lies outside ``[0, num_slots)`` (then nothing is written: no store can land past
+    the buffer, whatever the indices hold).
 
     ``ENC``: 0 a plain cast to ``buf``'s dtype; 1 ``buf`` is int16 storage of bfloat16; 2 ``buf`` is
     uint8 storage of float8 e4m3fn (both rounded by hand, exactly as torch rounds).
     """
     o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
     o_d = tl.arange(0, BLOCK_D)
-    m_hd = (o_h < H)[:, None] & (o_d < D)[None, :]
+    m_hd = (o_h < H)[:, None] & (o_d < D)[None, :] & ((slot >= 0) & (slot < num_slots))
     # [BLOCK_H, BLOCK_D]
     b_x = tl.load(p_x + i_n * stride_x_n + o_h[:, None] * stride_x_h + o_d[None, :] * stride_x_d,
                   mask=m_hd, other=0.0).to(tl.float32)
@@ -255,19 +258,25 @@ def _swa_store_kv_kernel(
     """One program per (token, block of heads): translate the slot once, write its K and V rows.
 
     ``K_SCALE``/``V_SCALE``: 0 no scale, 1 scale passed by value, 2 scale read from a 1-element tensor.
+    Out-of-range indices are dropped, never followed (see :func:`store_kv`): a ``loc`` outside
+    ``[-n_mapping, n_mapping)`` reads no mapping entry and writes nothing, and a row is written only
+    where its (wrapped) slot lies inside its buffer.
     """
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     slot = tl.load(p_loc + i_n * stride_loc).to(tl.int64)
     if HAS_MAPPING:
         slot = tl.where(slot < 0, slot + n_mapping, slot)
-        slot = tl.load(p_mapping + slot).to(tl.int64)
+        m_map = (slot >= 0) & (slot < n_mapping)
+        # a dropped loc gets slot -(2**62): outside both buffers after the wrap below
+        slot = tl.load(p_mapping + slot, mask=m_map, other=0).to(tl.int64)
+        slot = tl.where(m_map, slot, -4611686018427387904)
     slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
     slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
-    _swa_store_rows(p_k_buf, stride_kb_s, stride_kb_h, stride_kb_d, slot_k,
+    _swa_store_rows(p_k_buf, stride_kb_s, stride_kb_h, stride_kb_d, slot_k, num_slots_k,
                     p_k, stride_k_n, stride_k_h, stride_k_d, i_n, k_scale, p_k_scale, H, D, i_h,
                     K_SCALE, K_ENC, BLOCK_H, BLOCK_D)
-    _swa_store_rows(p_v_buf, stride_vb_s, stride_vb_h, stride_vb_d, slot_v,
+    _swa_store_rows(p_v_buf, stride_vb_s, stride_vb_h, stride_vb_d, slot_v, num_slots_v,
                     p_v, stride_v_n, stride_v_h, stride_v_d, i_n, v_scale, p_v_scale, HV, DV, i_h,
                     V_SCALE, V_ENC, BLOCK_H, BLOCK_DV)
 
@@ -355,10 +364,37 @@ def window_index_count(seq_lens, window_left: int, prefix_lens=None) -> int:
         int: ``sum(min(len, W + 1))`` (decode), ``sum(min(P, W))`` (extend), or the sum of lengths.
     """
     check_window_left(window_left)
-    lens = torch.as_tensor(prefix_lens if prefix_lens is not None else seq_lens).long().cpu().clamp(min=0)
+    lens = _host_lens("seq_lens", seq_lens, prefix_lens is None)
+    if prefix_lens is not None:
+        lens = _host_lens("prefix_lens", prefix_lens, True)
+        if lens.shape[0] != _host_len_count(seq_lens):
+            raise ValueError(f"prefix_lens must have one entry per request ({_host_len_count(seq_lens)}), "
+                             f"got {lens.shape[0]}")
     if window_left >= 0:
         lens = lens.clamp(max=window_left + (0 if prefix_lens is not None else 1))
     return int(lens.sum())
+
+
+def _host_len_count(x) -> int:
+    return x.shape[0] if isinstance(x, torch.Tensor) else len(x)
+
+
+def _host_lens(name: str, x, read: bool) -> torch.Tensor | None:
+    """Lengths given as a 1-D int tensor or a list of ints, as a CPU int64 tensor (``read``: values
+    read and checked >= 0; a device tensor synchronises), or raise naming ``name``."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype not in _INT:
+            raise TypeError(f"{name} must be an int32/int64 tensor or a list of ints, got {x.dtype}")
+        if x.dim() != 1:
+            raise ValueError(f"{name} must be 1-D ([B]), got shape {list(x.shape)}")
+        lens = x.long().cpu() if read else None
+    elif isinstance(x, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
+        lens = torch.tensor(list(x), dtype=torch.int64) if read else None
+    else:
+        raise TypeError(f"{name} must be an int32/int64 tensor or a list of ints, got {type(x).__name__}")
+    if lens is not None and lens.numel() and int(lens.min()) < 0:
+        raise ValueError(f"{name} must be >= 0, got {int(lens.min())}")
+    return lens
 
 
 def _check_mapping(mapping, device, page_size: int | None) -> None:
@@ -388,8 +424,7 @@ def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, 
     if mapping is not None:
         _check_mapping(mapping, device, page_size)
     for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens), ("prefix_lens", prefix_lens)):
-        if t is not None and t.numel() and t.stride(0) != 1:
-            raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
+        check_contiguous(name, t)  # read with unit strides
     return B
 
 
@@ -488,9 +523,9 @@ def build_window_indices(
             num_indices = window_index_count(seq_lens, window_left, prefix_lens)
         check_int("num_indices", num_indices, minimum=0)
         out = WindowIndices(
-            torch.empty(B + 1, dtype=torch.int32, device=device),
-            torch.empty(num_indices, dtype=torch.int32, device=device),
-            torch.empty(B, dtype=torch.int32, device=device),
+            _poison.empty(B + 1, dtype=torch.int32, device=device),
+            _poison.empty(num_indices, dtype=torch.int32, device=device),
+            _poison.empty(B, dtype=torch.int32, device=device),
         )
     else:
         if num_indices is not None:
@@ -564,8 +599,8 @@ def build_window_page_table(
             spans = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, 0)
             max_pages = int(spans.max()) if B else 0
         check_int("max_pages", max_pages, minimum=0)
-        out = WindowPageTable(torch.empty(B, max_pages, dtype=torch.int32, device=device),
-                              torch.empty(B, dtype=torch.int32, device=device))
+        out = WindowPageTable(_poison.empty(B, max_pages, dtype=torch.int32, device=device),
+                              _poison.empty(B, dtype=torch.int32, device=device))
     else:
         if max_pages is not None:
             raise ValueError("give max_pages or out, not both (out's page_table width is max_pages)")
@@ -606,14 +641,14 @@ def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out
     _check_mapping(mapping, device, None)
     n = out_cache_loc.shape[0]
     if out is None:
-        out = torch.empty(n, dtype=torch.int32, device=device)
+        out = _poison.empty(n, dtype=torch.int32, device=device)
     else:
         check_tensor("out", out, dtype=torch.int32, device=device, ndim=1, contiguous=True)
         if out.shape[0] < n:
             raise ValueError(f"out holds {out.shape[0]} entries, fewer than the {n} of out_cache_loc")
     capacity = out.shape[0]
-    block = 1024 if block is None else block
-    if block < 1 or block & (block - 1):
+    block = 1024 if block is None else check_int("block", block, minimum=1)
+    if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
     if capacity:
         _swa_translate_kernel[(triton.cdiv(capacity, block),)](
@@ -622,18 +657,12 @@ def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out
 
 
 def _scale_arg(name: str, scale, device):
-    """(mode, value, pointer) of a scale: None -> 0; a number -> 1 (by value); a tensor -> 2 (read in-kernel,
-    so that a graph replays with the tensor's current value)."""
-    if scale is None:
-        return 0, 1.0, None
-    if isinstance(scale, torch.Tensor):
-        check_tensor(name, scale, device=device)
-        if scale.numel() != 1 or not scale.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a 1-element floating tensor, got {scale.dtype} {tuple(scale.shape)}")
-        return 2, 1.0, scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"{name} must be a float or a 1-element tensor, got {type(scale).__name__}")
-    return 1, float(scale), None
+    """(mode, value, pointer) of a scale checked by ``check_kv_scale``: None -> 0; a number -> 1 (by
+    value); a tensor -> 2 (read in-kernel, so that a graph replays with the tensor's current value)."""
+    value, tensor = check_kv_scale(name, scale, device)
+    if tensor is not None:
+        return 2, 1.0, tensor
+    return (0 if scale is None else 1), value, None
 
 
 def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -670,11 +699,24 @@ def store_kv(
         loc (torch.Tensor): int32/int64 `[n]` full slots (negative slots index from the end, like torch).
         k (torch.Tensor): `[n, H, D]` floating; ``v`` `[n, HV, DV]`. Any strides.
         mapping (torch.Tensor | None): ``full_to_swa_index_mapping`` for a sliding layer.
-        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales (a 1-element tensor is read in
-            the kernel, so CUDA-graph replays see its current value).
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales: a finite number > 0, or a
+            one-element float tensor on the buffers' device (read in the kernel, so CUDA-graph replays
+            see its current value; its value is checked only by the debug guard).
+
+    Out-of-range slots are dropped, not written (the kernel cannot read ``loc`` on the host, and
+    a store past a buffer would land in a neighbouring tensor). Exactly: with ``mapping``, a ``loc``
+    ``l`` is first wrapped (``l + len(mapping)`` when ``l < 0``) and dropped unless ``0 <= l <
+    len(mapping)``; then the slot ``s`` (``mapping[l]``, or ``loc`` itself without a mapping) is
+    wrapped per buffer (``s + rows`` when ``s < 0``, ``rows = k_buffer.shape[0]`` for K,
+    ``v_buffer.shape[0]`` for V) and that buffer's row is written only when ``0 <= s < rows``. The
+    debug guard (``TRITON_SWA_DEBUG=1``) turns the same condition into a ValueError.
+
+    fp8 e4m3 buffers saturate: a value beyond the format's range, ``inf`` included, is stored as
+    ``±448`` (bytes ``0x7E``/``0xFE``), as torch's cast does, so a finite or infinite input never
+    becomes a NaN byte; only a NaN input is stored as NaN (``0x7F``/``0xFF``).
 
     Raises:
-        TypeError, ValueError: on a wrong dtype, device or shape, before any launch.
+        TypeError, ValueError: on a wrong dtype, device, shape or scale, before any launch.
     """
     allowed = KV_DTYPES + (torch.uint8,)
     check_tensor("k_buffer", k_buffer, dtype=allowed, ndim=3)
