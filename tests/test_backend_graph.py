@@ -47,9 +47,9 @@ def tree_spec(parents_per_request, prefix_lens, device, *, causal=True, with_mas
                     positions=torch.cat(positions).to(device), causal=causal)
 
 
-def setup(device, page_size, seq_lens=(9, 21, 14)):
+def setup(device, page_size, seq_lens=(9, 21, 14), dtype=torch.float32):
     """Three requests mid-verify (4 drafts each allocated), SWA and full slots shuffled and evicted."""
-    state = make_pool_state(seq_lens=list(seq_lens), window_left=W, page_size=page_size, device=device,
+    state = make_pool_state(seq_lens=list(seq_lens), window_left=W, page_size=page_size, device=device, dtype=dtype,
                             new_tokens=N_DRAFT, swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32)
     runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W, device=device)
     # full layer: 4 query heads on 1 KV head, one program per request, so the CPU's 4 "SMs" split its prefix
@@ -64,13 +64,13 @@ def verify_batch(state, which, spec, device):
     return ForwardBatch(VERIFY, len(which), rows, prefix, loc, seq_lens_cpu=prefix.cpu(), spec_info=spec)
 
 
-def inputs(layers, tokens, seed, device):
+def inputs(layers, tokens, seed, device, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     out = []
     for layer in layers:
-        q = torch.randn(tokens, HQ, layer.head_dim, generator=g).to(device)
-        k = torch.randn(tokens, layer.tp_k_head_num, layer.head_dim, generator=g).to(device)
-        v = torch.randn(tokens, layer.tp_k_head_num, layer.v_head_dim, generator=g).to(device)
+        q = torch.randn(tokens, HQ, layer.head_dim, generator=g).to(device, dtype)
+        k = torch.randn(tokens, layer.tp_k_head_num, layer.head_dim, generator=g).to(device, dtype)
+        v = torch.randn(tokens, layer.tp_k_head_num, layer.v_head_dim, generator=g).to(device, dtype)
         out.append((q, k, v))
     return out
 
@@ -276,3 +276,42 @@ def test_verify_graph_metadata_equals_eager_for_the_same_spec_info(device, page_
     for layer, got, eager in zip(layers, graph_out, run_layers(backend, layers, data, batch)):
         assert torch.equal(got, eager), f"layer {layer.layer_id}: graph metadata differs from eager " \
                                         f"(max {float((got - eager).abs().max()):.3e})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cuda_graph_verify_capture_and_replay_with_fresh_spec_info_equal_eager(page_size, dtype):
+    """A real captured TARGET_VERIFY graph, replayed with another batch and a fresh SpecInfo (as an
+    engine passes each live batch): bit for bit eager's output for that SpecInfo, and the reference's."""
+    state, backend, layers = setup("cuda", page_size, dtype=dtype)
+    backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4 * N_DRAFT)
+    cap = verify_batch(state, torch.tensor([0, 1]), None, "cuda")
+    cap_spec = tree_spec([TREE_A, TREE_B], cap.seq_lens.tolist(), "cuda")
+    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, cap.req_pool_indices, cap.seq_lens, None,
+                                                     VERIFY, cap_spec)
+    static = inputs(layers, 2 * N_DRAFT, 0, "cuda", dtype)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run_layers(backend, layers, static, cap)  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run_layers(backend, layers, static, cap)
+    new = verify_batch(state, torch.tensor([2, 0]), None, "cuda")
+    new.spec_info = tree_spec([TREE_B, TREE_A], new.seq_lens.tolist(), "cuda")
+    backend.init_forward_metadata_replay_cuda_graph(2, new.req_pool_indices, new.seq_lens, int(new.seq_lens.sum()),
+                                                    None, VERIFY, new.spec_info, new.seq_lens_cpu)
+    for dst, src in zip(static, inputs(layers, 2 * N_DRAFT, 1, "cuda", dtype)):
+        for d, s_ in zip(dst, src):
+            d.copy_(s_)
+    graph.replay()
+    torch.cuda.synchronize()
+    backend.init_forward_metadata(new)
+    eager = run_layers(backend, layers, static, new)
+    for layer, (q, k, v), got, want_eager in zip(layers, static, outs, eager):
+        assert not torch.isnan(got).any()
+        assert torch.equal(got, want_eager), f"layer {layer.layer_id}: replay differs from eager " \
+                                             f"(max {float((got.float() - want_eager.float()).abs().max()):.3e})"
+        assert_close(got, reference(state, layer, new, q, k, v).reshape(got.shape), name=f"layer {layer.layer_id}")
