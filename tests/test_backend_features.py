@@ -1,8 +1,8 @@
 """Kernel features driven through the backend, against the float64 reference.
 
 Tree verify (custom mask and tree positions), non-causal draft blocks, attention sinks, logit soft
-capping and fp8 KV with per-tensor scales (numbers and one-element tensors), for decode and
-TARGET_VERIFY, at page sizes 1 and 4. The pools come from make_pool_state: the real allocators with
+capping and fp8 KV with per-tensor scales (numbers and one-element tensors), for decode,
+TARGET_VERIFY and DRAFT_EXTEND, at page sizes 1 and 4. The pools come from make_pool_state: the real allocators with
 shuffled free lists (SWA slots differ from full slots), window eviction, and NaN in every slot no
 window may read. The step's K/V are saved by the backend; the pools after the step must equal the
 reference store bit for bit, and every layer's output the reference attention over those pools.
@@ -65,7 +65,7 @@ def make_layers(feature, device, g):
 
 def run(device, page_size, feature, mode):
     g = torch.Generator().manual_seed(zlib.crc32(f"{page_size} {mode.name} {sorted(feature.items())}".encode()))
-    new = N if mode == ForwardMode.TARGET_VERIFY else 1
+    new = 1 if mode == ForwardMode.DECODE else N
     dtype = FP8 if feature.get("fp8") else torch.float32
     state = make_pool_state(seq_lens=[11, 23, 6], window_left=W, page_size=page_size, dtype=dtype, device=device,
                             new_tokens=new, generator=g)
@@ -79,6 +79,13 @@ def run(device, page_size, feature, mode):
         mask, pos = tree(prefix.tolist(), device) if feature.get("tree") else (None, None)
         spec = SpecInfo(N, custom_mask=mask, positions=pos, causal=feature.get("causal", True))
         batch = ForwardBatch(mode, bs, rows, prefix, loc, seq_lens_cpu=prefix.cpu(), spec_info=spec)
+    elif mode == ForwardMode.DRAFT_EXTEND:  # a draft block proposed at once (DFlash): spec_info.causal
+        seq = state.seq_lens()
+        ext = seq - prefix
+        spec = SpecInfo(N, causal=feature.get("causal", True))
+        batch = ForwardBatch(mode, bs, rows, seq, loc, seq_lens_cpu=seq.cpu(), extend_prefix_lens=prefix,
+                             extend_seq_lens=ext, extend_prefix_lens_cpu=prefix.tolist(),
+                             extend_seq_lens_cpu=ext.tolist(), spec_info=spec)
     else:
         seq = state.seq_lens()
         batch = ForwardBatch(mode, bs, rows, seq, loc, seq_lens_cpu=seq.cpu())
@@ -100,7 +107,7 @@ def run(device, page_size, feature, mode):
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"{name}: saved {what} differs"
         kw = dict(sm_scale=layer.scaling, logit_cap=layer.logit_cap, sinks=layer.sinks, k_scale=layer.k_scale,
                   v_scale=layer.v_scale)
-        if mode == ForwardMode.TARGET_VERIFY:
+        if mode != ForwardMode.DECODE:
             indptr, indices, _ = ref.extend_window_indices(state.req_to_token, rows, prefix, layer.sliding_window_size,
                                                            mapping)
             qo = torch.arange(0, (bs + 1) * N, N)
@@ -128,3 +135,10 @@ def test_verify_features_through_the_backend(device, page_size, feature):
 @pytest.mark.parametrize("feature", ["plain", "sinks-softcap", "fp8-scales", "fp8-tensor-scales"])
 def test_decode_features_through_the_backend(device, page_size, feature):
     run(device, page_size, FEATURES[feature], ForwardMode.DECODE)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("feature", ["plain", "non-causal", "sinks-softcap", "fp8-tensor-scales"])
+def test_draft_extend_features_through_the_backend(device, page_size, feature):
+    run(device, page_size, FEATURES[feature], ForwardMode.DRAFT_EXTEND)
