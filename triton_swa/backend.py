@@ -442,6 +442,11 @@ class TritonSWAAttnBackend:
         ``spec_info`` may be a fresh object every step: its positions and tree mask are copied into
         the buffers the graph reads. It must match what was captured (``draft_token_num``, ``causal``,
         whether it has a mask and positions); it may cover fewer requests than ``bs`` (padding).
+
+        A replay equals eager metadata over the same batch (``bs`` requests, padding included) bit
+        for bit: both give the kernels the same bounds, so the same split counts. Split counts
+        depend on the launch's batch size, so eager over only the real requests of a padded replay
+        may split otherwise and differ within rounding.
         """
         self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=False)
 
