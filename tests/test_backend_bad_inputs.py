@@ -107,8 +107,7 @@ def _runner(**over):
 
 def _runner_rtp(req_to_token):
     def make(state):
-        return runner_for(state).__class__(state.kv_pool, state.allocator, SimpleNamespace(**req_to_token(state)),
-                                           sliding_window_size=W)
+        return ModelRunner(state.kv_pool, state.allocator, SimpleNamespace(**req_to_token(state)), sliding_window_size=W)
     return make
 
 
