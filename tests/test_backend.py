@@ -265,8 +265,8 @@ def test_model_level_steps_match_reference(window_left, page_size, device):
 @pytest.mark.interpreter
 def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
     """Eager EXTEND passes the batch's longest prefix (capped at the window) as ``max_window``, so a
-    prompt without a prefix takes no empty split-KV programs; verify keeps the layer's bound (None,
-    the launcher's), as CUDA-graph replay does."""
+    prompt without a prefix takes no empty split-KV programs; verify passes the layer's bound, as
+    CUDA-graph replay does."""
     import triton_swa.backend as backend_mod
 
     seen = []
@@ -292,7 +292,10 @@ def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
     seen.clear()
     sim.evict()
     run_step(sim, backend, layers, ForwardMode.TARGET_VERIFY, [3, 3, 3], draft_num=3)
-    assert seen and all(bound is None for _, bound in seen), seen
+    # verify passes the layer's bound (W keys of prefix window, req_to_token's width for full
+    # layers), never the size of this batch's index buffers: CUDA-graph replay passes the same
+    max_ctx = sim.rtp.req_to_token.shape[1]
+    assert seen and all(bound == (w if w >= 0 else max_ctx) for w, bound in seen), seen
 
 
 @pytest.mark.interpreter

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+import numbers
+import operator
+
 import torch
 
 from ._checks import check_tensor
@@ -69,6 +73,9 @@ class ForwardMetadata:
     forward_mode: ForwardMode
     full: LayerIndices | None
     sliding: LayerIndices | None
+    # rows of q, k and v every layer of the step must bring (host ints, checked before any write)
+    batch_size: int = 0
+    num_tokens: int = 0
     qo_indptr: torch.Tensor | None = None  # int32 [B + 1], extend modes
     prefix_lens: torch.Tensor | None = None  # int32 [B], extend modes
     prefix_lens_cpu: torch.Tensor | None = None
@@ -82,8 +89,73 @@ class ForwardMetadata:
     q_positions: torch.Tensor | None = None
 
 
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
+_RUNNER_ATTRS = ("token_to_kv_pool", "token_to_kv_pool_allocator", "req_to_token_pool", "is_draft_worker",
+                 "spec_algorithm", "device")
+_LAYER_ATTRS = ("layer_id", "tp_q_head_num", "tp_k_head_num", "head_dim", "v_head_dim", "scaling",
+                "sliding_window_size")
+
+
+def _as_int(name: str, value, minimum: int | None = None) -> int:
+    """``value`` as an int (Python or numpy/torch integer scalars, not bools), or raise naming ``name``."""
+    if isinstance(value, bool) or isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _as_real(name: str, value, *, positive: bool) -> float:
+    """A finite real number (``> 0`` when ``positive``, else ``>= 0``), or raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or (value <= 0 if positive else value < 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return value
+
+
+def _check_scale(name: str, scale, device) -> None:
+    """A per-tensor K/V scale: None, a finite number > 0, or a one-element floating tensor on ``device``."""
+    if scale is None:
+        return
+    if isinstance(scale, torch.Tensor):
+        check_tensor(name, scale, dtype=(torch.float32, torch.float16, torch.bfloat16), device=device)
+        if scale.numel() != 1:
+            raise ValueError(f"{name} must hold one value (a per-tensor scale), got shape {list(scale.shape)}")
+        return
+    _as_real(name, scale, positive=True)
+
+
+def _check_rows(name: str, x, rows: int, heads: int, dim: int, dtype, device) -> None:
+    """``x`` is ``[rows, heads * dim]`` or ``[rows, heads, dim]`` (last stride 1) of ``dtype``."""
+    check_tensor(name, x, dtype=dtype, device=device)
+    ok = (x.dim() == 3 and tuple(x.shape) == (rows, heads, dim)) or (x.dim() == 2 and tuple(x.shape) == (rows, heads * dim))
+    if not ok:
+        raise ValueError(f"{name} must have shape [{rows}, {heads * dim}] or [{rows}, {heads}, {dim}] "
+                         f"(tokens, heads, head dim of the layer and step), got {list(x.shape)}")
+    if x.numel() and x.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous along its last dimension (strides {x.stride()})")
+
+
+def _check_index(name: str, x, device, length: int | None = None) -> torch.Tensor:
+    check_tensor(name, x, dtype=_INDEX_DTYPES, device=device, ndim=1)
+    if length is not None and x.shape[0] != length:
+        raise ValueError(f"{name} must have {length} entries, got {x.shape[0]}")
+    return x
+
+
 class TritonSWAAttnBackend:
     """Paged sliding-window attention for a hybrid model (sliding and full layers).
+
+    Every input of a step is checked on the host before anything is written: a bad batch raises in
+    ``init_forward_metadata``, a bad tensor or layer in ``forward`` before the step's K/V are saved.
 
     Args:
         model_runner: an object with SGLang's ``ModelRunner`` attribute names (see
@@ -94,13 +166,36 @@ class TritonSWAAttnBackend:
             only.** Resolve the SWA pool by the old rule (the allocator's type is this class) instead
             of SPEC §3's policy. That rule reads wrong K/V on draft workers whose active pool is
             SWA-backed (Gemma 4 + DFlash); never use it to serve.
+
+    Raises:
+        TypeError: ``model_runner`` lacks one of those attributes (named), or one has the wrong type.
+        ValueError: an SWA pool was resolved but ``sliding_window_size`` is -1, or a bad device.
     """
 
     def __init__(self, model_runner, *, legacy_resolve_by_allocator_type: type | None = None):
+        for name in _RUNNER_ATTRS:
+            if not hasattr(model_runner, name):
+                raise TypeError(f"model_runner has no attribute {name!r}; the backend reads SGLang's ModelRunner "
+                                f"names: {', '.join(_RUNNER_ATTRS)}, sliding_window_size")
         self.model_runner = model_runner
-        self.device = torch.device(model_runner.device)
-        self.req_to_token = model_runner.req_to_token_pool.req_to_token
-        self.sliding_window_size = int(getattr(model_runner, "sliding_window_size", -1) or -1)
+        try:
+            self.device = torch.device(model_runner.device)
+        except (TypeError, RuntimeError) as e:
+            raise ValueError(f"model_runner.device must name a torch device, got {model_runner.device!r}") from e
+        if not hasattr(model_runner.req_to_token_pool, "req_to_token"):
+            raise TypeError("model_runner.req_to_token_pool has no attribute 'req_to_token' (the int32 "
+                            "[rows, max_context_len] table of full slots)")
+        self.req_to_token = check_tensor("model_runner.req_to_token_pool.req_to_token",
+                                         model_runner.req_to_token_pool.req_to_token, dtype=torch.int32, ndim=2,
+                                         device=self.device)
+        window = getattr(model_runner, "sliding_window_size", -1)
+        self.sliding_window_size = -1 if window is None else _as_int("model_runner.sliding_window_size", window, -1)
+        if not isinstance(model_runner.is_draft_worker, bool):
+            raise TypeError(f"model_runner.is_draft_worker must be a bool, got "
+                            f"{type(model_runner.is_draft_worker).__name__}")
+        if not hasattr(model_runner.spec_algorithm, "is_frozen_kv_mtp"):
+            raise TypeError("model_runner.spec_algorithm must be a SpeculativeAlgorithm (with is_frozen_kv_mtp()), "
+                            f"got {type(model_runner.spec_algorithm).__name__}")
         if legacy_resolve_by_allocator_type is None:
             self._swa_kv_pool = self._resolve_swa_kv_pool(model_runner)
         else:
@@ -111,7 +206,14 @@ class TritonSWAAttnBackend:
         # K/V buffers come from the resolved SWA pool when there is one (FROZEN_KV MTP reads the
         # target's pool), else from the runner's active pool.
         self.kv_pool = self._swa_kv_pool if self._swa_kv_pool is not None else model_runner.token_to_kv_pool
-        self.page_size = int(getattr(self.kv_pool, "page_size", 1) or 1)
+        if not hasattr(self.kv_pool, "get_kv_buffer"):
+            raise TypeError(f"the KV pool ({type(self.kv_pool).__name__}) has no get_kv_buffer(layer_id)")
+        if self.use_sliding_window_kv_pool and self.sliding_window_size < 0:
+            swa_ids = sorted(i for i, (_, is_swa) in self._swa_kv_pool.layers_mapping.items() if is_swa)
+            raise ValueError(f"model_runner.sliding_window_size is {self.sliding_window_size} (no sliding layers) but "
+                             f"the resolved SWA pool holds sliding layers {swa_ids}: give the sliding layers' "
+                             "window_left")
+        self.page_size = _as_int("kv_pool.page_size", getattr(self.kv_pool, "page_size", 1) or 1, 1)
         self.forward_metadata: ForwardMetadata | None = None
         self.cuda_graph: dict | None = None
 
@@ -144,6 +246,9 @@ class TritonSWAAttnBackend:
         ``lens_cpu`` (no host synchronisation).
         """
         mapping = self.mapping if translate else None
+        if translate and mapping is None:
+            raise ValueError("the resolved SWA pool has no full_to_swa_index_mapping: register the SWA "
+                             "allocator's mapping (register_mapping) before the first step")
         max_ctx = self.req_to_token.shape[1]
         prefix_lens = lens if extend else None
         if self.page_size == 1:
@@ -162,18 +267,100 @@ class TritonSWAAttnBackend:
                                             page_size=self.page_size, prefix_lens=prefix_lens, mapping=mapping,
                                             max_pages=max_pages, out=out)
             csr, table, starts = (None, None), built.page_table, built.window_starts
-        # Decode splits are sized by what the layer can hold, not by this batch: W + 1 for sliding
-        # layers, req_to_token's width for full ones. Eager and CUDA-graph replay then pick the same
-        # splits and agree bit for bit.
-        max_window = window_left + 1 if window_left >= 0 else max_ctx
+        # Splits are sized by what the layer can hold, never by this batch's buffers: decode W + 1
+        # keys (req_to_token's width for full layers), extend/verify prefixes W keys. Eager metadata
+        # and the CUDA-graph buffers (whose kv_indices and page tables are larger) then give the
+        # kernels the same bound, the same split counts and the same bits.
+        max_window = max_window_len(window_left, max_ctx, extend=extend)
         return LayerIndices(*csr, table, starts, lens, self.page_size, max_window, translate)
 
+    def _check_batch(self, fb) -> int:
+        """Check a batch on the host (shapes, dtypes, devices, CPU copies); returns its token count."""
+        mode = fb.forward_mode
+        dev, max_ctx = self.device, self.req_to_token.shape[1]
+        bs = _as_int("forward_batch.batch_size", fb.batch_size, 0)
+        _check_index("forward_batch.req_pool_indices", fb.req_pool_indices, dev, bs)
+        _check_index("forward_batch.seq_lens", fb.seq_lens, dev, bs)
+        if fb.seq_lens_cpu is not None:
+            check_tensor("forward_batch.seq_lens_cpu", fb.seq_lens_cpu, dtype=_INDEX_DTYPES, device="cpu", shape=(bs,))
+        if mode.is_decode():
+            num_tokens, extra = bs, 0
+        elif mode.is_target_verify():
+            spec = fb.spec_info
+            if spec is None:
+                raise ValueError("TARGET_VERIFY needs forward_batch.spec_info with draft_token_num")
+            n = _as_int("spec_info.draft_token_num", getattr(spec, "draft_token_num", None), 1)
+            num_tokens, extra = bs * n, n
+            self._check_spec(spec, bs, n, exact=True)
+        else:
+            if fb.extend_seq_lens is None or fb.extend_prefix_lens is None:
+                raise ValueError(f"{mode.name} needs forward_batch.extend_seq_lens and extend_prefix_lens")
+            _check_index("forward_batch.extend_seq_lens", fb.extend_seq_lens, dev, bs)
+            _check_index("forward_batch.extend_prefix_lens", fb.extend_prefix_lens, dev, bs)
+            cpu = {}
+            for name in ("extend_seq_lens_cpu", "extend_prefix_lens_cpu"):
+                values = getattr(fb, name)
+                if values is None:
+                    continue
+                values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+                if len(values) != bs:
+                    raise ValueError(f"forward_batch.{name} must have {bs} entries, got {len(values)}")
+                cpu[name] = [_as_int(f"forward_batch.{name}[{i}]", x, 0) for i, x in enumerate(values)]
+            if "extend_seq_lens_cpu" in cpu and "extend_prefix_lens_cpu" in cpu:
+                for i, (e, p) in enumerate(zip(cpu["extend_seq_lens_cpu"], cpu["extend_prefix_lens_cpu"])):
+                    if p + e > max_ctx:
+                        raise ValueError(f"request {i}: extend_prefix_lens_cpu + extend_seq_lens_cpu = {p + e} exceeds "
+                                         f"req_to_token's {max_ctx} columns")
+            ext = cpu.get("extend_seq_lens_cpu")
+            num_tokens = sum(ext) if ext is not None else int(fb.extend_seq_lens.sum())
+            extra = 0
+            spec = fb.spec_info
+            if spec is not None and not isinstance(getattr(spec, "causal", True), bool):
+                raise TypeError(f"spec_info.causal must be a bool, got {type(spec.causal).__name__}")
+        if fb.seq_lens_cpu is not None and bs:
+            lo, hi = int(fb.seq_lens_cpu.min()), int(fb.seq_lens_cpu.max())
+            if lo < 0 or hi + extra > max_ctx:
+                what = f"seq_lens_cpu (+ draft_token_num {extra})" if extra else "seq_lens_cpu"
+                raise ValueError(f"forward_batch.{what} must lie in [0, {max_ctx}] (req_to_token's columns), got "
+                                 f"values from {lo} to {hi + extra}")
+        if fb.out_cache_loc is not None:
+            _check_index("forward_batch.out_cache_loc", fb.out_cache_loc, dev, num_tokens)
+        return num_tokens
+
+    def _check_spec(self, spec, bs: int, n: int, *, exact: bool) -> None:
+        """spec_info of a verify step: ``causal`` a bool, ``custom_mask`` ``[bs * n * n]`` and ``positions``
+        ``[bs * n]`` on the device (``exact=False``, graph replay: whole requests, at most ``bs``)."""
+        if not isinstance(getattr(spec, "causal", None), bool):
+            raise TypeError(f"spec_info.causal must be a bool, got {type(getattr(spec, 'causal', None)).__name__}")
+        for name, per_request, dtypes in (("custom_mask", n * n, _MASK_DTYPES), ("positions", n, _INDEX_DTYPES)):
+            x = getattr(spec, name, None)
+            if x is None:
+                continue
+            check_tensor(f"spec_info.{name}", x, dtype=dtypes, device=self.device, ndim=1)
+            m = x.shape[0]
+            if exact and m != bs * per_request:
+                raise ValueError(f"spec_info.{name} must have shape [{bs * per_request}] (batch_size {bs} x "
+                                 f"{'draft_token_num^2' if name == 'custom_mask' else 'draft_token_num'}), got [{m}]")
+            if not exact and (m % per_request or m > bs * per_request):
+                raise ValueError(f"spec_info.{name} must hold whole requests of {per_request} entries, at most {bs} of "
+                                 f"them (the graph's batch), got [{m}]")
+
     def init_forward_metadata(self, forward_batch) -> None:
-        """Build the step's indices once: full layers, sliding layers (translated), extend layout."""
+        """Build the step's indices once: full layers, sliding layers (translated), extend layout.
+
+        Raises:
+            TypeError, ValueError: naming the field of a bad batch (lengths of ``req_pool_indices``,
+                ``seq_lens``, ``out_cache_loc`` or the CPU copies disagreeing with ``batch_size``, a
+                missing ``spec_info`` or ``extend_seq_lens``, wrong dtypes or devices, CPU lengths past
+                ``req_to_token``), before anything is launched.
+        """
         mode = forward_batch.forward_mode
+        if not all(hasattr(mode, name) for name in ("is_idle", "is_decode", "is_target_verify")):
+            raise TypeError(f"forward_batch.forward_mode must be a ForwardMode, got {type(mode).__name__}")
         if mode.is_idle():
             self.forward_metadata = ForwardMetadata(mode, None, None)
             return
+        num_tokens = self._check_batch(forward_batch)
         req = forward_batch.req_pool_indices
         w = self.sliding_window_size
         translate = self.use_sliding_window_kv_pool
@@ -184,9 +371,10 @@ class TritonSWAAttnBackend:
             sliding = None
             if w >= 0:
                 sliding = self._indices(req, lens, lens_cpu, window_left=w, extend=False, translate=translate)
-            self.forward_metadata = ForwardMetadata(mode, full, sliding)
+            self.forward_metadata = ForwardMetadata(mode, full, sliding, forward_batch.batch_size, num_tokens)
             return
         meta = self._extend_layout(forward_batch)
+        meta.batch_size, meta.num_tokens = forward_batch.batch_size, num_tokens
         prefix, prefix_cpu = meta.prefix_lens, meta.prefix_lens_cpu
         meta.full = self._indices(req, prefix, prefix_cpu, window_left=-1, extend=True, translate=False)
         if w >= 0:
@@ -200,9 +388,19 @@ class TritonSWAAttnBackend:
         return 1
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        """Allocate the fixed buffers every captured graph reads its metadata from."""
+        """Allocate, once, every buffer a captured graph's kernels read: window indices, lengths,
+        ``qo_indptr``, draft positions, the tree mask and its offsets.
+
+        TARGET_VERIFY follows SGLang's convention ``draft_token_num = max_num_tokens // max_bs``: the
+        mask holds ``max_bs * draft_token_num ** 2`` entries and the positions ``max_num_tokens``.
+        Capture and replay fill these buffers in place (``[:n]``, the tail zeroed or padded); a replay
+        that needs more than this raises.
+        """
+        max_bs = _as_int("max_bs", max_bs, 1)
+        max_num_tokens = _as_int("max_num_tokens", max_num_tokens, max_bs)
         max_ctx = self.req_to_token.shape[1]
         w, dev = self.sliding_window_size, self.device
+        drafts = max_num_tokens // max_bs
 
         def buffers(per_request: int) -> WindowIndices:
             return WindowIndices(torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
@@ -219,37 +417,85 @@ class TritonSWAAttnBackend:
         self.cuda_graph = {
             "max_bs": max_bs,
             "max_num_tokens": max_num_tokens,
+            "draft_token_num": drafts,
             "full": make(max_ctx if self.page_size == 1 else -1),
             "sliding": (make(max_window_len(w, max_ctx) if self.page_size == 1 else w)) if w >= 0 else None,
             "seq_lens": torch.zeros(max_bs, dtype=torch.int64, device=dev),
             "qo_indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
             "prefix_lens": torch.zeros(max_bs, dtype=torch.int32, device=dev),
-            "custom_mask": None,
+            "positions": torch.zeros(max_num_tokens, dtype=torch.int64, device=dev),
+            "custom_mask": torch.zeros(max_bs * drafts * drafts, dtype=torch.bool, device=dev),
             "mask_indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+            # (bs, mode) -> what the captured kernels were specialised on (draft count, causal, mask, positions)
+            "captured": {},
         }
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens,
                                                  forward_mode, spec_info) -> None:
         """Metadata for capture: the same fixed buffers that replay refills."""
-        self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
+        self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=True)
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens,
                                                 forward_mode, spec_info, seq_lens_cpu=None) -> None:
-        """Refill the fixed buffers for a replay (padded entries use row 0 and the fill length)."""
-        self._graph_metadata(bs, req_pool_indices[:bs], seq_lens[:bs], forward_mode, spec_info)
+        """Refill the fixed buffers for a replay (padded entries use row 0 and the fill length).
 
-    def _graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info) -> None:
+        ``spec_info`` may be a fresh object every step: its positions and tree mask are copied into
+        the buffers the graph reads. It must match what was captured (``draft_token_num``, ``causal``,
+        whether it has a mask and positions); it may cover fewer requests than ``bs`` (padding).
+
+        A replay equals eager metadata over the same batch (``bs`` requests, padding included) bit
+        for bit: both give the kernels the same bounds, so the same split counts. Split counts
+        depend on the launch's batch size, so eager over only the real requests of a padded replay
+        may split otherwise and differ within rounding.
+        """
+        self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=False)
+
+    def _graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, *, capture: bool) -> None:
         if self.cuda_graph is None:
             raise ValueError("init_cuda_graph_state must run before capture or replay")
         g = self.cuda_graph
+        bs = _as_int("bs", bs, 1)
         if bs > g["max_bs"]:
             raise ValueError(f"bs={bs} exceeds the max_bs={g['max_bs']} of init_cuda_graph_state")
         if not (forward_mode.is_decode() or forward_mode.is_target_verify()):
             raise ValueError(f"CUDA graphs cover DECODE and TARGET_VERIFY, not {forward_mode.name}")
-        w = self.sliding_window_size
+        for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens)):
+            _check_index(name, t, self.device)
+            if t.shape[0] < bs:
+                raise ValueError(f"{name} must have at least bs={bs} entries, got {t.shape[0]}")
+        req_pool_indices, seq_lens = req_pool_indices[:bs], seq_lens[:bs]
         extend = forward_mode.is_target_verify()
-        # Everything a captured kernel reads must live in the fixed buffers: a tensor made here would
-        # be freed once the next replay replaces the metadata.
+        sig = ("decode",)
+        n = 1
+        if extend:
+            if spec_info is None:
+                raise ValueError("TARGET_VERIFY needs spec_info with draft_token_num")
+            n = _as_int("spec_info.draft_token_num", getattr(spec_info, "draft_token_num", None), 1)
+            if bs * n > g["max_num_tokens"]:
+                raise ValueError(f"TARGET_VERIFY needs bs * draft_token_num = {bs} * {n} = {bs * n} query tokens, more "
+                                 f"than the max_num_tokens={g['max_num_tokens']} of init_cuda_graph_state")
+            self._check_spec(spec_info, bs, n, exact=False)
+            has_mask = spec_info.custom_mask is not None
+            if has_mask and bs * n * n > g["custom_mask"].numel():
+                raise ValueError(f"TARGET_VERIFY's tree mask needs bs * draft_token_num^2 = {bs * n * n} entries, more "
+                                 f"than the {g['custom_mask'].numel()} init_cuda_graph_state allocated (max_bs "
+                                 f"{g['max_bs']} x draft_token_num {g['draft_token_num']}^2, draft_token_num = "
+                                 "max_num_tokens // max_bs)")
+            sig = (n, spec_info.causal, has_mask, spec_info.positions is not None)
+        key = (bs, forward_mode)
+        if capture:
+            g["captured"][key] = sig
+        else:
+            want = g["captured"].get(key)
+            if want is None:
+                raise ValueError(f"no CUDA graph was captured for bs={bs} in {forward_mode.name}")
+            if want != sig:
+                names = ("draft_token_num", "causal", "custom_mask given", "positions given")
+                diff = ", ".join(f"{k}: captured {a}, replayed {b}" for k, a, b in zip(names, want, sig) if a != b)
+                raise ValueError(f"spec_info does not match the captured graph (bs={bs}): {diff}")
+        w = self.sliding_window_size
+        # Everything a captured kernel reads lives in the buffers of init_cuda_graph_state: a tensor
+        # made here (or a spec_info's own) would be gone or stale at the next replay.
         lens = g["prefix_lens"][:bs].copy_(seq_lens) if extend else g["seq_lens"][:bs].copy_(seq_lens)
 
         def build(which, window_left, translate):
@@ -263,23 +509,28 @@ class TritonSWAAttnBackend:
 
         full = build("full", -1, False)
         sliding = build("sliding", w, self.use_sliding_window_kv_pool) if w >= 0 else None
-        meta = ForwardMetadata(forward_mode, full, sliding)
+        meta = ForwardMetadata(forward_mode, full, sliding, bs, bs * n)
         if extend:
-            n = spec_info.draft_token_num
+            dev = self.device
             qo = g["qo_indptr"][: bs + 1]
-            qo.copy_(torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=self.device))
+            qo.copy_(torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev))
             meta.qo_indptr, meta.prefix_lens, meta.max_extend_len = qo, lens, n
             meta.causal = spec_info.causal
-            if spec_info.custom_mask is not None:
-                size = g["max_bs"] * n * n
-                if g["custom_mask"] is None or g["custom_mask"].numel() != size:
-                    g["custom_mask"] = torch.zeros(size, dtype=spec_info.custom_mask.dtype, device=self.device)
-                mask = g["custom_mask"][: bs * n * n]
-                mask.copy_(spec_info.custom_mask[: bs * n * n])
-                meta.custom_mask = mask
-                meta.mask_indptr = g["mask_indptr"][:bs].copy_(
-                    torch.arange(0, bs * n * n, n * n, dtype=torch.int32, device=self.device))
-            meta.q_positions = spec_info.positions
+            if spec_info.positions is not None:
+                # padded requests (and any the spec_info does not cover) sit at prefix + i
+                pos = g["positions"]
+                pos[: bs * n].copy_((lens.long()[:, None] + torch.arange(n, device=dev)).reshape(-1))
+                pos[bs * n:].zero_()
+                pos[: spec_info.positions.shape[0]].copy_(spec_info.positions)
+                meta.q_positions = pos[: bs * n]
+            if has_mask:
+                mask = g["custom_mask"]
+                mask.zero_()  # padded requests see no draft (their rows are discarded)
+                mask[: spec_info.custom_mask.shape[0]].copy_(spec_info.custom_mask)
+                meta.custom_mask = mask[: bs * n * n]
+                mi = g["mask_indptr"][: bs + 1]
+                mi.copy_(torch.arange(0, (bs + 1) * n * n, n * n, dtype=torch.int32, device=dev))
+                meta.mask_indptr = mi[:bs]
         self.forward_metadata = meta
 
     def _extend_layout(self, forward_batch) -> ForwardMetadata:
@@ -288,16 +539,12 @@ class TritonSWAAttnBackend:
         spec = forward_batch.spec_info
         if mode.is_target_verify():
             # SGLang's convention: seq_lens are the committed lengths; the drafts follow them.
-            if spec is None:
-                raise ValueError("TARGET_VERIFY needs forward_batch.spec_info with draft_token_num")
             n = spec.draft_token_num
             prefix = forward_batch.seq_lens.to(torch.int32)
             prefix_cpu = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else prefix.cpu()
             qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
             max_extend = n
         else:
-            if forward_batch.extend_seq_lens is None or forward_batch.extend_prefix_lens is None:
-                raise ValueError(f"{mode.name} needs forward_batch.extend_seq_lens and extend_prefix_lens")
             prefix = forward_batch.extend_prefix_lens.to(torch.int32)
             prefix_cpu = (torch.tensor(forward_batch.extend_prefix_lens_cpu) if forward_batch.extend_prefix_lens_cpu is not None
                           else prefix.cpu())
@@ -316,7 +563,6 @@ class TritonSWAAttnBackend:
             meta.causal = spec.causal
             meta.q_positions = spec.positions
             if spec.custom_mask is not None:
-                check_tensor("spec_info.custom_mask", spec.custom_mask, shape=(bs * n * n,))
                 meta.custom_mask = spec.custom_mask
                 meta.mask_indptr = torch.arange(0, bs * n * n, n * n, dtype=torch.int32, device=dev)
         elif spec is not None:
@@ -336,63 +582,139 @@ class TritonSWAAttnBackend:
         meta = self.forward_metadata
         if meta is None:
             raise ValueError("init_forward_metadata must run before the layers")
-        kv_layer = layer.layer_id if getattr(layer, "kv_shared_layer_id", None) is None else layer.kv_shared_layer_id
+        for name in _LAYER_ATTRS:
+            if not hasattr(layer, name):
+                raise TypeError(f"layer has no attribute {name!r} (a RadixAttention-like layer has "
+                                f"{', '.join(_LAYER_ATTRS)})")
+        layer_id = _as_int("layer.layer_id", layer.layer_id, 0)
+        shared = getattr(layer, "kv_shared_layer_id", None)
+        kv_layer = layer_id if shared is None else _as_int("layer.kv_shared_layer_id", shared, 0)
+        window = _as_int(f"layer {layer_id}: sliding_window_size", layer.sliding_window_size, -1)
         k_buf, v_buf = self.kv_pool.get_kv_buffer(kv_layer)
-        sliding = layer.sliding_window_size >= 0
-        if sliding and layer.sliding_window_size != self.sliding_window_size:
-            raise ValueError(f"layer {layer.layer_id} has sliding_window_size {layer.sliding_window_size} but the "
+        sliding = window >= 0
+        if sliding and window != self.sliding_window_size:
+            raise ValueError(f"layer {layer_id} has sliding_window_size {window} but the "
                              f"runner's is {self.sliding_window_size}: one window per model")
-        in_swa_pool = isinstance(self.kv_pool, BaseSWAKVPool) and self.kv_pool.layers_mapping[kv_layer][1]
+        layers_mapping = getattr(self.kv_pool, "layers_mapping", None)
+        in_swa_pool = isinstance(self.kv_pool, BaseSWAKVPool) and bool(layers_mapping[kv_layer][1])
         if sliding and self.use_sliding_window_kv_pool and not in_swa_pool:
-            raise ValueError(f"layer {layer.layer_id} is sliding but not in the SWA sub-pool; it cannot share the "
+            raise ValueError(f"layer {layer_id} is sliding but not in the SWA sub-pool; it cannot share the "
                              "sliding layers' translated indices")
+        if not sliding and in_swa_pool:
+            raise ValueError(f"layer {layer_id} is declared full (sliding_window_size=-1) but its K/V (layer "
+                             f"{kv_layer}) live in the SWA sub-pool (layers_mapping[{kv_layer}] = "
+                             f"{tuple(layers_mapping[kv_layer])}): it would read SWA buffers at full-slot indices")
         write_mapping = self.kv_pool.full_to_swa_index_mapping if in_swa_pool else None
         return k_buf, v_buf, (meta.sliding if sliding else meta.full), write_mapping
 
-    def _save(self, layer, k, v, k_buf, v_buf, write_mapping, forward_batch, save_kv_cache):
-        if not save_kv_cache or getattr(layer, "kv_shared_layer_id", None) is not None or k is None:
-            return
+    def _check_forward(self, q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, *, extend: bool) -> bool:
+        """Every host-side check a layer's forward needs, before anything is written.
+
+        Returns whether this call writes the step's K/V.
+        """
+        meta, dev = self.forward_metadata, self.device
+        lid = layer.layer_id
+        HQ = _as_int(f"layer {lid}: tp_q_head_num", layer.tp_q_head_num, 1)
+        H = _as_int(f"layer {lid}: tp_k_head_num", layer.tp_k_head_num, 1)
+        D = _as_int(f"layer {lid}: head_dim", layer.head_dim, 1)
+        DV = _as_int(f"layer {lid}: v_head_dim", layer.v_head_dim, 1)
+        if HQ % H:
+            raise ValueError(f"layer {lid}: tp_q_head_num ({HQ}) must be a multiple of tp_k_head_num ({H})")
+        if tuple(k_buf.shape[-2:]) != (H, D) or tuple(v_buf.shape[-2:]) != (H, DV):
+            raise ValueError(f"layer {lid}: tp_k_head_num={H}, head_dim={D}, v_head_dim={DV} disagree with its KV "
+                             f"pool's buffers (K {list(k_buf.shape)}, V {list(v_buf.shape)})")
+        T = meta.num_tokens
+        _check_rows("q", q, T, HQ, D, _Q_DTYPES, dev)
+        if k_buf.dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
+            raise TypeError(f"q has dtype {q.dtype} but layer {lid}'s KV pool holds {k_buf.dtype} (q's dtype or fp8 "
+                            "e4m3 expected)")
+        shared = getattr(layer, "kv_shared_layer_id", None) is not None
+        if extend and not shared and (k is None or v is None):
+            raise ValueError(f"layer {lid}: extend modes need the step's k and v")
+        if (k is None) != (v is None):
+            raise ValueError("give both k and v, or neither")
+        if k is not None and not shared:
+            _check_rows("k", k, T, H, D, (q.dtype,), dev)
+            _check_rows("v", v, T, H, DV, (q.dtype,), dev)
+        writes = bool(save_kv_cache) and not shared and k is not None
+        if writes or (extend and shared):
+            loc = getattr(forward_batch, "out_cache_loc", None)
+            if loc is None:
+                raise ValueError(f"layer {lid}: forward_batch.out_cache_loc is needed to "
+                                 f"{'write' if writes else 'read'} the step's K/V")
+            _check_index("forward_batch.out_cache_loc", loc, dev, T)
+        sinks = getattr(layer, "sinks", None)
+        if sinks is not None:
+            check_tensor(f"layer {lid}: sinks", sinks, dtype=(torch.float32, torch.float16, torch.bfloat16), device=dev,
+                         shape=(HQ,), contiguous=True)
+        _as_real(f"layer {lid}: scaling", layer.scaling, positive=True)
+        cap = getattr(layer, "logit_cap", 0.0)
+        if cap is not None:
+            _as_real(f"layer {lid}: logit_cap", cap, positive=False)
+        _check_scale(f"layer {lid}: k_scale", getattr(layer, "k_scale", None), dev)
+        _check_scale(f"layer {lid}: v_scale", getattr(layer, "v_scale", None), dev)
+        return writes
+
+    def _save(self, layer, k, v, k_buf, v_buf, write_mapping, forward_batch):
         store_kv(k_buf, v_buf, forward_batch.out_cache_loc, k.view(-1, layer.tp_k_head_num, layer.head_dim),
                  v.view(-1, layer.tp_k_head_num, layer.v_head_dim), mapping=write_mapping,
-                 k_scale=layer.k_scale, v_scale=layer.v_scale)
+                 k_scale=getattr(layer, "k_scale", None), v_scale=getattr(layer, "v_scale", None))
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        """Write the new K/V (translated for sliding layers), then decode over the layer's window."""
+        """Write the new K/V (translated for sliding layers), then decode over the layer's window.
+
+        Raises:
+            TypeError, ValueError: a bad tensor, layer or scale, before the K/V are written.
+        """
         k_buf, v_buf, idx, write_mapping = self._layer_setup(layer)
-        self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch, save_kv_cache)
+        if self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False):
+            self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch)
         q = q.view(-1, layer.tp_q_head_num, layer.head_dim)
         out = swa_decode(
             q, k_buf, v_buf, **idx.kernel_args(decode=True), sm_scale=layer.scaling,
-            logit_cap=layer.logit_cap, sinks=layer.sinks, k_scale=layer.k_scale, v_scale=layer.v_scale,
+            logit_cap=getattr(layer, "logit_cap", 0.0), sinks=getattr(layer, "sinks", None),
+            k_scale=getattr(layer, "k_scale", None), v_scale=getattr(layer, "v_scale", None),
             max_window=max(idx.max_window, 1),
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        """Write the new K/V, then attend the cached window prefix and the new tokens."""
+        """Write the new K/V, then attend the cached window prefix and the new tokens.
+
+        Raises:
+            TypeError, ValueError: a bad tensor, layer or scale, before the K/V are written.
+        """
         k_buf, v_buf, idx, write_mapping = self._layer_setup(layer)
+        writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=True)
         meta = self.forward_metadata
         q = q.view(-1, layer.tp_q_head_num, layer.head_dim)
+        k_scale, v_scale = getattr(layer, "k_scale", None), getattr(layer, "v_scale", None)
         if getattr(layer, "kv_shared_layer_id", None) is not None:
             # The new tokens' K/V live in the shared layer's buffers, written by that layer.
             loc = forward_batch.out_cache_loc.long()
             if write_mapping is not None:
                 loc = write_mapping[loc]
-            k = _dequantize(k_buf[loc], layer.k_scale, q.dtype)
-            v = _dequantize(v_buf[loc], layer.v_scale, q.dtype)
+            k = _dequantize(k_buf[loc], k_scale, q.dtype)
+            v = _dequantize(v_buf[loc], v_scale, q.dtype)
         else:
             k = k.view(-1, layer.tp_k_head_num, layer.head_dim)
             v = v.view(-1, layer.tp_k_head_num, layer.v_head_dim)
-            self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch, save_kv_cache)
+            if writes:
+                self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch)
         window = layer.sliding_window_size
+        # eager EXTEND / DRAFT_EXTEND: the batch's longest prefix (capped at the window); verify, eager
+        # or replayed: the layer's bound, so that both take the same splits
         max_window = meta.max_prefix_len
-        if max_window is not None and window >= 0:
+        if max_window is None:
+            max_window = idx.max_window
+        elif window >= 0:
             max_window = min(max_window, window)
         out = swa_extend(
             q, k, v, k_buf, v_buf, meta.qo_indptr, meta.prefix_lens, **idx.kernel_args(decode=False),
             window_left=window, causal=meta.causal, custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr,
-            q_positions=meta.q_positions, sm_scale=layer.scaling, logit_cap=layer.logit_cap, sinks=layer.sinks,
-            k_scale=layer.k_scale, v_scale=layer.v_scale, max_extend_len=meta.max_extend_len, max_window=max_window,
+            q_positions=meta.q_positions, sm_scale=layer.scaling, logit_cap=getattr(layer, "logit_cap", 0.0),
+            sinks=getattr(layer, "sinks", None), k_scale=k_scale, v_scale=v_scale,
+            max_extend_len=meta.max_extend_len, max_window=max_window,
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
