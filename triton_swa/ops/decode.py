@@ -39,6 +39,7 @@ import triton.language as tl
 from triton import knobs
 
 from .._checks import check_int, check_tensor
+from ..guard import check_swa_decode, guarded
 
 __all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits",
            "decode_resident_programs", "swa_decode"]
@@ -772,6 +773,7 @@ def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
     return out
 
 
+@guarded(check_swa_decode)
 def swa_decode(
     q: torch.Tensor,
     k_buffer: torch.Tensor,

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_int, check_tensor, check_window_left
+from ..guard import check_swa_extend, guarded
 from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _Launch, _swa_decode_merge
 
 __all__ = ["ExtendConfig", "extend_config", "extend_num_splits", "extend_resident_programs", "swa_extend"]
@@ -607,6 +608,7 @@ def _as_scale(name: str, value, device) -> float | torch.Tensor:
     return float(value)
 
 
+@guarded(check_swa_extend)
 def swa_extend(
     q: torch.Tensor,
     k: torch.Tensor,

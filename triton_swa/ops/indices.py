@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .._checks import KV_DTYPES, check_int, check_tensor, check_window_left
+from ..guard import check_build_window_indices, check_build_window_page_table, check_store_kv, check_swa_out_cache_loc, guarded
 
 _INT = (torch.int32, torch.int64)
 
@@ -427,6 +428,7 @@ def _mode(seq_lens, prefix_lens, window_left):
     return prefix_lens, window_left, window_left >= 0
 
 
+@guarded(check_build_window_indices)
 def build_window_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -511,6 +513,7 @@ def build_window_indices(
     return out
 
 
+@guarded(check_build_window_page_table)
 def build_window_page_table(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -583,6 +586,7 @@ def build_window_page_table(
     return out
 
 
+@guarded(check_swa_out_cache_loc)
 def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out: torch.Tensor | None = None,
                       block: int | None = None) -> torch.Tensor:
     """The new tokens' SWA slots ``mapping[out_cache_loc]`` as int32, in one launch.
@@ -646,6 +650,7 @@ def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
     return buf, 0
 
 
+@guarded(check_store_kv)
 def store_kv(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
