@@ -43,9 +43,10 @@ What is checked (each op's check is a function here, named ``check_<op>``):
   and a page's tokens share its page; ``num_indices`` equals the true count, ``out`` buffers and
   ``max_pages`` are large enough (the ops would truncate silently).
 - ``swa_out_cache_loc`` / ``store_kv``: every ``loc`` lies in ``[0, mapping size - 1)`` (or the
-  buffers' rows), a real token (``loc > 0``) has an SWA slot, translated slots lie in the buffers,
-  and no two tokens write the same slot. ``loc = 0`` is padding (it writes the dummy slot) and is
-  allowed; negative slots are refused (``-1`` would write a buffer's last row).
+  buffers' rows), a real token (``loc > 0``) has an SWA slot, translated slots lie in
+  ``[0, rows)`` of both buffers, and no two tokens write the same slot. ``loc = 0`` is padding (it
+  writes the dummy slot) and is allowed; ``swa_out_cache_loc`` also passes the mapping's ``-1``
+  sentinel through; every other negative slot is refused.
 - Any argument named ``<name>_cpu`` must equal the argument ``<name>`` (host copies of device lengths).
 
 Padding: CUDA-graph padding entries point at ``req_to_token`` row 0 with a length of 1, so their
@@ -149,8 +150,11 @@ def guarded(check_fn):
             if not _capturing():
                 bound = sig.bind(*args, **kwargs)
                 bound.apply_defaults()
-                _check_cpu_copies(fn.__name__, bound.arguments)
-                wrapper.guard_check(*bound.args, **bound.kwargs)
+                try:
+                    _check_cpu_copies(fn.__name__, bound.arguments)
+                    wrapper.guard_check(*bound.args, **bound.kwargs)
+                except _Defer:
+                    pass  # malformed arguments: the op's own checks name them
             return fn(*args, **kwargs)
 
         wrapper.guard_check = check_fn
@@ -166,15 +170,25 @@ def guarded(check_fn):
 # ----- helpers ---------------------------------------------------------------------------------------
 
 
+class _Defer(ValueError):
+    """Arguments too malformed to check (not a tensor, wrong rank or length, a page size the pool
+    contradicts): the op's own always-on checks reject them with their own message, so the wrapper
+    lets the op run into them rather than pre-empting it with a different error."""
+
+
 def _tensor(name: str, x, ndim: int | None = None, *, integer: bool = True) -> torch.Tensor:
-    """``x`` if it is a tensor the checks can read (the op's own checks name finer mistakes)."""
+    """``x`` if it is a tensor the checks can read (else :class:`_Defer`)."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise _Defer(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if ndim is not None and x.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+        raise _Defer(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     if integer and (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool):
-        raise TypeError(f"{name} must be an integer tensor, got {x.dtype}")
+        raise _Defer(f"{name} must be an integer tensor, got {x.dtype}")
     return x
+
+
+def _defer(message: str):
+    raise _Defer(message)
 
 
 def _host(name: str, x, ndim: int = 1) -> torch.Tensor:
@@ -210,7 +224,7 @@ def _check_indptr(op: str, name: str, ptr: torch.Tensor, end_max: int | None, *,
                   what: str) -> torch.Tensor:
     """A host ``[B + 1]`` offsets vector: 0 first, never decreasing, ending in bounds; returns the counts."""
     if ptr.numel() == 0:
-        _fail(op, f"{name} must have B + 1 entries, got none")
+        _defer(f"{name} must have B + 1 entries, got none")
     if int(ptr[0]) != 0:
         _fail(op, f"{name}[0] must be 0, got {int(ptr[0])}")
     counts = ptr[1:] - ptr[:-1]
@@ -258,7 +272,7 @@ def _check_slots(op: str, slots: torch.Tensor, req: torch.Tensor, pos: torch.Ten
 def _check_csr(op: str, kv_indptr, kv_indices, rows: int, B: int, *, need=None, starts=None, max_count=None) -> None:
     ptr = _host("kv_indptr", kv_indptr)
     if ptr.numel() != B + 1:
-        _fail(op, f"kv_indptr must have B + 1 = {B + 1} entries, got {ptr.numel()}")
+        _defer(f"kv_indptr must have B + 1 = {B + 1} entries, got {ptr.numel()}")
     _tensor("kv_indices", kv_indices, 1)
     counts = _check_indptr(op, "kv_indptr", ptr, kv_indices.numel(), what="kv_indices")
     if need is not None:
@@ -315,10 +329,22 @@ def _check_page_table(op: str, page_table, starts: torch.Tensor, ends: torch.Ten
                 lambda i: f"request {int(req[i])} (batch index) page_table[{int(req[i])}, {int(j[i])}] (page {int(entries[i])})")
 
 
+def _check_window_left(window_left) -> None:
+    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+        _defer(f"window_left must be an int >= -1, got {window_left!r}")
+
+
+def _check_page_size(page_size, mapping=None) -> None:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        _defer(f"page_size must be an int >= 1, got {page_size!r}")
+    if isinstance(mapping, torch.Tensor) and mapping.dim() == 1 and (mapping.numel() - 1) % page_size:
+        _defer(f"page_size={page_size} disagrees with the mapping's {mapping.numel()} entries")
+
+
 def _buffer_rows(name: str, buf) -> int:
     _tensor(name, buf, integer=False)
     if buf.dim() < 1:
-        raise ValueError(f"{name} must have at least one dimension")
+        _defer(f"{name} must have at least one dimension")
     return int(buf.shape[0])
 
 
@@ -341,6 +367,7 @@ def check_swa_decode(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
                      seq_lens=None, page_size=1, max_window=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.swa_decode` (module docstring); raises ValueError."""
     op = "swa_decode"
+    _check_page_size(page_size)
     B = _buffer_rows("q", q)
     rows = min(_buffer_rows("k_buffer", k_buffer), _buffer_rows("v_buffer", v_buffer))
     if kv_indptr is not None and kv_indices is not None:
@@ -348,7 +375,7 @@ def check_swa_decode(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
     elif page_table is not None and window_starts is not None and seq_lens is not None:
         starts, ends = _host("window_starts", window_starts), _host("seq_lens", seq_lens)
         if starts.numel() != B or ends.numel() != B:
-            _fail(op, f"window_starts and seq_lens must have B = {B} entries, got {starts.numel()} and {ends.numel()}")
+            _defer(f"window_starts and seq_lens must have B = {B} entries, got {starts.numel()} and {ends.numel()}")
         if max_window is not None:
             b = _first(ends - starts > max_window)
             if b is not None:
@@ -365,6 +392,8 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
                      mask_indptr=None, q_positions=None, max_extend_len=None, max_window=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.swa_extend` (module docstring); raises ValueError."""
     op = "swa_extend"
+    _check_window_left(window_left)
+    _check_page_size(page_size)
     T = _buffer_rows("q", q)
     _tensor("k_buffer", k_buffer, integer=False)
     _tensor("v_buffer", v_buffer, integer=False)
@@ -374,7 +403,7 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
     B = P.numel()
     qo = _host("qo_indptr", qo_indptr)
     if qo.numel() != B + 1:
-        _fail(op, f"qo_indptr must have B + 1 = {B + 1} entries, got {qo.numel()}")
+        _defer(f"qo_indptr must have B + 1 = {B + 1} entries, got {qo.numel()}")
     E = _check_indptr(op, "qo_indptr", qo, None, end_exact=T, what="q")
     b = _first(P < 0)
     if b is not None:
@@ -397,7 +426,7 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
     elif page_table is not None and window_starts is not None:
         ws = _host("window_starts", window_starts)
         if ws.numel() != B:
-            _fail(op, f"window_starts must have B = {B} entries, got {ws.numel()}")
+            _defer(f"window_starts must have B = {B} entries, got {ws.numel()}")
         b = _first(ws != start)
         if b is not None:
             _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(ws[b])}, but its cached prefix window "
@@ -406,7 +435,7 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
     if q_positions is not None:
         pos = _host("q_positions", q_positions)
         if pos.numel() != T:
-            _fail(op, f"q_positions must have T = {T} entries, got {pos.numel()}")
+            _defer(f"q_positions must have T = {T} entries, got {pos.numel()}")
         req = torch.repeat_interleave(torch.arange(B), E, output_size=T)
         t = _first((pos < P[req]) | (pos >= (P + E)[req]))
         if t is not None:
@@ -417,7 +446,7 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
         _tensor("custom_mask", custom_mask, 1, integer=False)
         mi = _host("mask_indptr", mask_indptr)
         if mi.numel() < B:
-            _fail(op, f"mask_indptr must have at least B = {B} entries, got {mi.numel()}")
+            _defer(f"mask_indptr must have at least B = {B} entries, got {mi.numel()}")
         size = E * E
         b = _first(mi[:B] < 0)
         if b is not None:
@@ -438,6 +467,7 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
 
 def _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens):
     """Host (rows, starts, ends) of every request's window after range checks of rows and lengths."""
+    _check_window_left(window_left)
     _tensor("req_to_token", req_to_token, 2)
     R, C = req_to_token.shape
     rows = _host("req_pool_indices", req_pool_indices)
@@ -447,7 +477,7 @@ def _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, pr
         _fail(op, f"request {b} (batch index): req_pool_indices[{b}] = {int(rows[b])} is not a row of req_to_token [0, {R})")
     L = _host("seq_lens", seq_lens)
     if L.numel() != B:
-        _fail(op, f"seq_lens must have B = {B} entries, got {L.numel()}")
+        _defer(f"seq_lens must have B = {B} entries, got {L.numel()}")
     b = _first((L < 0) | (L > C))
     if b is not None:
         _fail(op, f"request {b} (batch index): seq_lens[{b}] = {int(L[b])} is outside [0, max_context_len={C}]")
@@ -455,7 +485,7 @@ def _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, pr
     if prefix_lens is not None:
         P = _host("prefix_lens", prefix_lens)
         if P.numel() != B:
-            _fail(op, f"prefix_lens must have B = {B} entries, got {P.numel()}")
+            _defer(f"prefix_lens must have B = {B} entries, got {P.numel()}")
         b = _first((P < 0) | (P > L))
         if b is not None:
             _fail(op, f"request {b} (batch index): prefix_lens[{b}] = {int(P[b])} is outside [0, seq_lens[{b}] = {int(L[b])}]")
@@ -533,6 +563,8 @@ def check_build_window_indices(req_to_token, req_pool_indices, seq_lens, *, wind
                                page_size=None, num_indices=None, out=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.build_window_indices` (module docstring); raises ValueError."""
     op = "build_window_indices"
+    if page_size is not None:
+        _check_page_size(page_size, mapping)
     rows, starts, ends = _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens)
     total = int((ends - starts).sum())
     if num_indices is not None and num_indices != total:
@@ -546,6 +578,7 @@ def check_build_window_page_table(req_to_token, req_pool_indices, seq_lens, *, w
                                   mapping=None, max_pages=None, out=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.build_window_page_table` (module docstring); raises ValueError."""
     op = "build_window_page_table"
+    _check_page_size(page_size, mapping)
     rows, starts, ends = _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens)
     width = max_pages
     if width is None and out is not None and getattr(out, "page_table", None) is not None:
@@ -566,20 +599,21 @@ def check_build_window_page_table(req_to_token, req_pool_indices, seq_lens, *, w
 def _check_write_slots(op, loc, mapping, rows: int | None, rows_name: str) -> None:
     locs = _host("loc" if op == "store_kv" else "out_cache_loc", loc)
     source = "loc" if op == "store_kv" else "out_cache_loc"
+    # swa_out_cache_loc passes the mapping's -1 sentinel through (SPEC §2); a store never takes it
+    sentinel_ok = rows is None
     if mapping is not None:
         _tensor("mapping", mapping, 1)
         n_map = mapping.numel()
-        i = _first((locs < 0) | (locs >= n_map - 1))
+        i = _first(((locs < 0) & ~((locs == -1) & sentinel_ok)) | (locs >= n_map - 1))
         if i is not None:
             s = int(locs[i])
-            why = ("is negative (-1 translates to -1, which a store writes to the buffer's last row)" if s < 0
-                   else f"is past the {n_map - 1} full slots of the mapping")
+            why = "is negative" if s < 0 else f"is past the {n_map - 1} full slots of the mapping"
             _fail(op, f"token {i}: full slot {s} ({source}[{i}]) {why}")
         slots = mapping.detach()[locs.to(mapping.device)].to("cpu", torch.int64)
-        i = _first((locs > 0) & (slots == 0))
+        i = _first((locs > 0) & (slots <= 0))
         if i is not None:
-            _fail(op, f"token {i}: full slot {int(locs[i])} ({source}[{i}]) has SWA slot 0 (mapping[{int(locs[i])}]: "
-                      "evicted or never allocated); its K/V would land on the dummy slot")
+            _fail(op, f"token {i}: full slot {int(locs[i])} ({source}[{i}]) has SWA slot {int(slots[i])} "
+                      f"(mapping[{int(locs[i])}]: evicted or never allocated); its K/V would be lost")
     else:
         slots = locs
     if rows is not None:
