@@ -279,7 +279,7 @@ def test_decode_page_table_bad_pages():
     table[2, 0] = k.shape[0] // 4
     with raises(2, int(d["starts"][2]), text="past the buffer"):
         swa_decode(q, k, v, page_table=table, debug=True, **kw)
-    with raises(1, text=r"window \[10, 17\) spans 3 pages, more than the page_table's 2"):
+    with raises(1, text=r"window \[10, 17\) needs 3 page_table columns from window_starts 10, more than the page_table.s 2"):
         swa_decode(q, k, v, page_table=d["table"][:, :2].contiguous(), debug=True, **kw)
     starts = d["starts"].clone()
     starts[0] = d["lens"][0] + 1
@@ -312,8 +312,17 @@ def test_extend_csr_corruptions():
         swa_extend(*args, kv_indices=idx, debug=True, **kw)
     # a decode window (W + 1 keys, ending at the new tokens) passed as the prefix window
     ptr, idx, _ = ref.decode_window_indices(state.req_to_token, state.req_pool_indices(), state.seq_lens(), W, state.mapping)
-    with raises(0, text=r"holds 7 keys in kv_indices, expected 5 \(positions \[0, 5\)\)"):
+    with raises(0, text=r"holds 7 keys in kv_indices, more than its 5 prefix tokens"):
         swa_extend(*args, window_left=W, kv_indptr=ptr, kv_indices=idx, debug=True)
+    # the whole prefix listed (the kernel reads only the window's last W entries): entries before the
+    # window are never read, so even a dummy slot there passes; one key short of the window fails
+    rows, prefix = state.req_pool_indices(), state.prefix_lens()
+    ptr, idx, _ = ref.extend_window_indices(state.req_to_token, rows, prefix, -1, state.mapping)
+    assert int(idx[int(ptr[2])]) == 0, "request 2's oldest token is evicted"
+    guard.check_swa_extend(*args, window_left=W, kv_indptr=ptr, kv_indices=idx)
+    short = torch.cat([d["ptr"][:2], d["ptr"][2:] - 1])
+    with raises(1, text=r"holds 5 keys in kv_indices, fewer than the window's 6 \(positions \[11, 17\)\)"):
+        swa_extend(*args, window_left=W, kv_indptr=short, kv_indices=d["idx"][1:], debug=True)
 
 
 def test_extend_lengths_and_layout():
@@ -326,7 +335,9 @@ def test_extend_lengths_and_layout():
         swa_extend(q, k, v, kb, vb, bad, P, debug=True, **kw)
     bad = qo.clone()
     bad[-1] -= 1
-    with raises(2, text=r"qo_indptr\[-1\] = 7 but q has 8"):
+    guard.check_swa_extend(q, k, v, kb, vb, bad, P, **kw)  # q rows past the last request: never read
+    bad[-1] += 2
+    with raises(2, text=r"qo_indptr\[3\] = 9 runs past the 8 entries of q"):
         swa_extend(q, k, v, kb, vb, bad, P, debug=True, **kw)
     bad = P.clone()
     bad[0] = -1
@@ -363,7 +374,7 @@ def test_extend_page_table_corruptions():
         swa_extend(*args, page_table=table, window_starts=d["starts"], debug=True, **kw)
     starts = d["starts"].clone()
     starts[1] += 1
-    with raises(1, text=r"window_starts\[1\] = 12, but its cached prefix window starts at 11"):
+    with raises(1, text=r"window_starts\[1\] = 12 is past the first position the window reads, 11"):
         swa_extend(*args, page_table=d["table"], window_starts=starts, debug=True, **kw)
 
 
@@ -602,6 +613,10 @@ def test_malformed_arguments_get_the_ops_own_error():
         swa_decode(q, k, v, kv_indptr=d["ptr"][:-1], kv_indices=d["idx"], debug=True)
     with pytest.raises(TypeError, match="kv_indices must have dtype"):
         swa_decode(q, k, v, kv_indptr=d["ptr"], kv_indices=d["idx"].float(), debug=True)
+    with pytest.raises(ValueError, match="kv_indices must be on device cpu"):
+        swa_decode(q, k, v, kv_indptr=d["ptr"], kv_indices=d["idx"].to("meta"), debug=True)
+    with pytest.raises(ValueError, match="max_window must be >= 0"):
+        swa_decode(q, k, v, kv_indptr=d["ptr"], kv_indices=d["idx"], max_window=-1, debug=True)
     rows, lens = state.req_pool_indices(), state.seq_lens()
     with pytest.raises(ValueError, match="page_size=7 disagrees"):
         build_window_page_table(state.req_to_token, rows, lens, window_left=W, page_size=7, mapping=state.mapping,

@@ -27,15 +27,18 @@ forbids); a captured graph replays with metadata refreshed outside the capture, 
 What is checked (each op's check is a function here, named ``check_<op>``):
 
 - ``swa_decode``: CSR ``kv_indptr`` starts at 0, never decreases and ends within ``kv_indices``;
-  every listed slot lies in ``[1, k_buffer rows)``; no window holds more than ``max_window`` keys.
+  every listed slot lies in ``[1, k_buffer rows)`` and appears once per window; no window holds more
+  than ``max_window`` keys.
   Page-table form: ``0 <= window_starts <= seq_lens``, the table is wide enough for every window,
   and every page a window covers lies in ``[1, num_pages)``.
-- ``swa_extend``: ``qo_indptr`` starts at 0, never decreases and ends at ``q``'s token count, no
-  request has more than ``max_extend_len`` tokens, ``prefix_lens >= 0``; the cached prefix window
-  holds exactly the keys ``[max(0, P - W), P)`` (``[0, P)`` at ``W = -1``), as the index builders
-  make it (CSR counts, or ``window_starts`` of the page table), with every slot or page in range and
-  not the dummy; ``q_positions`` of request ``b`` lie in ``[P, P + E)``; each custom-mask block
-  ``[E, E]`` fits in ``custom_mask`` (and ``mask_indptr [B + 1]`` steps by ``E * E``).
+- ``swa_extend``: ``qo_indptr`` starts at 0, never decreases and ends within ``q``'s tokens, no
+  request has more than ``max_extend_len`` tokens, ``prefix_lens >= 0``; the cached prefix covers
+  the keys the new tokens see, ``[max(0, P - W), P)`` (``[0, P)`` at ``W = -1``): a CSR list (which
+  ends at position ``P - 1``) holds at least those and at most ``P`` entries, a page table has
+  ``0 <= window_starts <= max(0, P - W)`` and columns for every page up to ``P - 1``; every slot or
+  page read is in range and not the dummy (entries the kernel never reads are not checked);
+  ``q_positions`` of request ``b`` lie in ``[P, P + E)``; each custom-mask block ``[E, E]`` fits in
+  ``custom_mask`` (and ``mask_indptr [B + 1]`` steps by ``E * E``).
 - ``build_window_indices`` / ``build_window_page_table``: ``req_pool_indices`` are rows of
   ``req_to_token``, ``0 <= prefix_lens <= seq_lens <= max_context_len``; every token of every
   window has a full slot in ``[1, mapping size - 1)`` and, with a mapping, a live SWA slot (not 0:
@@ -151,6 +154,7 @@ def guarded(check_fn):
                 bound = sig.bind(*args, **kwargs)
                 bound.apply_defaults()
                 try:
+                    _check_devices(bound.arguments)
                     _check_cpu_copies(fn.__name__, bound.arguments)
                     wrapper.guard_check(*bound.args, **bound.kwargs)
                 except _Defer:
@@ -206,6 +210,13 @@ def _fail(op: str, message: str):
     raise ValueError(f"{op} (debug check): {message}")
 
 
+def _check_devices(arguments: dict) -> None:
+    """Defer unless every tensor argument (host copies ``*_cpu`` aside) lives on one real device."""
+    devices = {x.device for name, x in arguments.items() if isinstance(x, torch.Tensor) and not name.endswith("_cpu")}
+    if len(devices) > 1 or any(d.type == "meta" for d in devices):
+        _defer(f"tensor arguments on several devices or on meta: {sorted(map(str, devices))}")
+
+
 def _check_cpu_copies(op: str, arguments: dict) -> None:
     """Every ``<name>_cpu`` argument equals ``<name>``."""
     for name, host in arguments.items():
@@ -256,8 +267,7 @@ def _slot_problem(slot: int, rows: int) -> str:
     return f"is past the buffer's {rows} rows"
 
 
-def _check_slots(op: str, slots: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, rows: int, *, source: str,
-                 counts: torch.Tensor, pos_is_offset: bool = False) -> None:
+def _check_slots(op: str, slots, req, pos, at, rows: int, counts, *, pos_is_offset: bool = False) -> None:
     """Every slot in ``[1, rows)``; a window of one dummy slot is a CUDA-graph padding entry."""
     bad = (slots < 1) | (slots >= rows)
     if bad.any():
@@ -266,67 +276,95 @@ def _check_slots(op: str, slots: torch.Tensor, req: torch.Tensor, pos: torch.Ten
     if i is not None:
         b, s = int(req[i]), int(slots[i])
         where = f"window entry {int(pos[i])}" if pos_is_offset else f"position {int(pos[i])}"
-        _fail(op, f"request {b} (batch index), {where}: slot {s} ({source}[{i}]) {_slot_problem(s, rows)}")
+        _fail(op, f"request {b} (batch index), {where}: slot {s} (kv_indices[{int(at[i])}]) {_slot_problem(s, rows)}")
 
 
-def _check_csr(op: str, kv_indptr, kv_indices, rows: int, B: int, *, need=None, starts=None, max_count=None) -> None:
+def _check_csr(op: str, kv_indptr, kv_indices, rows: int, B: int, *, need=None, prefix=None, max_count=None) -> None:
+    """A CSR window list. Decode (``need`` None) reads every entry. Extend reads the last ``need[b]``
+    entries of request ``b``'s list, which ends at position ``prefix[b] - 1``: the list must hold at
+    least those and no more than the prefix has; earlier entries are never read, so not checked."""
     ptr = _host("kv_indptr", kv_indptr)
     if ptr.numel() != B + 1:
         _defer(f"kv_indptr must have B + 1 = {B + 1} entries, got {ptr.numel()}")
     _tensor("kv_indices", kv_indices, 1)
     counts = _check_indptr(op, "kv_indptr", ptr, kv_indices.numel(), what="kv_indices")
     if need is not None:
-        b = _first(counts != need)
+        b = _first(counts < need)
         if b is not None:
-            _fail(op, f"request {b} (batch index): its cached prefix window holds {int(counts[b])} keys in kv_indices, "
-                      f"expected {int(need[b])} (positions [{int(starts[b])}, {int(starts[b] + need[b])}))")
+            _fail(op, f"request {b} (batch index): its cached prefix list holds {int(counts[b])} keys in kv_indices, "
+                      f"fewer than the window's {int(need[b])} (positions [{int(prefix[b] - need[b])}, {int(prefix[b])}))")
+        b = _first(counts > prefix)
+        if b is not None:
+            _fail(op, f"request {b} (batch index): its cached prefix list holds {int(counts[b])} keys in kv_indices, more "
+                      f"than its {int(prefix[b])} prefix tokens (a list that ends at position prefix_lens - 1)")
     if max_count is not None:
         b = _first(counts > max_count)
         if b is not None:
             _fail(op, f"request {b} (batch index): its window holds {int(counts[b])} keys, more than max_window={max_count}")
-    req, off = _flat(counts)
-    slots = kv_indices[: int(ptr[-1])].detach().to("cpu", torch.int64)
-    pos = off if starts is None else starts[req] + off
-    _check_slots(op, slots, req, pos, rows, source="kv_indices", counts=counts, pos_is_offset=starts is None)
-    where = "window entry" if starts is None else "position"
+    read = counts if need is None else need
+    req, off = _flat(read)
+    # entry index in kv_indices: decode reads from each list's start, extend its last `need` entries
+    at = ptr[:-1][req] + off if need is None else ptr[1:][req] - read[req] + off
+    slots = kv_indices.detach()[at.to(kv_indices.device)].to("cpu", torch.int64)
+    pos = off if need is None else prefix[req] - read[req] + off
+    _check_slots(op, slots, req, pos, at, rows, read, pos_is_offset=need is None)
+    where = "window entry" if need is None else "position"
     _duplicates(op, req * rows + slots, off,
-                lambda i: f"request {int(req[i])} (batch index) {where} {int(pos[i])} (slot {int(slots[i])}, kv_indices[{i}])")
+                lambda i: f"request {int(req[i])} (batch index) {where} {int(pos[i])} (slot {int(slots[i])}, kv_indices[{int(at[i])}])")
 
 
 def _check_page_table(op: str, page_table, starts: torch.Tensor, ends: torch.Tensor, page_size: int, rows: int,
-                      *, ends_name: str) -> None:
-    """Every page of every window ``[starts, ends)`` inside the table and in ``[1, num_pages)``."""
+                      *, ends_name: str, read_from: torch.Tensor | None = None) -> None:
+    """A page table whose row ``b`` starts at the page of position ``starts[b]``: the columns of every
+    position the kernel reads, ``[read_from, ends)`` (default ``[starts, ends)``), exist and hold pages
+    in ``[1, num_pages)``."""
     _tensor("page_table", page_table, 2)
     B, width = page_table.shape
+    if B != starts.numel() or (width > 1 and page_table.stride(1) != 1) or rows % page_size:
+        _defer("page_table rows, its strides or the buffer's whole pages are wrong")
     b = _first(starts < 0)
     if b is not None:
         _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(starts[b])} is negative")
-    b = _first(ends < starts)
+    read_from = starts if read_from is None else read_from
+    b = _first(read_from < starts)
     if b is not None:
-        _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(starts[b])} is past {ends_name}[{b}] = {int(ends[b])}")
-    first = starts // page_size
-    pages = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, torch.zeros_like(starts))
+        _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(starts[b])} is past the first position the "
+                  f"window reads, {int(read_from[b])}")
+    b = _first(ends < read_from)
+    if b is not None:
+        _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(read_from[b])} is past {ends_name}[{b}] = {int(ends[b])}")
+    base = starts // page_size
+    lo = read_from // page_size - base
+    pages = torch.where(ends > read_from, (ends - 1) // page_size + 1 - base, torch.zeros_like(starts))
     b = _first(pages > width)
     if b is not None:
-        _fail(op, f"request {b} (batch index): window [{int(starts[b])}, {int(ends[b])}) spans {int(pages[b])} pages, "
-                  f"more than the page_table's {width} columns")
-    req, j = _flat(pages)
+        _fail(op, f"request {b} (batch index): window [{int(read_from[b])}, {int(ends[b])}) needs {int(pages[b])} "
+                  f"page_table columns from window_starts {int(starts[b])}, more than the page_table's {width}")
+    used = torch.where(ends > read_from, pages - lo, torch.zeros_like(pages))
+    req, off = _flat(used)
+    j = lo[req] + off
     entries = page_table.detach()[req.to(page_table.device), j.to(page_table.device)].to("cpu", torch.int64)
     num_pages = rows // page_size
     bad = (entries < 1) | (entries >= num_pages)
     if bad.any():
         # a padding entry: a one-token window on the dummy page
-        bad &= ~((entries == 0) & ((ends - starts)[req] == 1))
+        bad &= ~((entries == 0) & ((ends - read_from)[req] == 1))
     i = _first(bad)
     if i is not None:
         b, p = int(req[i]), int(entries[i])
-        pos = max(int(starts[b]), (int(first[b]) + int(j[i])) * page_size)
+        pos = max(int(read_from[b]), (int(base[b]) + int(j[i])) * page_size)
         slot = p * page_size + pos % page_size
         why = ("is the dummy page 0 (an evicted or unmapped SWA page translates to 0)" if p == 0
                else "is negative" if p < 0 else f"is past the buffer's {num_pages} pages")
         _fail(op, f"request {b} (batch index), position {pos}: slot {slot} on page {p} (page_table[{b}, {int(j[i])}]) {why}")
     _duplicates(op, req * num_pages + entries, j,
                 lambda i: f"request {int(req[i])} (batch index) page_table[{int(req[i])}, {int(j[i])}] (page {int(entries[i])})")
+
+
+def _check_count(name: str, value) -> None:
+    """Host sizes (``max_window``, ``max_extend_len``, ...) the op itself requires to be ints >= 0."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        _defer(f"{name} must be an int >= 0, got {value!r}")
 
 
 def _check_window_left(window_left) -> None:
@@ -368,6 +406,7 @@ def check_swa_decode(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
     """The debug check of :func:`~triton_swa.swa_decode` (module docstring); raises ValueError."""
     op = "swa_decode"
     _check_page_size(page_size)
+    _check_count("max_window", max_window)
     B = _buffer_rows("q", q)
     rows = min(_buffer_rows("k_buffer", k_buffer), _buffer_rows("v_buffer", v_buffer))
     if kv_indptr is not None and kv_indices is not None:
@@ -394,6 +433,7 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
     op = "swa_extend"
     _check_window_left(window_left)
     _check_page_size(page_size)
+    _check_count("max_extend_len", max_extend_len)
     T = _buffer_rows("q", q)
     _tensor("k_buffer", k_buffer, integer=False)
     _tensor("v_buffer", v_buffer, integer=False)
@@ -404,7 +444,8 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
     qo = _host("qo_indptr", qo_indptr)
     if qo.numel() != B + 1:
         _defer(f"qo_indptr must have B + 1 = {B + 1} entries, got {qo.numel()}")
-    E = _check_indptr(op, "qo_indptr", qo, None, end_exact=T, what="q")
+    # rows of q past the last request are allowed (never read, never written)
+    E = _check_indptr(op, "qo_indptr", qo, T, what="q")
     b = _first(P < 0)
     if b is not None:
         _fail(op, f"request {b} (batch index): prefix_lens[{b}] = {int(P[b])} is negative")
@@ -413,25 +454,17 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
         if b is not None:
             _fail(op, f"request {b} (batch index): {int(E[b])} new tokens, more than max_extend_len={max_extend_len} "
                       "(the grid would skip the rest)")
-    W = window_left
-    start = (P - W).clamp(min=0) if isinstance(W, int) and W >= 0 else torch.zeros_like(P)
+    # The cached keys a request's new tokens see: [max(0, P - W), P) ([0, P) at W = -1). (max_window
+    # only sizes the split count; the kernel covers the whole window whatever it says.)
+    start = (P - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(P)
     need = P - start
-    if max_window is not None:
-        b = _first(need > max_window)
-        if b is not None:
-            _fail(op, f"request {b} (batch index): its cached prefix window holds {int(need[b])} keys, more than "
-                      f"max_window={max_window}")
     if kv_indptr is not None and kv_indices is not None:
-        _check_csr(op, kv_indptr, kv_indices, rows, B, need=need, starts=start)
+        _check_csr(op, kv_indptr, kv_indices, rows, B, need=need, prefix=P)
     elif page_table is not None and window_starts is not None:
         ws = _host("window_starts", window_starts)
         if ws.numel() != B:
             _defer(f"window_starts must have B = {B} entries, got {ws.numel()}")
-        b = _first(ws != start)
-        if b is not None:
-            _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(ws[b])}, but its cached prefix window "
-                      f"starts at {int(start[b])} (max(0, P - W) with P = {int(P[b])}, W = {W})")
-        _check_page_table(op, page_table, ws, P, page_size, rows, ends_name="prefix_lens")
+        _check_page_table(op, page_table, ws, P, page_size, rows, ends_name="prefix_lens", read_from=start)
     if q_positions is not None:
         pos = _host("q_positions", q_positions)
         if pos.numel() != T:
@@ -563,6 +596,7 @@ def check_build_window_indices(req_to_token, req_pool_indices, seq_lens, *, wind
                                page_size=None, num_indices=None, out=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.build_window_indices` (module docstring); raises ValueError."""
     op = "build_window_indices"
+    _check_count("num_indices", num_indices)
     if page_size is not None:
         _check_page_size(page_size, mapping)
     rows, starts, ends = _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens)
@@ -578,6 +612,7 @@ def check_build_window_page_table(req_to_token, req_pool_indices, seq_lens, *, w
                                   mapping=None, max_pages=None, out=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.build_window_page_table` (module docstring); raises ValueError."""
     op = "build_window_page_table"
+    _check_count("max_pages", max_pages)
     _check_page_size(page_size, mapping)
     rows, starts, ends = _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens)
     width = max_pages
