@@ -57,47 +57,47 @@ def _host_times(fn, calls: int = 100, batches: int = 10, sync=None) -> tuple[flo
 # ----- GPU rows ----------------------------------------------------------------------------------------
 
 
-def decode_inputs(B: int, L: int, page: int, seed: int):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def decode_inputs(B: int, L: int, page: int, seed: int, dev: str = "cuda"):
+    g = torch.Generator(device=dev).manual_seed(seed)
     n = min(L, W + 1)
     start = L - n
     first = start // page
     npg = (L - 1) // page - first + 1
     total = B * npg + 1
-    pages = (torch.randperm(total - 1, device="cuda", generator=g)[: B * npg] + 1).view(B, npg).to(torch.int32)
-    pos = start + torch.arange(n, device="cuda")
+    pages = (torch.randperm(total - 1, device=dev, generator=g)[: B * npg] + 1).view(B, npg).to(torch.int32)
+    pos = start + torch.arange(n, device=dev)
     slots = pages[:, pos // page - first].long() * page + pos % page
     kw = dict(max_window=W + 1)
     if page == 1:
-        kw.update(kv_indptr=(torch.arange(B + 1, device="cuda") * n).to(torch.int32),
+        kw.update(kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32),
                   kv_indices=slots.reshape(-1).to(torch.int32))
     else:
-        kw.update(page_table=pages, window_starts=torch.full((B,), start, dtype=torch.int32, device="cuda"),
-                  seq_lens=torch.full((B,), L, dtype=torch.int32, device="cuda"), page_size=page)
-    q = torch.randn(B, HQ, D, dtype=DTYPE, device="cuda", generator=g)
-    k = torch.randn(total * page, H, D, dtype=DTYPE, device="cuda", generator=g)
-    v = torch.randn(total * page, H, D, dtype=DTYPE, device="cuda", generator=g)
+        kw.update(page_table=pages, window_starts=torch.full((B,), start, dtype=torch.int32, device=dev),
+                  seq_lens=torch.full((B,), L, dtype=torch.int32, device=dev), page_size=page)
+    q = torch.randn(B, HQ, D, dtype=DTYPE, device=dev, generator=g)
+    k = torch.randn(total * page, H, D, dtype=DTYPE, device=dev, generator=g)
+    v = torch.randn(total * page, H, D, dtype=DTYPE, device=dev, generator=g)
     nbytes = B * n * H * 2 * D * 2 + 2 * B * HQ * D * 2
     return (q, k, v), kw, nbytes, 4 * B * HQ * n * D
 
 
-def extend_inputs(B: int, P: int, E: int, seed: int):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def extend_inputs(B: int, P: int, E: int, seed: int, dev: str = "cuda"):
+    g = torch.Generator(device=dev).manual_seed(seed)
     n = min(P, W)
     total = B * n + 1
-    slots = torch.randperm(total - 1, device="cuda", generator=g)[: B * n] + 1
+    slots = torch.randperm(total - 1, device=dev, generator=g)[: B * n] + 1
     T = B * E
-    q = torch.randn(T, HQ, D, dtype=DTYPE, device="cuda", generator=g)
-    k = torch.randn(T, H, D, dtype=DTYPE, device="cuda", generator=g)
-    v = torch.randn(T, H, D, dtype=DTYPE, device="cuda", generator=g)
-    kb = torch.randn(total, H, D, dtype=DTYPE, device="cuda", generator=g)
-    vb = torch.randn(total, H, D, dtype=DTYPE, device="cuda", generator=g)
-    qo = (torch.arange(B + 1, device="cuda") * E).to(torch.int32)
-    prefix = torch.full((B,), P, dtype=torch.int32, device="cuda")
-    kw = dict(window_left=W, kv_indptr=(torch.arange(B + 1, device="cuda") * n).to(torch.int32),
+    q = torch.randn(T, HQ, D, dtype=DTYPE, device=dev, generator=g)
+    k = torch.randn(T, H, D, dtype=DTYPE, device=dev, generator=g)
+    v = torch.randn(T, H, D, dtype=DTYPE, device=dev, generator=g)
+    kb = torch.randn(total, H, D, dtype=DTYPE, device=dev, generator=g)
+    vb = torch.randn(total, H, D, dtype=DTYPE, device=dev, generator=g)
+    qo = (torch.arange(B + 1, device=dev) * E).to(torch.int32)
+    prefix = torch.full((B,), P, dtype=torch.int32, device=dev)
+    kw = dict(window_left=W, kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32),
               kv_indices=slots.to(torch.int32), max_extend_len=E)
     nbytes = B * n * H * 2 * D * 2 + T * (2 * HQ + 2 * H) * D * 2
-    keys = sum(min(i + 1 + W, P + i + 1) for i in range(E))
+    keys = sum(min(W + 1, P + i + 1) for i in range(E))
     return (q, k, v, kb, vb, qo, prefix), kw, nbytes, 4 * B * HQ * keys * D
 
 

@@ -38,6 +38,16 @@ class Called(Exception):
     """Raised by a spy check so that no kernel runs after it."""
 
 
+@pytest.fixture(autouse=True)
+def guard_off_by_default(monkeypatch):
+    """These tests pass ``debug`` themselves: run them with the environment's switch off, whatever CI sets."""
+    monkeypatch.delenv(guard.ENV_VAR, raising=False)
+    guard.refresh_debug_env()
+    yield
+    monkeypatch.undo()
+    guard.refresh_debug_env()
+
+
 @pytest.fixture
 def env(monkeypatch):
     """Set TRITON_SWA_DEBUG for one test; the cached setting is restored afterwards."""

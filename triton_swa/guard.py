@@ -665,12 +665,21 @@ def _check_write_slots(op, loc, mapping, rows: int | None, rows_name: str) -> No
 
 def check_swa_out_cache_loc(out_cache_loc, mapping, *, out=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.swa_out_cache_loc` (module docstring); raises ValueError."""
+    if isinstance(out, torch.Tensor) and isinstance(out_cache_loc, torch.Tensor) and out.numel() < out_cache_loc.numel():
+        _defer("out is smaller than out_cache_loc")
     _check_write_slots("swa_out_cache_loc", out_cache_loc, mapping, None, "")
 
 
-def check_store_kv(k_buffer, v_buffer, loc, k, v, *, mapping=None, **extra) -> None:
+def check_store_kv(k_buffer, v_buffer, loc, k, v, *, mapping=None, k_scale=None, v_scale=None, **extra) -> None:
     """The debug check of :func:`~triton_swa.store_kv` (module docstring); raises ValueError."""
     rows_k, rows_v = _buffer_rows("k_buffer", k_buffer), _buffer_rows("v_buffer", v_buffer)
+    n = _tensor("loc", loc, 1).numel()
+    for x, buf in ((k, k_buffer), (v, v_buffer)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (n, *buf.shape[1:]):
+            _defer("k or v does not match loc and the buffers")
+    for scale in (k_scale, v_scale):
+        if isinstance(scale, torch.Tensor) and scale.numel() != 1:
+            _defer("a scale tensor must hold one value")
     rows, name = (rows_k, "k_buffer") if rows_k <= rows_v else (rows_v, "v_buffer")
     _check_write_slots("store_kv", loc, mapping, rows, name)
 
