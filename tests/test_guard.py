@@ -633,3 +633,21 @@ def test_malformed_arguments_get_the_ops_own_error():
                                 debug=True)
     with pytest.raises(ValueError, match="window_left"):
         build_window_indices(state.req_to_token, rows, lens, window_left=-2, debug=True)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_forward_metadata_of_a_padded_cuda_graph_replay(page_size):
+    """The fixed-buffer (CUDA-graph) metadata with a padding entry (row 0, length 1) passes; a slot
+    evicted inside a real request's window is still found."""
+    state, backend, _ = backend_step(page_size)
+    rows, lens = state.req_pool_indices(), state.seq_lens()
+    rows, lens = torch.cat([rows, rows.new_zeros(1)]), torch.cat([lens, lens.new_ones(1)])
+    backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    backend.init_forward_metadata_replay_cuda_graph(4, rows, lens, int(lens.sum()), None, ForwardMode.DECODE, None)
+    padded = ForwardBatch(ForwardMode.DECODE, 4, rows, lens, None)
+    guard.check_forward_metadata(backend, padded)
+    r = state.requests[0]
+    state.mapping[state.req_to_token[r.req_pool_index, r.seq_len - 1].long()] = 0
+    backend.init_forward_metadata_replay_cuda_graph(4, rows, lens, int(lens.sum()), None, ForwardMode.DECODE, None)
+    with raises(0, r.seq_len - 1, text="SWA slot 0"):
+        guard.check_forward_metadata(backend, padded)

@@ -19,7 +19,10 @@ Turning it on:
   :func:`refresh_debug_env`. Accepted values: ``1``/``true``/``yes``/``on`` and
   ``0``/``false``/``no``/``off``/empty.
 
-Off, the guard costs one keyword and one flag test per call (``bench/bench_guard.py`` measures it).
+Off, the guard costs one keyword and one flag test per call: about 0.4 us on a busy 2-core AMD EPYC
+host (a bare function: 0.12 us undecorated, 0.52 us wrapped), about 1 us (8%) of ``swa_decode``'s
+host path there (``python bench/bench_guard.py --host``); ``bench/bench_guard.py`` on a GPU writes
+the off/on/undecorated rows.
 While a CUDA graph is being captured the checks are skipped (they synchronise, which capture
 forbids); a captured graph replays with metadata refreshed outside the capture, which
 :func:`check_forward_metadata` validates.
@@ -712,8 +715,11 @@ def _compare(op: str, kind: str, what: str, got: torch.Tensor, want: torch.Tenso
 def check_forward_metadata(backend, forward_batch) -> None:
     """Check a step's metadata (``backend.forward_metadata``) against the reference path and the pools.
 
-    For the lead to call at the end of ``TritonSWAAttnBackend.init_forward_metadata`` when
-    :func:`debug_enabled` (and after a CUDA-graph replay refill, outside capture). Checks:
+    For ``TritonSWAAttnBackend.init_forward_metadata`` to call last when :func:`debug_enabled`, and
+    after a CUDA-graph replay refill (outside capture), with a batch-like object carrying
+    ``forward_mode``, ``req_pool_indices`` and ``seq_lens`` of the padded batch (padding rows point
+    at row 0), ``spec_info`` for verify, and optionally ``out_cache_loc`` and the ``*_cpu`` copies.
+    Checks:
 
     - the host copies (``seq_lens_cpu``, ``extend_*_cpu``, ``prefix_lens_cpu``) equal their device
       tensors; ``qo_indptr`` and ``prefix_lens`` follow the batch (verify: ``seq_lens`` are the
@@ -818,6 +824,8 @@ def check_forward_metadata(backend, forward_batch) -> None:
                                f"page_table[{i // width}, {i % width}]")
         sub = swa_pool if translate else full_pool
         sub_alloc = getattr(allocator, "swa_attn_allocator" if translate else "full_attn_allocator", None)
+        if sub_alloc is None and not translate:
+            sub_alloc = allocator  # a plain (full-only) allocator
         _check_window_slots(op, rtt, rows, starts, lens, m, ps if ps > 1 else None,
                             slot_rows=_pool_rows(full_pool) if not translate else None,
                             swa_rows=_pool_rows(sub) if translate else None)
