@@ -19,6 +19,7 @@ import torch
 
 from ._checks import check_tensor
 from .engine import ForwardMode
+from .guard import check_forward_metadata, debug_enabled
 from .mem.pools import BaseSWAKVPool
 from .ops.decode import swa_decode
 from .ops.extend import swa_extend
@@ -345,8 +346,14 @@ class TritonSWAAttnBackend:
                 raise ValueError(f"spec_info.{name} must hold whole requests of {per_request} entries, at most {bs} of "
                                  f"them (the graph's batch), got [{m}]")
 
-    def init_forward_metadata(self, forward_batch) -> None:
+    def init_forward_metadata(self, forward_batch, *, debug: bool | None = None) -> None:
         """Build the step's indices once: full layers, sliding layers (translated), extend layout.
+
+        Args:
+            forward_batch: the step's batch (SGLang's ``ForwardBatch`` field names).
+            debug (bool | None): afterwards, check the built indices against the reference path and
+                every window slot for liveness (a host sync; ValueError naming request, position and
+                slot); None follows ``TRITON_SWA_DEBUG`` (see :mod:`triton_swa.guard`).
 
         Raises:
             TypeError, ValueError: naming the field of a bad batch (lengths of ``req_pool_indices``,
@@ -354,6 +361,11 @@ class TritonSWAAttnBackend:
                 missing ``spec_info`` or ``extend_seq_lens``, wrong dtypes or devices, CPU lengths past
                 ``req_to_token``), before anything is launched.
         """
+        self._build_forward_metadata(forward_batch)
+        if debug_enabled(debug):
+            check_forward_metadata(self, forward_batch)
+
+    def _build_forward_metadata(self, forward_batch) -> None:
         mode = forward_batch.forward_mode
         if not all(hasattr(mode, name) for name in ("is_idle", "is_decode", "is_target_verify")):
             raise TypeError(f"forward_batch.forward_mode must be a ForwardMode, got {type(mode).__name__}")

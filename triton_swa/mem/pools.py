@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import math
-import os
 from abc import ABC, abstractmethod
 
 import torch
 
 from .._checks import KV_DTYPES, check_int, check_tensor, storage_dtype
+from ..guard import debug_enabled
 
 
 def _check_device(name: str, device) -> torch.device:
@@ -28,8 +28,9 @@ def _check_device(name: str, device) -> torch.device:
 
 
 def _debug() -> bool:
-    """Checks that read device values (a synchronisation) run only with ``TRITON_SWA_DEBUG=1``."""
-    return os.environ.get("TRITON_SWA_DEBUG", "0") not in ("", "0")
+    """Checks that read device values (a synchronisation) run only in the guard's debug mode
+    (``TRITON_SWA_DEBUG=1``, see :mod:`triton_swa.guard`)."""
+    return debug_enabled()
 
 
 class ReqToTokenPool:

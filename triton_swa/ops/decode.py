@@ -40,6 +40,7 @@ from triton import knobs
 
 from .._checks import check_grid, check_int, check_kv_scale, check_logit_cap, check_sm_scale, check_tensor
 from . import _poison
+from ..guard import check_swa_decode, guarded
 
 __all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits",
            "decode_resident_programs", "swa_decode"]
@@ -770,6 +771,7 @@ def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
     return out
 
 
+@guarded(check_swa_decode)
 def swa_decode(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -825,6 +827,9 @@ def swa_decode(
             splits; defaults to ``kv_indices.numel()`` or ``max_pages * page_size``.
         num_splits (int | None): override the split count (at most 64).
         block_n (int | None): override the key tile (a power of two, at least 16).
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.guard`).
 
     Returns:
         torch.Tensor: `[B, HQ, Dv]` in ``q``'s dtype (``out`` when given).

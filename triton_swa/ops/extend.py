@@ -55,6 +55,7 @@ from .._checks import (
 )
 from . import _poison
 from .decode import MAX_SPLITS, MERGE_TILE, _device_sizes, _fold_sink, _Launch, _swa_decode_merge
+from ..guard import check_swa_extend, guarded
 
 __all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs",
            "swa_extend"]
@@ -616,6 +617,7 @@ def _check_pow2(name: str, value: int, minimum: int) -> int:
     return value
 
 
+@guarded(check_swa_extend)
 def swa_extend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -715,6 +717,9 @@ def swa_extend(
             second kernel merges (adding the sinks). ``None``: ``extend_num_splits``, which splits
             only launches that leave most SMs idle (verify and short extends at small batch); ``1``
             disables; tests force more to walk the split path on tiny shapes.
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.guard`).
 
     Returns:
         torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).

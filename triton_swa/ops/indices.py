@@ -33,6 +33,7 @@ import triton.language as tl
 
 from .._checks import KV_DTYPES, check_contiguous, check_int, check_kv_scale, check_tensor, check_window_left
 from . import _poison
+from ..guard import check_build_window_indices, check_build_window_page_table, check_store_kv, check_swa_out_cache_loc, guarded
 
 _INT = (torch.int32, torch.int64)
 
@@ -462,6 +463,7 @@ def _mode(seq_lens, prefix_lens, window_left):
     return prefix_lens, window_left, window_left >= 0
 
 
+@guarded(check_build_window_indices)
 def build_window_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -506,6 +508,9 @@ def build_window_indices(
             ``kv_indices [capacity]``, ``window_starts [B]``; filled in place and returned.
         block, num_splits, block_reqs (int | None): overrides of the heuristics (indices per program
             iteration, programs per request, requests per prefix-sum step; powers of two for blocks).
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.guard`).
 
     Returns:
         WindowIndices: ``(kv_indptr, kv_indices, window_starts)``.
@@ -546,6 +551,7 @@ def build_window_indices(
     return out
 
 
+@guarded(check_build_window_page_table)
 def build_window_page_table(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -580,6 +586,9 @@ def build_window_page_table(
             row stride) and ``window_starts [B]``; filled in place and returned.
         block, num_splits (int | None): overrides (table entries per program iteration, programs per
             request).
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.guard`).
 
     Returns:
         WindowPageTable: ``(page_table, window_starts)``.
@@ -618,6 +627,7 @@ def build_window_page_table(
     return out
 
 
+@guarded(check_swa_out_cache_loc)
 def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out: torch.Tensor | None = None,
                       block: int | None = None) -> torch.Tensor:
     """The new tokens' SWA slots ``mapping[out_cache_loc]`` as int32, in one launch.
@@ -629,6 +639,9 @@ def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out
         out (torch.Tensor | None): a fixed int32 `[capacity >= n]` buffer (CUDA graphs): ``[:n]`` is
             written and ``[n:]`` zeroed, in place.
         block (int | None): override of the elements per program (a power of two).
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.guard`).
 
     Returns:
         torch.Tensor: int32 `[n]`, or ``out``.
@@ -675,6 +688,7 @@ def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
     return buf, 0
 
 
+@guarded(check_store_kv)
 def store_kv(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
@@ -702,6 +716,9 @@ def store_kv(
         k_scale, v_scale (float | torch.Tensor | None): per-tensor scales: a finite number > 0, or a
             one-element float tensor on the buffers' device (read in the kernel, so CUDA-graph replays
             see its current value; its value is checked only by the debug guard).
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.guard`).
 
     Out-of-range slots are dropped, not written (the kernel cannot read ``loc`` on the host, and
     a store past a buffer would land in a neighbouring tensor). Exactly: with ``mapping``, a ``loc``
