@@ -643,6 +643,7 @@ def test_forward_metadata_of_a_padded_cuda_graph_replay(page_size):
     rows, lens = state.req_pool_indices(), state.seq_lens()
     rows, lens = torch.cat([rows, rows.new_zeros(1)]), torch.cat([lens, lens.new_ones(1)])
     backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    backend.init_forward_metadata_capture_cuda_graph(4, 4, rows, lens, None, ForwardMode.DECODE, None)
     backend.init_forward_metadata_replay_cuda_graph(4, rows, lens, int(lens.sum()), None, ForwardMode.DECODE, None)
     padded = ForwardBatch(ForwardMode.DECODE, 4, rows, lens, None)
     guard.check_forward_metadata(backend, padded)

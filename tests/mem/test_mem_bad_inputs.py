@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from triton_swa import guard
 from triton_swa.mem import (
     MHATokenToKVPool,
     PagedTokenToKVPoolAllocator,
@@ -282,7 +283,8 @@ ALLOCATOR_METHODS = [
 ]
 
 def _debug(monkeypatch):
-    monkeypatch.setenv("TRITON_SWA_DEBUG", "1")
+    # The guard caches TRITON_SWA_DEBUG at import; monkeypatch restores the cached setting afterwards.
+    monkeypatch.setattr(guard, "_DEBUG_ENV", True)
 
 
 POOL_METHODS = [
@@ -400,7 +402,7 @@ def test_bad_input_raises_and_changes_nothing(call, error, match):
 
 @pytest.mark.parametrize("call, error, match", DEBUG_ONLY)
 def test_bad_input_raises_in_debug_mode(call, error, match, monkeypatch):
-    """Range checks that read device values run only with TRITON_SWA_DEBUG=1."""
+    """Range checks that read device values run only in debug mode (TRITON_SWA_DEBUG=1)."""
     _debug(monkeypatch)
     s = make_state()
     before = state_of(s)
