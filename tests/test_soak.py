@@ -11,13 +11,16 @@ compared with the reference path's (the backend's debug guard); before every ste
 K/V values are exactly representable in the pool's dtype (fp8 with power-of-two scales), so the store
 is checked exactly: what a layer wrote is read back and must equal what it was given.
 
-``TRITON_SWA_SOAK_STEPS`` sets the steps per configuration (CI default below; thousands on a GPU).
+``TRITON_SWA_SOAK_STEPS`` sets the scheduler steps per configuration (CI default below; thousands on a
+GPU), ``TRITON_SWA_SOAK_SECONDS`` a time limit per configuration, ``TRITON_SWA_SOAK_LOG`` a file that
+each configuration appends its counts to.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -341,13 +344,21 @@ CONFIGS = [
 @pytest.mark.parametrize("page_size, kv_dtype, window_left", CONFIGS)
 def test_soak(page_size, kv_dtype, window_left, device):
     steps = int(os.environ.get("TRITON_SWA_SOAK_STEPS", CI_STEPS))
+    seconds = float(os.environ.get("TRITON_SWA_SOAK_SECONDS", "inf"))
     soak = Soak(seed=1000 + page_size, page_size=page_size, kv_dtype=kv_dtype, window_left=window_left, device=device)
-    for _ in range(steps):
+    t0 = time.perf_counter()
+    calls = 0
+    while calls < steps and time.perf_counter() - t0 < seconds:
         soak.step()
+        calls += 1
     soak.finish()
     s = soak.stats
-    print(f"soak P{page_size} {kv_dtype} W{window_left}: {s}")
-    assert s.steps >= steps // 2, "the scheduler mostly idled"
+    line = f"soak P{page_size} {kv_dtype} W{window_left} on {device}: {calls} calls in {time.perf_counter() - t0:.1f} s, {s}"
+    print(line)
+    if os.environ.get("TRITON_SWA_SOAK_LOG"):
+        with open(os.environ["TRITON_SWA_SOAK_LOG"], "a") as f:
+            f.write(line + "\n")
+    assert s.steps >= calls // 2, "the scheduler mostly idled"
     assert s.layer_checks == 3 * s.steps
     assert {"EXTEND", "DECODE", "TARGET_VERIFY"} <= set(s.modes), s.modes
     assert s.failed_allocs and s.retracted, "the pools never ran full: the soak does not test failure paths"
