@@ -21,6 +21,9 @@ from triton_swa.backend import TritonSWAAttnBackend
 from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo, SpeculativeAlgorithm
 from triton_swa.testing import make_pool_state
 
+# CPU tier: host-side checks on CPU-built pools; they do not depend on the device.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: builds its pools on the CPU")
+
 HQ, W, N = 4, 3, 2
 DECODE, VERIFY, EXTEND = ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND
 

@@ -28,6 +28,10 @@ from triton_swa.backend import TritonSWAAttnBackend
 from triton_swa.engine import ForwardBatch, ForwardMode, ModelRunner, SpecInfo
 from triton_swa.testing import make_pool_state
 
+# CPU tier: the guard's checks on CPU-built pools. On a GPU, the soak (tests/test_soak.py) runs every
+# step with debug=True on CUDA tensors.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: builds its pools on the CPU")
+
 HQ = 4
 W = 6
 LENS = [5, 17, 30]

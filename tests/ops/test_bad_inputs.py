@@ -539,7 +539,12 @@ class _NoLaunch:
 def _to_device(args: dict, device) -> dict:
     def move(v):
         if isinstance(v, torch.Tensor):
-            return v if v.device.type == "meta" else v.to(device)
+            if v.device.type == "meta" or v.device == torch.device(device):
+                return v
+            # keep the strides: a strided view must reach the op as a strided view on the device too
+            base = v._base if v._base is not None else v
+            moved = base.to(device)
+            return moved.as_strided(v.shape, v.stride(), v.storage_offset() - base.storage_offset())
         if isinstance(v, tuple) and hasattr(v, "_replace"):
             return type(v)(*[move(x) for x in v])
         return v

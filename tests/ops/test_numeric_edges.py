@@ -237,7 +237,7 @@ E4M3_MAX = 448.0
 
 def test_store_kv_fp8_saturates(device):
     """Values beyond +-448 (after the scale), +-inf included, are stored as +-448 (bytes 0x7E/0xFE),
-    bit for bit as torch's cast (the reference); only a NaN input gives a NaN byte."""
+    bit for bit as the reference's store; only a NaN input gives a NaN byte."""
     values = torch.tensor([447.0, 448.0, 449.0, 463.9, 464.0, 465.0, 500.0, 1e6, 3e38, INF,
                            -449.0, -464.0, -1e6, -INF, 0.0, -0.0, 1e-12, 240.0, 7.99, NAN])
     n = values.numel()

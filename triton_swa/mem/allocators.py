@@ -135,7 +135,8 @@ class PagedTokenToKVPoolAllocator:
         if num > len(self.free_pages):
             return None
         slots = self._pages_to_slots(self._take(num))
-        self.slot_owned[slots] = True
+        # index_fill_ takes the value by value: `[slots] = True` would copy a host scalar (a sync on CUDA)
+        self.slot_owned.index_fill_(0, slots, True)
         return slots
 
     # ---- extend: plan on the host, then commit -------------------------------------------------
@@ -236,7 +237,7 @@ class PagedTokenToKVPoolAllocator:
     def _commit(self, slots_host: torch.Tensor, num_pages: int) -> torch.Tensor:
         self._take(num_pages)
         slots = _to_device(slots_host, self.device)
-        self.slot_owned[slots] = True
+        self.slot_owned.index_fill_(0, slots, True)
         return slots
 
     def alloc_extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens: int | None = None):
@@ -308,7 +309,7 @@ class PagedTokenToKVPoolAllocator:
         return pages[counts == held[first]]
 
     def _release(self, slots_dev: torch.Tensor, pages: torch.Tensor) -> None:
-        self.slot_owned[slots_dev] = False  # slot 0 is never owned, so zeros in slots_dev are harmless
+        self.slot_owned.index_fill_(0, slots_dev, False)  # slot 0 is never owned: zeros here are harmless
         if pages.numel():
             self.free_pages = torch.cat([self.free_pages, _to_device(pages, self.device)])
             if self.need_sort:
@@ -499,7 +500,7 @@ class SWATokenToKVPoolAllocator:
         swa_pages = swa_a._plan_release(swa, swa_owned, swa_held, "free_index", "(mapped) SWA slot")
         swa_a._release(swa_dev, swa_pages)
         full_a._release(uniq, full_pages)
-        self.full_to_swa_index_mapping[uniq] = 0
+        self.full_to_swa_index_mapping.index_fill_(0, uniq, 0)
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         """Free only the SWA slots of full slots ``free_index`` (those mapped ``> 0``); mapping -> 0.
@@ -517,7 +518,7 @@ class SWATokenToKVPoolAllocator:
             raise ValueError(f"free_index holds slot {int(slots[(slots != 0) & (counts > 1)][0])} twice")
         swa_pages = swa_a._plan_release(swa, swa_owned, swa_held, "free_index", "(mapped) SWA slot")
         swa_a._release(swa_dev, swa_pages)
-        self.full_to_swa_index_mapping[uniq] = 0
+        self.full_to_swa_index_mapping.index_fill_(0, uniq, 0)
 
 
 def evict_swa_window(
