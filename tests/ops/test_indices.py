@@ -527,7 +527,7 @@ def test_store_kv_drops_out_of_range_slots(sliding, device):
         slots = mapping.cpu()[loc.cpu()[good]]
     else:
         mapping = None
-        loc = torch.tensor([2, 8, 5, 9, -9, 13, 7, -1], device=device)
+        loc = torch.tensor([2, 8, 5, 9, -9, 13, 7, -4], device=device)  # -4 wraps to 4 (no slot written twice)
         good = torch.tensor([True, False, True, False, False, False, True, True])
         slots = loc.cpu()[good]
     n = loc.shape[0]
