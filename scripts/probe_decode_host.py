@@ -31,3 +31,16 @@ for key, plan in d._PLANS.items():
     main = plan.main
     print("plan split", plan.split, "fused", plan.fused, "main compiled keys", len(main.compiled),
           "merge", None if plan.merge is None else len(plan.merge.compiled))
+
+if __import__("os").environ.get("PROFILE"):
+    import cProfile
+    import pstats
+
+    d._FAST_LAUNCH = True
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(500):
+        call()
+    torch.cuda.synchronize()
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(14)
