@@ -200,7 +200,13 @@ def _swa_extend_tiles(
             m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         else:
             m_ij_safe = m_ij
-        b_p = tl.math.exp2(b_s * s_scale - m_ij_safe[:, None])
+        if SOFTCAP:
+            b_p = tl.math.exp2(b_s - m_ij_safe[:, None])
+        else:
+            # One FFMA of the unrounded b_s * s_scale against the rounded row max: past |s| ~ 2^31 (log2
+            # units) the row's own maximum can come out a few hundred million above 0, beyond exp2's
+            # range (inf, then NaN); the min keeps it at 0, where it belongs.
+            b_p = tl.math.exp2(tl.minimum(b_s * s_scale - m_ij_safe[:, None], 0.0))
         alpha = tl.math.exp2(m_i - m_ij_safe)
         l_i = l_i * alpha + tl.sum(b_p, 1)
         acc = acc * alpha[:, None]
