@@ -1,0 +1,6 @@
+"""Stub of ``torchvision.transforms.v2.functional`` (see the package docstring)."""
+
+from torchvision import InterpolationMode, _module_getattr
+
+__all__ = ["InterpolationMode"]
+__getattr__ = _module_getattr("torchvision.transforms.v2.functional")
