@@ -7,7 +7,18 @@ runner dataclass or a ``unittest.mock.MagicMock`` all work.
 
 from __future__ import annotations
 
-from triton_swa.mem.pools import BaseSWAKVPool
+from collections.abc import Mapping
+
+# What a pool with an SWA sub-pool exposes (SPEC §2), whoever wrote its class.
+_SWA_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping",
+                 "translate_loc_from_full_to_swa")
+
+
+def has_swa_sub_pool(pool) -> bool:
+    """Whether ``pool`` exposes the SWA pool protocol: both sub-pools, a ``layers_mapping`` mapping,
+    the full-to-SWA mapping and ``translate_loc_from_full_to_swa``."""
+    return (pool is not None and all(hasattr(pool, name) for name in _SWA_PROTOCOL)
+            and isinstance(pool.layers_mapping, Mapping))
 
 
 def resolve_swa_kv_pool(runner):
@@ -20,12 +31,12 @@ def resolve_swa_kv_pool(runner):
        pool; plain runners), else None.
     """
     active = runner.token_to_kv_pool
-    if isinstance(active, BaseSWAKVPool):
+    if has_swa_sub_pool(active):
         return active
     if runner.is_draft_worker and not runner.spec_algorithm.is_frozen_kv_mtp():
         return None
     kvcache = runner.token_to_kv_pool_allocator.get_kvcache()
-    return kvcache if isinstance(kvcache, BaseSWAKVPool) else None
+    return kvcache if has_swa_sub_pool(kvcache) else None
 
 
 def legacy_resolve_by_allocator_type(runner, swa_allocator_type):
@@ -38,5 +49,5 @@ def legacy_resolve_by_allocator_type(runner, swa_allocator_type):
     allocator = runner.token_to_kv_pool_allocator
     if isinstance(allocator, swa_allocator_type):
         kvcache = allocator.get_kvcache()
-        return kvcache if isinstance(kvcache, BaseSWAKVPool) else None
+        return kvcache if has_swa_sub_pool(kvcache) else None
     return None

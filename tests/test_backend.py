@@ -495,3 +495,32 @@ def test_cuda_graph_capture_and_replay_equal_eager(page_size):
         eager = backend.forward_decode(static_q[:3, :, : layer.head_dim], None, None, layer, batch, save_kv_cache=False)
         assert torch.equal(got[:3], eager), f"layer {layer.layer_id}: replay differs from eager"
         assert not torch.isnan(got[:3]).any()
+
+
+@pytest.mark.interpreter
+def test_a_foreign_swa_pool_is_resolved_and_translated(device):
+    """An engine's own SWA pool class (only the protocol, no triton-swa base class) is resolved by
+    what it exposes: sliding layers read their SWA slots. Resolving by identity with triton-swa's
+    class left it untranslated, reading swa_buffer[full_slot]."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "mem"))
+    from test_pool_protocol import ForeignSWAPool
+
+    w = 5
+    state = make_pool_state(seq_lens=[9, 17, 30], window_left=w, page_size=1, device=device, swa_head_num=2,
+                            swa_head_dim=16, full_head_num=1, full_head_dim=32)
+    foreign = ForeignSWAPool(state.kv_pool)
+    runner = ModelRunner(foreign, state.allocator, state.req_to_token_pool, sliding_window_size=w, device=device)
+    backend = TritonSWAAttnBackend(runner)
+    assert backend._swa_kv_pool is foreign
+    rows, lens = state.req_pool_indices(), state.seq_lens()
+    batch = ForwardBatch(ForwardMode.DECODE, 3, rows, lens, state.new_slots(), seq_lens_cpu=lens.cpu())
+    backend.init_forward_metadata(batch)
+    layer = AttentionLayer(0, HQ, 2, 16, sliding_window_size=w)
+    q = torch.randn(3, HQ, 16, device=device)
+    got = backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False).reshape(3, HQ, 16)
+    ptr, idx, _ = ref.decode_window_indices(state.req_to_token, rows, lens, w, state.mapping)
+    k_buf, v_buf = state.kv_pool.get_kv_buffer(0)
+    want = ref.decode_attention(q, k_buf, v_buf, ptr, idx, sm_scale=layer.scaling)
+    assert_close(got, want, name="foreign SWA pool, sliding layer")

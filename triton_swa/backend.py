@@ -20,7 +20,7 @@ import torch
 from ._checks import check_tensor
 from .engine import ForwardMode
 from .guard import check_forward_metadata, debug_enabled
-from .mem.pools import BaseSWAKVPool
+from .mem.pools import is_swa_kv_pool
 from .ops.decode import swa_decode
 from .ops.extend import swa_extend
 from .ops.indices import (
@@ -207,6 +207,7 @@ class TritonSWAAttnBackend:
         # K/V buffers come from the resolved SWA pool when there is one (FROZEN_KV MTP reads the
         # target's pool), else from the runner's active pool.
         self.kv_pool = self._swa_kv_pool if self._swa_kv_pool is not None else model_runner.token_to_kv_pool
+        self._kv_pool_is_swa = is_swa_kv_pool(self.kv_pool)
         if not hasattr(self.kv_pool, "get_kv_buffer"):
             raise TypeError(f"the KV pool ({type(self.kv_pool).__name__}) has no get_kv_buffer(layer_id)")
         if self.use_sliding_window_kv_pool and self.sliding_window_size < 0:
@@ -224,15 +225,17 @@ class TritonSWAAttnBackend:
 
         The active pool wins when it is SWA-backed (also on draft workers); an EAGLE-like draft
         worker owns a full-only pool and gets None; otherwise (FROZEN_KV MTP, plain runners) the
-        allocator's pool when it is SWA-backed.
+        allocator's pool when it is SWA-backed. "SWA-backed" is :func:`triton_swa.mem.is_swa_kv_pool`:
+        by what a pool is or exposes (SGLang's pools included), never by identity with our class; a
+        pool that cannot be classified raises ValueError here, at construction.
         """
         active = model_runner.token_to_kv_pool
-        if isinstance(active, BaseSWAKVPool):
+        if is_swa_kv_pool(active):
             return active
         if model_runner.is_draft_worker and not model_runner.spec_algorithm.is_frozen_kv_mtp():
             return None
         kvcache = model_runner.token_to_kv_pool_allocator.get_kvcache()
-        return kvcache if isinstance(kvcache, BaseSWAKVPool) else None
+        return kvcache if is_swa_kv_pool(kvcache) else None
 
     # ----- per-step metadata -------------------------------------------------------------------
 
@@ -608,7 +611,7 @@ class TritonSWAAttnBackend:
             raise ValueError(f"layer {layer_id} has sliding_window_size {window} but the "
                              f"runner's is {self.sliding_window_size}: one window per model")
         layers_mapping = getattr(self.kv_pool, "layers_mapping", None)
-        in_swa_pool = isinstance(self.kv_pool, BaseSWAKVPool) and bool(layers_mapping[kv_layer][1])
+        in_swa_pool = self._kv_pool_is_swa and bool(layers_mapping[kv_layer][1])
         if sliding and self.use_sliding_window_kv_pool and not in_swa_pool:
             raise ValueError(f"layer {layer_id} is sliding but not in the SWA sub-pool; it cannot share the "
                              "sliding layers' translated indices")

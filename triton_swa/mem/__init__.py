@@ -7,10 +7,11 @@ from .allocators import (
     evict_swa_window,
 )
 from .invariants import check_allocator_invariants
-from .pools import BaseSWAKVPool, MHATokenToKVPool, ReqToTokenPool, SWAKVPool
+from .pools import SWA_POOL_PROTOCOL, BaseSWAKVPool, MHATokenToKVPool, ReqToTokenPool, SWAKVPool, is_swa_kv_pool
 
 __all__ = [
     "BaseSWAKVPool",
+    "SWA_POOL_PROTOCOL",
     "MHATokenToKVPool",
     "PagedTokenToKVPoolAllocator",
     "ReqToTokenPool",
@@ -19,4 +20,5 @@ __all__ = [
     "TokenToKVPoolAllocator",
     "check_allocator_invariants",
     "evict_swa_window",
+    "is_swa_kv_pool",
 ]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_int, check_tensor, check_window_left, same_device
-from .pools import _check_device
+from .pools import _check_device, is_swa_kv_pool
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -350,12 +350,6 @@ class TokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         super().__init__(size, 1, dtype, device, kvcache, need_sort)
 
 
-def _is_swa_pool(kvcache) -> bool:
-    """The SWA pool protocol of SPEC §2 (ours or SGLang's): two sub-pools and a mapping to register."""
-    return all(hasattr(kvcache, a) for a in ("swa_kv_pool", "full_kv_pool")) and callable(
-        getattr(kvcache, "register_mapping", None))
-
-
 class SWATokenToKVPoolAllocator:
     """A full and an SWA allocator in lockstep, recording ``full_to_swa_index_mapping[full] = swa``.
 
@@ -376,7 +370,7 @@ class SWATokenToKVPoolAllocator:
 
     def __init__(self, size: int, size_swa: int, page_size: int, dtype, device, kvcache, need_sort: bool = False,
                  req_to_token_pool=None):
-        if not _is_swa_pool(kvcache):
+        if not (is_swa_kv_pool(kvcache) and callable(getattr(kvcache, "register_mapping", None))):
             raise TypeError(f"kvcache must be an SWA pool (with swa_kv_pool, full_kv_pool and register_mapping), "
                             f"got {type(kvcache).__name__}")
         check_int("page_size", page_size, minimum=1)

@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import math
+import sys
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 import torch
 
@@ -235,6 +237,47 @@ class MHATokenToKVPool:
                     x = x / scale
                 x = x.to(self.dtype)
             buf[loc.long()] = x.view(self.store_dtype) if self.store_dtype != self.dtype else x
+
+
+# What a pool with an SWA sub-pool exposes (SPEC §2/§3): ours, SGLang's or any engine's.
+SWA_POOL_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping",
+                     "translate_loc_from_full_to_swa")
+_SGLANG_BASE_SWA_MODULE = "sglang.srt.mem_cache.base_swa_memory_pool"
+
+
+def is_swa_kv_pool(pool) -> bool:
+    """Whether ``pool`` has an SWA sub-pool, by what it is, never by identity with one class.
+
+    True for triton-swa's :class:`BaseSWAKVPool`, for SGLang's ``BaseSWAKVPool`` (checked only when
+    SGLang is already imported: a pool of SGLang's implies it is; the core never imports SGLang), and
+    for any pool exposing the whole protocol (``SWA_POOL_PROTOCOL``: the two sub-pools, a
+    ``layers_mapping`` mapping, the full-to-SWA mapping and ``translate_loc_from_full_to_swa``).
+    False for a pool exposing none of it.
+
+    Raises:
+        ValueError: a pool exposing part of the protocol cannot be classified; silently translating
+            nothing (or everything) would read wrong K/V, so the error names what is missing.
+    """
+    if pool is None:
+        return False
+    if isinstance(pool, BaseSWAKVPool):
+        return True
+    sglang_base = sys.modules.get(_SGLANG_BASE_SWA_MODULE)
+    if sglang_base is not None and isinstance(pool, getattr(sglang_base, "BaseSWAKVPool", ())):
+        return True
+    present = [name for name in SWA_POOL_PROTOCOL if hasattr(pool, name)]
+    if not present:
+        return False
+    problems = [f"{name} is missing" for name in SWA_POOL_PROTOCOL if name not in present]
+    if "layers_mapping" in present and not isinstance(pool.layers_mapping, Mapping):
+        problems.append(f"layers_mapping is a {type(pool.layers_mapping).__name__}, not a mapping")
+    if "translate_loc_from_full_to_swa" in present and not callable(pool.translate_loc_from_full_to_swa):
+        problems.append("translate_loc_from_full_to_swa is not callable")
+    if problems:
+        raise ValueError(f"cannot tell whether the {type(pool).__name__} pool has an SWA sub-pool: it exposes "
+                         f"{', '.join(present)} but {'; '.join(problems)} (an SWA pool exposes all of "
+                         f"{', '.join(SWA_POOL_PROTOCOL)})")
+    return True
 
 
 class BaseSWAKVPool(ABC):
