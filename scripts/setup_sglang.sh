@@ -33,6 +33,8 @@ skip() { echo "SGLang tier: SKIPPED ($*)"; exit 0; }
 fail() { echo "SGLang tier: FAILED ($*)" >&2; [ -s "$LOG" ] && tail -n 20 "$LOG" >&2; exit 1; }
 
 [ -x "$PY" ] || fail "no python at $PY; create the venv first (scripts/setup_env.sh)"
+# absolute: the import check runs from /tmp
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 
 PINS=(
   sglang==0.5.23

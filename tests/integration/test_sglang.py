@@ -1,0 +1,135 @@
+"""SGLang tier: triton-swa against SGLang 0.5.23's own classes (``bash scripts/setup_sglang.sh`` installs it).
+
+- The pool-resolution policy agrees with SGLang's own resolvers (``FlashInferAttnBackend`` and
+  ``TRTLLMHAAttnBackend._resolve_swa_kv_pool``) on every case of SPEC §3, on SGLang's real pools.
+- The backend over SGLang's real ``SWAKVPool``, ``SWATokenToKVPoolAllocator`` and ``ReqToTokenPool``,
+  with K/V written by SGLang's own ``set_kv_buffer`` and layers that are SGLang's ``RadixAttention``,
+  reads the right K/V in its sliding layers once SWA slots differ from full slots (it read
+  ``swa_buffer[full_slot]`` when the policy recognised only triton-swa's own pool class).
+
+The whole module is skipped, saying so, when SGLang is not installed.
+"""
+
+from __future__ import annotations
+
+from unittest.mock import MagicMock
+
+import pytest
+import torch
+import triton_swa_reference as ref
+
+pytest.importorskip("sglang.srt.mem_cache.swa_memory_pool",
+                    reason="SGLang tier: sglang 0.5.23 is not installed (bash scripts/setup_sglang.sh installs it)")
+
+from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend  # noqa: E402
+from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend  # noqa: E402
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from triton_swa.backend import TritonSWAAttnBackend  # noqa: E402
+from triton_swa.engine import ForwardBatch, ForwardMode, ModelRunner  # noqa: E402
+from triton_swa.testing import assert_close  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+HQ, H_SWA, D_SWA, H_FULL, D_FULL = 4, 2, 16, 1, 32
+
+
+def sglang_swa_pool(size=32, size_swa=16, page_size=1):
+    return SWAKVPool(size=size, size_swa=size_swa, page_size=page_size, dtype=torch.float32, head_num=H_FULL,
+                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                     enable_memory_saver=False, swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+
+
+def sglang_plain_pool():
+    return MHATokenToKVPool(32, 1, torch.float32, H_FULL, D_FULL, 2, "cpu", False)
+
+
+A = SpeculativeAlgorithm
+# SPEC §3: (active pool, draft worker, algorithm, allocator's kvcache, expected)
+CASES = [
+    pytest.param("swa", False, A.NONE, "plain", "active", id="swa-active"),
+    pytest.param("plain", False, A.NONE, "swa", "allocator", id="plain-active-swa-allocator"),
+    pytest.param("plain", False, A.NONE, "plain", None, id="all-plain"),
+    pytest.param("plain", True, A.EAGLE, "swa", None, id="eagle-draft"),
+    pytest.param("plain", True, A.FROZEN_KV_MTP, "swa", "allocator", id="frozen-kv-mtp-draft"),
+    pytest.param("plain", False, A.EAGLE, "swa", "allocator", id="eagle-target"),
+    pytest.param("swa", True, A.DFLASH, "plain", "active", id="dflash-draft"),
+    pytest.param("swa", True, A.EAGLE, "swa", "active", id="swa-active-eagle-draft"),
+    pytest.param("plain", True, A.FROZEN_KV_MTP, "plain", None, id="frozen-kv-mtp-plain"),
+]
+
+
+@pytest.mark.parametrize("active_kind, draft, algo, alloc_kind, want", CASES)
+def test_policy_agrees_with_sglangs_resolvers(active_kind, draft, algo, alloc_kind, want):
+    pools = {"swa": sglang_swa_pool(), "plain": sglang_plain_pool()}
+    active = pools[active_kind]
+    kvcache = pools[alloc_kind] if alloc_kind != active_kind else (sglang_swa_pool() if alloc_kind == "swa"
+                                                                     else sglang_plain_pool())
+    runner = MagicMock()
+    runner.token_to_kv_pool, runner.is_draft_worker, runner.spec_algorithm = active, draft, algo
+    runner.token_to_kv_pool_allocator.get_kvcache.return_value = kvcache
+    expected = {"active": active, "allocator": kvcache, None: None}[want]
+    ours = TritonSWAAttnBackend._resolve_swa_kv_pool(runner)
+    flashinfer = FlashInferAttnBackend._resolve_swa_kv_pool(runner)
+    trtllm = TRTLLMHAAttnBackend._resolve_swa_kv_pool(runner)
+    assert flashinfer is expected and trtllm is expected, "SGLang's resolvers disagree with SPEC §3"
+    assert ours is expected, f"triton-swa resolved {type(ours).__name__}, SGLang {type(expected).__name__}"
+
+
+def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
+    """Decode of a sliding and a full layer over SGLang's real pools, K/V written by SGLang itself."""
+    w = 3
+    g = torch.Generator().manual_seed(0)
+    pool = sglang_swa_pool()
+    alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, "cpu", pool, False)
+    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    rows = rtp.alloc_rows(2)
+    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
+              RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    hist = {(layer.layer_id, r): ([], []) for layer in layers for r in rows}
+
+    def prefill(row, n):
+        full = alloc.alloc(n)
+        rtp.req_to_token[row, :n] = full.to(torch.int32)
+        swa = pool.translate_loc_from_full_to_swa(full)
+        for layer in layers:
+            k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
+            v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=swa), k.clone(), v.clone())
+            hist[(layer.layer_id, row)][0].extend(k)
+            hist[(layer.layer_id, row)][1].extend(v)
+        return full
+
+    first = prefill(rows[0], 12)
+    alloc.free_swa(first[:8])  # the window has slid past request 0's first 8 tokens: SGLang's eviction
+    prefill(rows[1], 10)
+    lens = [12, 10]
+    live = torch.cat([rtp.req_to_token[r, :n].long() for r, n in zip(rows, lens)])
+    swa_live = pool.translate_loc_from_full_to_swa(live)
+    assert not torch.equal(swa_live[swa_live > 0], live[swa_live > 0]), "SWA slots must differ from full slots"
+
+    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=w)
+    backend = TritonSWAAttnBackend(runner)
+    assert backend._swa_kv_pool is pool, "SGLang's SWAKVPool must be resolved"
+    loc = alloc.alloc(2)
+    for r, n, slot in zip(rows, lens, loc.tolist()):
+        rtp.req_to_token[r, n] = slot
+    seq = torch.tensor(lens) + 1
+    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows), seq, loc, seq_lens_cpu=seq)
+    backend.init_forward_metadata(batch)
+    for layer in layers:
+        q = torch.randn(2, HQ, layer.head_dim, generator=g)
+        k = torch.randn(2, layer.tp_k_head_num, layer.head_dim, generator=g)
+        v = torch.randn(2, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+        out = backend.forward(q, k, v, layer, batch).reshape(2, HQ, layer.v_head_dim)
+        for i, r in enumerate(rows):
+            ks, vs = hist[(layer.layer_id, r)]
+            kk, vv = torch.stack([*ks, k[i]]), torch.stack([*vs, v[i]])
+            pos = torch.arange(len(kk))
+            mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
+            want = ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling)
+            assert_close(out[i:i + 1], want, name=f"layer {layer.layer_id} request {i}")
