@@ -19,4 +19,8 @@ if ! .venv/bin/python -c 'import torch, triton_swa, triton_swa_reference, pytest
     .venv/bin/python -m pip install -q "torch==2.13.0" "triton==3.6.0" "numpy<2.4"
   fi
   .venv/bin/python -m pip install -q -e ".[test]"
+elif [ pyproject.toml -nt .venv/.triton_swa_installed ]; then
+  # pyproject.toml changed (entry points, packages): refresh the editable install's metadata
+  .venv/bin/python -m pip install -q --no-deps -e . 2>/dev/null
 fi
+touch .venv/.triton_swa_installed

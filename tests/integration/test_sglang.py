@@ -133,3 +133,115 @@ def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
             mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
             want = ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling)
             assert_close(out[i:i + 1], want, name=f"layer {layer.layer_id} request {i}")
+
+
+# ----- the registered SGLang backend ------------------------------------------------------------------
+
+
+def test_register_puts_the_backend_in_sglangs_registry_and_choices():
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    from triton_swa.integrations.sglang import TritonSWASGLangBackend, register
+
+    register()
+    register()  # idempotent
+    assert "triton_swa" in choices.ATTENTION_BACKEND_CHOICES and "triton_swa" in choices.DRAFT_ATTENTION_BACKEND_CHOICES
+    assert choices.ATTENTION_BACKEND_CHOICES.count("triton_swa") == 1
+    pool = sglang_swa_pool()
+    alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, "cpu", pool, False)
+    runner = MagicMock()
+    runner.token_to_kv_pool, runner.token_to_kv_pool_allocator = pool, alloc
+    runner.req_to_token_pool = ReqToTokenPool(4, 64, "cpu", False)
+    runner.is_draft_worker, runner.spec_algorithm, runner.sliding_window_size, runner.device = False, A.NONE, 3, "cpu"
+    backend = ATTENTION_BACKENDS["triton_swa"](runner)
+    assert isinstance(backend, AttentionBackend) and isinstance(backend, TritonSWASGLangBackend)
+    assert backend.token_to_kv_pool is pool and backend.core._swa_kv_pool is pool
+    assert backend.get_cuda_graph_seq_len_fill_value() == 1
+
+
+def test_the_plugin_entry_point_names_register():
+    from importlib.metadata import entry_points
+
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "triton_swa"]
+    assert eps, "pyproject.toml's sglang.srt.plugins entry point is not installed"
+    from triton_swa.integrations.sglang import register
+
+    assert eps[0].load() is register
+
+
+def test_sglang_forward_batch_and_radix_attention_through_the_backend():
+    """Prefill (EXTEND), then DECODE, driven the way SGLang drives a backend: SGLang's ForwardBatch and
+    RadixAttention.forward under its forward context; a KV-shared layer (k = v = None, the shared
+    layer's id) and sinks passed as a keyword. Every output against the float64 reference."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    from triton_swa.integrations.sglang import TritonSWASGLangBackend
+
+    w = 3
+    g = torch.Generator().manual_seed(1)
+    pool = sglang_swa_pool(size=64, size_swa=32)
+    alloc = SWATokenToKVPoolAllocator(64, 32, 1, torch.float32, "cpu", pool, False)
+    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    rows = rtp.alloc_rows(2)
+    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=w)
+    backend = TritonSWASGLangBackend(runner)
+    sliding = RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w)
+    full = RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)
+    sinks = torch.randn(HQ, generator=g)
+    hist = {(l, r): ([], []) for l in (0, 1) for r in rows}
+
+    def check(layer, q, out, new, lens, use_sinks):
+        at = 0
+        for i, r in enumerate(rows):
+            ks, vs = hist[(layer.layer_id, r)]
+            kk, vv = torch.stack(ks), torch.stack(vs)
+            pos = torch.arange(len(kk))
+            q_pos = pos[lens[i] - new[i]:lens[i]]
+            mask = ref.window_mask(q_pos, pos, layer.sliding_window_size)
+            want = ref.attention(q[at:at + new[i]], kk, vv, mask, sm_scale=layer.scaling,
+                                 sinks=sinks if use_sinks else None)
+            assert_close(out[at:at + new[i]].reshape(-1, HQ, layer.v_head_dim), want,
+                         name=f"layer {layer.layer_id} request {i}")
+            at += new[i]
+
+    def step(mode, new, prefix):
+        t = sum(new)
+        loc = alloc.alloc(t)
+        at = 0
+        for r, p, m in zip(rows, prefix, new):
+            rtp.req_to_token[r, p:p + m] = loc[at:at + m].to(torch.int32)
+            at += m
+        lens = [p + m for p, m in zip(prefix, new)]
+        fb = SGLBatch(forward_mode=mode, batch_size=2, input_ids=torch.zeros(t, dtype=torch.long),
+                      req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(lens), out_cache_loc=loc,
+                      seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens), extend_prefix_lens=torch.tensor(prefix),
+                      extend_prefix_lens_cpu=list(prefix), extend_seq_lens=torch.tensor(new),
+                      extend_seq_lens_cpu=list(new), extend_num_tokens=t, spec_algorithm=A.NONE)
+        backend.init_forward_metadata(fb)
+        with forward_context(ForwardContext(attn_backend=backend)):
+            for layer, use_sinks in ((sliding, True), (full, False)):
+                q = torch.randn(t, HQ * layer.head_dim, generator=g)
+                k = torch.randn(t, layer.tp_k_head_num * layer.head_dim, generator=g)
+                v = torch.randn(t, layer.tp_k_head_num * layer.v_head_dim, generator=g)
+                at = 0
+                for i, r in enumerate(rows):
+                    hist[(layer.layer_id, r)][0].extend(k[at:at + new[i]].view(-1, layer.tp_k_head_num, layer.head_dim))
+                    hist[(layer.layer_id, r)][1].extend(v[at:at + new[i]].view(-1, layer.tp_k_head_num, layer.v_head_dim))
+                    at += new[i]
+                kw = {"sinks": sinks} if use_sinks else {}
+                out = layer(q, k, v, fb, **kw)
+                check(layer, q.view(t, HQ, -1), out, new, lens, use_sinks)
+                if layer is sliding:
+                    # Gemma 4's KV-shared convention: the shared layer's id, no K/V, nothing saved
+                    shared = layer(q, None, None, fb, save_kv_cache=False, **kw)
+                    assert torch.equal(shared, out), "a KV-shared call must read the K/V the layer wrote"
+        return lens
+
+    lens = step(SGLMode.EXTEND, [7, 5], [0, 0])
+    alloc.free_swa(torch.cat([rtp.req_to_token[r, :n - w - 1].long() for r, n in zip(rows, lens)]))  # eviction
+    lens = step(SGLMode.DECODE, [1, 1], lens)
+    lens = step(SGLMode.EXTEND, [3, 4], lens)  # chunked prefill over the cached window
