@@ -245,3 +245,80 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend():
     alloc.free_swa(torch.cat([rtp.req_to_token[r, :n - w - 1].long() for r, n in zip(rows, lens)]))  # eviction
     lens = step(SGLMode.DECODE, [1, 1], lens)
     lens = step(SGLMode.EXTEND, [3, 4], lens)  # chunked prefill over the cached window
+
+
+@pytest.mark.parametrize("kind", ["dflash-chain", "eagle-tree"])
+def test_target_verify_with_sglangs_verify_inputs(kind):
+    """TARGET_VERIFY with SGLang's DFlashVerifyInput (a chain, no mask) or EagleVerifyInput (a tree:
+    SGLang's mask spans each request's prefix plus its drafts, positions sit at prefix + depth),
+    through RadixAttention.forward; sliding and full layers against the float64 reference."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    from triton_swa.integrations.sglang import TritonSWASGLangBackend
+
+    w, n = 3, 4
+    g = torch.Generator().manual_seed(2)
+    pool = sglang_swa_pool(size=64, size_swa=32)
+    alloc = SWATokenToKVPoolAllocator(64, 32, 1, torch.float32, "cpu", pool, False)
+    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    rows = rtp.alloc_rows(2)
+    backend = TritonSWASGLangBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w))
+    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
+              RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    prefix = [9, 6]
+    hist = {}
+    for r, p in zip(rows, prefix):  # the committed prefixes, written by SGLang's own set_kv_buffer
+        full = alloc.alloc(p)
+        rtp.req_to_token[r, :p] = full.to(torch.int32)
+        for layer in layers:
+            k = torch.randn(p, layer.tp_k_head_num, layer.head_dim, generator=g)
+            v = torch.randn(p, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.clone(),
+                               v.clone())
+            hist[(layer.layer_id, r)] = (k, v)
+    parents = [-1, 0, 1, 0] if kind == "eagle-tree" else [-1, 0, 1, 2]
+    depth = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    loc = alloc.alloc(2 * n)
+    for i, (r, p) in enumerate(zip(rows, prefix)):
+        rtp.req_to_token[r, p:p + n] = loc[i * n:(i + 1) * n].to(torch.int32)
+    positions = torch.cat([p + torch.tensor(depth) for p in prefix])
+    if kind == "eagle-tree":
+        mask = torch.cat([torch.cat([torch.ones(n, p, dtype=torch.bool), anc], 1).reshape(-1) for p in prefix])
+        z = torch.zeros(1, dtype=torch.long)
+        spec = EagleVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long), custom_mask=mask, positions=positions,
+                                retrieve_index=z, retrieve_next_token=z, retrieve_next_sibling=z, retrieve_cum_len=z,
+                                spec_steps=3, topk=2, draft_token_num=n, capture_hidden_mode=None,
+                                seq_lens_sum=sum(prefix), seq_lens_cpu=torch.tensor(prefix))
+    else:
+        spec = DFlashVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long), positions=positions, draft_token_num=n)
+    fb = SGLBatch(forward_mode=SGLMode.TARGET_VERIFY, batch_size=2, input_ids=torch.zeros(2 * n, dtype=torch.long),
+                  req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(prefix), out_cache_loc=loc,
+                  seq_lens_sum=sum(prefix), seq_lens_cpu=torch.tensor(prefix), positions=positions, spec_info=spec,
+                  spec_algorithm=A.EAGLE if kind == "eagle-tree" else A.DFLASH)
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        for layer in layers:
+            q = torch.randn(2 * n, HQ * layer.head_dim, generator=g)
+            k = torch.randn(2 * n, layer.tp_k_head_num * layer.head_dim, generator=g)
+            v = torch.randn(2 * n, layer.tp_k_head_num * layer.v_head_dim, generator=g)
+            out = layer(q, k, v, fb).reshape(2 * n, HQ, layer.v_head_dim)
+            for i, (r, p) in enumerate(zip(rows, prefix)):
+                kp, vp = hist[(layer.layer_id, r)]
+                kk = torch.cat([kp, k[i * n:(i + 1) * n].view(n, layer.tp_k_head_num, layer.head_dim)])
+                vv = torch.cat([vp, v[i * n:(i + 1) * n].view(n, layer.tp_k_head_num, layer.v_head_dim)])
+                q_pos = p + torch.tensor(depth)
+                win = layer.sliding_window_size
+                m = torch.cat([ref.window_mask(q_pos, torch.arange(p), win),
+                               ref.window_mask(q_pos, q_pos, win, causal=False) & anc], 1)
+                want = ref.attention(q[i * n:(i + 1) * n].view(n, HQ, layer.head_dim), kk, vv, m, sm_scale=layer.scaling)
+                assert_close(out[i * n:(i + 1) * n], want, name=f"{kind} layer {layer.layer_id} request {i}")
