@@ -322,3 +322,50 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
                                ref.window_mask(q_pos, q_pos, win, causal=False) & anc], 1)
                 want = ref.attention(q[i * n:(i + 1) * n].view(n, HQ, layer.head_dim), kk, vv, m, sm_scale=layer.scaling)
                 assert_close(out[i * n:(i + 1) * n], want, name=f"{kind} layer {layer.layer_id} request {i}")
+
+
+def test_page_16_decode_over_sglangs_paged_allocator():
+    """Page size 16: SGLang's paged SWA allocator (lockstep in-page offsets) and whole-page free_swa;
+    the backend's page tables of sliding layers read the right K/V."""
+    w, ps = 20, 16
+    g = torch.Generator().manual_seed(3)
+    pool = sglang_swa_pool(size=256, size_swa=128, page_size=ps)
+    alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, "cpu", pool, False)
+    rtp = ReqToTokenPool(4, 128, "cpu", False)
+    rows = rtp.alloc_rows(2)
+    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
+              RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    hist = {}
+    lens = [70, 37]
+    for r, n in zip(rows, lens):
+        t = torch.tensor([n])
+        full = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), t, t, torch.tensor([-1]), n)
+        rtp.req_to_token[r, :n] = full.to(torch.int32)
+        for layer in layers:
+            k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
+            v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.clone(),
+                               v.clone())
+            hist[(layer.layer_id, r)] = (k, v)
+    # SGLang's eviction of the first request's out-of-window pages (whole pages)
+    alloc.free_swa(rtp.req_to_token[rows[0], :(lens[0] - w) // ps * ps].long())
+    seq = torch.tensor(lens) + 1
+    last = torch.stack([rtp.req_to_token[r, n - 1].long() for r, n in zip(rows, lens)])
+    loc = alloc.alloc_decode(seq, seq, last)
+    for r, n, slot in zip(rows, lens, loc.tolist()):
+        rtp.req_to_token[r, n] = slot
+    backend = TritonSWAAttnBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, page_size=ps))
+    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows), seq, loc, seq_lens_cpu=seq)
+    backend.init_forward_metadata(batch)
+    for layer in layers:
+        q = torch.randn(2, HQ, layer.head_dim, generator=g)
+        k = torch.randn(2, layer.tp_k_head_num, layer.head_dim, generator=g)
+        v = torch.randn(2, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+        out = backend.forward(q, k, v, layer, batch).reshape(2, HQ, layer.v_head_dim)
+        for i, r in enumerate(rows):
+            kp, vp = hist[(layer.layer_id, r)]
+            kk, vv = torch.cat([kp, k[i:i + 1]]), torch.cat([vp, v[i:i + 1]])
+            pos = torch.arange(len(kk))
+            mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
+            assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling),
+                         name=f"P16 layer {layer.layer_id} request {i}")
