@@ -80,6 +80,24 @@ def test_policy_agrees_with_sglangs_resolvers(active_kind, draft, algo, alloc_ki
     assert ours is expected, f"triton-swa resolved {type(ours).__name__}, SGLang {type(expected).__name__}"
 
 
+def decode_and_check(backend, batch, layers, hist, rows, g, name):
+    """One decode step of every layer through ``backend``; each request's output against dense
+    windowed attention over its history (``hist[(layer_id, row)] = (k, v)``) plus the new token."""
+    backend.init_forward_metadata(batch)
+    for layer in layers:
+        q = torch.randn(len(rows), HQ, layer.head_dim, generator=g)
+        k = torch.randn(len(rows), layer.tp_k_head_num, layer.head_dim, generator=g)
+        v = torch.randn(len(rows), layer.tp_k_head_num, layer.v_head_dim, generator=g)
+        out = backend.forward(q, k, v, layer, batch).reshape(len(rows), HQ, layer.v_head_dim)
+        for i, r in enumerate(rows):
+            kp, vp = hist[(layer.layer_id, r)]
+            kk, vv = torch.cat([kp, k[i:i + 1]]), torch.cat([vp, v[i:i + 1]])
+            pos = torch.arange(len(kk))
+            mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
+            assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling),
+                         name=f"{name} layer {layer.layer_id} request {i}")
+
+
 def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
     """Decode of a sliding and a full layer over SGLang's real pools, K/V written by SGLang itself."""
     w = 3
@@ -120,19 +138,8 @@ def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
         rtp.req_to_token[r, n] = slot
     seq = torch.tensor(lens) + 1
     batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows), seq, loc, seq_lens_cpu=seq)
-    backend.init_forward_metadata(batch)
-    for layer in layers:
-        q = torch.randn(2, HQ, layer.head_dim, generator=g)
-        k = torch.randn(2, layer.tp_k_head_num, layer.head_dim, generator=g)
-        v = torch.randn(2, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-        out = backend.forward(q, k, v, layer, batch).reshape(2, HQ, layer.v_head_dim)
-        for i, r in enumerate(rows):
-            ks, vs = hist[(layer.layer_id, r)]
-            kk, vv = torch.stack([*ks, k[i]]), torch.stack([*vs, v[i]])
-            pos = torch.arange(len(kk))
-            mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
-            want = ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling)
-            assert_close(out[i:i + 1], want, name=f"layer {layer.layer_id} request {i}")
+    decode_and_check(backend, batch, layers, {key: (torch.stack(k), torch.stack(v)) for key, (k, v) in hist.items()},
+                     rows, g, "P1")
 
 
 # ----- the registered SGLang backend ------------------------------------------------------------------
@@ -356,16 +363,4 @@ def test_page_16_decode_over_sglangs_paged_allocator():
         rtp.req_to_token[r, n] = slot
     backend = TritonSWAAttnBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, page_size=ps))
     batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows), seq, loc, seq_lens_cpu=seq)
-    backend.init_forward_metadata(batch)
-    for layer in layers:
-        q = torch.randn(2, HQ, layer.head_dim, generator=g)
-        k = torch.randn(2, layer.tp_k_head_num, layer.head_dim, generator=g)
-        v = torch.randn(2, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-        out = backend.forward(q, k, v, layer, batch).reshape(2, HQ, layer.v_head_dim)
-        for i, r in enumerate(rows):
-            kp, vp = hist[(layer.layer_id, r)]
-            kk, vv = torch.cat([kp, k[i:i + 1]]), torch.cat([vp, v[i:i + 1]])
-            pos = torch.arange(len(kk))
-            mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
-            assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling),
-                         name=f"P16 layer {layer.layer_id} request {i}")
+    decode_and_check(backend, batch, layers, hist, rows, g, "P16")
