@@ -89,25 +89,25 @@ def _is_number(x) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float))
 
 
-def check_sm_scale(sm_scale, default: float) -> float:
-    """``sm_scale`` as a float (``default`` for None): a finite number > 0, or raise naming it."""
+def check_sm_scale(sm_scale, default: float, name: str = "sm_scale") -> float:
+    """``sm_scale`` as a float (``default`` for None): a finite number > 0, or raise naming ``name``."""
     if sm_scale is None:
         return default
     if not _is_number(sm_scale):
-        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+        raise TypeError(f"{name} must be a float, got {type(sm_scale).__name__}")
     if not (math.isfinite(sm_scale) and sm_scale > 0):
-        raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale!r}")
+        raise ValueError(f"{name} must be finite and > 0, got {sm_scale!r}")
     return float(sm_scale)
 
 
-def check_logit_cap(logit_cap) -> float:
+def check_logit_cap(logit_cap, name: str = "logit_cap") -> float:
     """``logit_cap`` as a float (None: 0): finite and >= 0, where 0 turns the soft cap off."""
     if logit_cap is None:
         return 0.0
     if not _is_number(logit_cap):
-        raise TypeError(f"logit_cap must be a float (0 disables it), got {type(logit_cap).__name__}")
+        raise TypeError(f"{name} must be a float (0 disables it), got {type(logit_cap).__name__}")
     if not (math.isfinite(logit_cap) and logit_cap >= 0):
-        raise ValueError(f"logit_cap must be finite and >= 0 (0 disables it), got {logit_cap!r}")
+        raise ValueError(f"{name} must be finite and >= 0 (0 disables it), got {logit_cap!r}")
     return float(logit_cap)
 
 

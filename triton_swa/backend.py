@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import math
-import numbers
 import operator
 
 import torch
 
-from ._checks import check_tensor
+from ._checks import check_kv_scale, check_logit_cap, check_sm_scale, check_tensor
 from .engine import ForwardMode
 from .guard import check_forward_metadata, debug_enabled
 from .mem.pools import is_swa_kv_pool
@@ -110,28 +108,6 @@ def _as_int(name: str, value, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
-
-
-def _as_real(name: str, value, *, positive: bool) -> float:
-    """A finite real number (``> 0`` when ``positive``, else ``>= 0``), or raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or (value <= 0 if positive else value < 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return value
-
-
-def _check_scale(name: str, scale, device) -> None:
-    """A per-tensor K/V scale: None, a finite number > 0, or a one-element floating tensor on ``device``."""
-    if scale is None:
-        return
-    if isinstance(scale, torch.Tensor):
-        check_tensor(name, scale, dtype=(torch.float32, torch.float16, torch.bfloat16), device=device)
-        if scale.numel() != 1:
-            raise ValueError(f"{name} must hold one value (a per-tensor scale), got shape {list(scale.shape)}")
-        return
-    _as_real(name, scale, positive=True)
 
 
 def _check_rows(name: str, x, rows: int, heads: int, dim: int, dtype, device) -> None:
@@ -662,12 +638,12 @@ class TritonSWAAttnBackend:
         if sinks is not None:
             check_tensor(f"layer {lid}: sinks", sinks, dtype=(torch.float32, torch.float16, torch.bfloat16), device=dev,
                          shape=(HQ,), contiguous=True)
-        _as_real(f"layer {lid}: scaling", layer.scaling, positive=True)
-        cap = getattr(layer, "logit_cap", 0.0)
-        if cap is not None:
-            _as_real(f"layer {lid}: logit_cap", cap, positive=False)
-        _check_scale(f"layer {lid}: k_scale", getattr(layer, "k_scale", None), dev)
-        _check_scale(f"layer {lid}: v_scale", getattr(layer, "v_scale", None), dev)
+        if layer.scaling is None:
+            raise TypeError(f"layer {lid}: scaling must be a float, got None")
+        check_sm_scale(layer.scaling, None, f"layer {lid}: scaling")
+        check_logit_cap(getattr(layer, "logit_cap", 0.0), f"layer {lid}: logit_cap")
+        check_kv_scale(f"layer {lid}: k_scale", getattr(layer, "k_scale", None), dev)
+        check_kv_scale(f"layer {lid}: v_scale", getattr(layer, "v_scale", None), dev)
         return writes
 
     def _save(self, layer, k, v, k_buf, v_buf, write_mapping, forward_batch):

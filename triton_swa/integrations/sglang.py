@@ -145,12 +145,11 @@ class TritonSWASGLangBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
         view = _Layer(layer, sinks, kv_shared=k is None)
-        return self.core.forward_decode(q, k, v, view, _Batch(forward_batch), save_kv_cache and k is not None)
+        return self.core.forward_decode(q, k, v, view, forward_batch, save_kv_cache and k is not None)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
-        self._check_mode(forward_batch)
         view = _Layer(layer, sinks, kv_shared=k is None)
-        return self.core.forward_extend(q, k, v, view, _Batch(forward_batch), save_kv_cache and k is not None)
+        return self.core.forward_extend(q, k, v, view, forward_batch, save_kv_cache and k is not None)
 
 
 def _factory(model_runner):

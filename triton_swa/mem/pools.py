@@ -29,12 +29,6 @@ def _check_device(name: str, device) -> torch.device:
         raise ValueError(f"{name} is not a valid device: {device!r} ({e})") from None
 
 
-def _debug() -> bool:
-    """Checks that read device values (a synchronisation) run only in the guard's debug mode
-    (``TRITON_SWA_DEBUG=1``, see :mod:`triton_swa.guard`)."""
-    return debug_enabled()
-
-
 class ReqToTokenPool:
     """Rows of full-pool slots, one row per live request; row 0 is a padding row never handed out.
 
@@ -225,7 +219,7 @@ class MHATokenToKVPool:
                     raise TypeError(f"{name} must be a number, a tensor or None, got {type(scale).__name__}")
                 if not math.isfinite(scale) or scale <= 0:
                     raise ValueError(f"{name} must be finite and > 0, got {scale}")
-        if _debug() and n:
+        if debug_enabled() and n:
             rows = self.k_buffer[i].shape[0]
             bad = (loc < 0) | (loc >= rows)
             if bool(bad.any()):
@@ -387,7 +381,7 @@ class SWAKVPool(BaseSWAKVPool):
         if self.full_to_swa_index_mapping is None:
             raise ValueError("no full_to_swa_index_mapping registered: call register_mapping first")
         check_tensor("kv_indices", kv_indices, dtype=(torch.int32, torch.int64), device=self.device)
-        if _debug() and kv_indices.numel():
+        if debug_enabled() and kv_indices.numel():
             n = self.full_to_swa_index_mapping.shape[0]
             bad = (kv_indices < -1) | (kv_indices >= n - 1)
             if bool(bad.any()):
