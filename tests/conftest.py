@@ -8,7 +8,7 @@ Every test runs with ``TRITON_SWA_POISON=1`` (``triton_swa/ops/_poison.py``): th
 allocate themselves (outputs, split-KV partials, index buffers) start as NaN or the int32 minimum,
 so a split, tile or row that a kernel forgets to write fails the comparison with the reference
 instead of passing on whatever ``torch.empty`` returned. A test that needs it off uses
-``monkeypatch.delenv("TRITON_SWA_POISON")``.
+``monkeypatch.setattr(_poison, "_ENABLED", False)``.
 """
 
 import os
@@ -32,7 +32,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _poison_internal_buffers(monkeypatch):
-    monkeypatch.setenv("TRITON_SWA_POISON", "1")
+    # the switch is cached at import (triton_swa.ops._poison); monkeypatch restores it after the test
+    from triton_swa.ops import _poison
+
+    monkeypatch.setattr(_poison, "_ENABLED", True)
 
 
 @pytest.fixture

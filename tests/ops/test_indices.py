@@ -586,6 +586,7 @@ def test_poisoned_index_buffers(device, monkeypatch):
     """Under TRITON_SWA_POISON=1 (the suite's default) the index buffers an op allocates start as the
     int32 minimum: entries past kv_indptr[B] (documented as untouched) keep it, every other entry is
     the reference's; with the switch off, the same call gives the same written entries."""
+    from triton_swa.ops import _poison
     from triton_swa.ops._poison import INT_POISON, empty, poison_enabled
 
     state = _state([9, 17], 5, 4)
@@ -597,7 +598,17 @@ def test_poisoned_index_buffers(device, monkeypatch):
     want = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
     assert torch.equal(got.kv_indices[:exact], want.kv_indices) and torch.equal(got.kv_indptr, want.kv_indptr)
     assert bool(empty(4, dtype=torch.float32, device=device).isnan().all())
-    monkeypatch.delenv("TRITON_SWA_POISON")
+    monkeypatch.setattr(_poison, "_ENABLED", False)
     assert not poison_enabled()
     again = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
     assert torch.equal(again.kv_indices, want.kv_indices)
+
+
+def test_poison_switch_is_read_from_the_environment_on_refresh(monkeypatch):
+    from triton_swa.ops import _poison
+
+    monkeypatch.setattr(_poison, "_ENABLED", _poison._ENABLED)  # restored after the test
+    monkeypatch.setenv("TRITON_SWA_POISON", "0")
+    assert _poison.refresh_poison_env() is False and not _poison.poison_enabled()
+    monkeypatch.setenv("TRITON_SWA_POISON", "1")
+    assert _poison.refresh_poison_env() is True and _poison.poison_enabled()
