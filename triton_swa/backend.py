@@ -195,6 +195,28 @@ class TritonSWAAttnBackend:
         self.forward_metadata: ForwardMetadata | None = None
         self.cuda_graph: dict | None = None
 
+    def use_kv_pool(self, pool) -> None:
+        """Read and write K/V in ``pool`` from now on; sliding layers still translate by the resolved pool.
+
+        An engine that swaps the pool under a backend calls this (SGLang points a FROZEN_KV MTP
+        draft backend's ``token_to_kv_pool`` at the target's pool around the draft's forwards).
+
+        Raises:
+            TypeError: ``pool`` has no ``get_kv_buffer(layer_id)``.
+            ValueError: its page size differs from the one the step's indices are built for, or it
+                cannot be classified (see :func:`triton_swa.mem.is_swa_kv_pool`).
+        """
+        if pool is self.kv_pool:
+            return
+        if not hasattr(pool, "get_kv_buffer"):
+            raise TypeError(f"the KV pool ({type(pool).__name__}) has no get_kv_buffer(layer_id)")
+        page_size = _as_int("kv_pool.page_size", getattr(pool, "page_size", 1) or 1, 1)
+        if page_size != self.page_size:
+            raise ValueError(f"the KV pool's page_size is {page_size} but the backend's indices are built for "
+                             f"page_size {self.page_size}")
+        self._kv_pool_is_swa = is_swa_kv_pool(pool)
+        self.kv_pool = pool
+
     @staticmethod
     def _resolve_swa_kv_pool(model_runner):
         """SPEC §3: the SWA pool sliding layers translate against, or None.
@@ -702,7 +724,7 @@ class TritonSWAAttnBackend:
             max_window = min(max_window, window)
         out = swa_extend(
             q, k, v, k_buf, v_buf, meta.qo_indptr, meta.prefix_lens, **idx.kernel_args(decode=False),
-            window_left=window, causal=meta.causal, custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr,
+            window_left=window, causal=meta.causal and bool(getattr(layer, "causal", True)), custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr,
             q_positions=meta.q_positions, sm_scale=layer.scaling, logit_cap=getattr(layer, "logit_cap", 0.0),
             sinks=getattr(layer, "sinks", None), k_scale=k_scale, v_scale=v_scale,
             max_extend_len=meta.max_extend_len, max_window=max_window,

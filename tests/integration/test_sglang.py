@@ -25,6 +25,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
@@ -162,6 +163,9 @@ def test_register_puts_the_backend_in_sglangs_registry_and_choices():
     runner.token_to_kv_pool, runner.token_to_kv_pool_allocator = pool, alloc
     runner.req_to_token_pool = ReqToTokenPool(4, 64, "cpu", False)
     runner.is_draft_worker, runner.spec_algorithm, runner.sliding_window_size, runner.device = False, A.NONE, 3, "cpu"
+    runner.kv_index_translator = KVIndexTranslator(req_to_token=runner.req_to_token_pool.req_to_token,
+                                                   token_to_kv_pool_allocator=alloc, token_to_kv_pool=pool,
+                                                   page_size=1, device="cpu")
     backend = ATTENTION_BACKENDS["triton_swa"](runner)
     assert isinstance(backend, AttentionBackend) and isinstance(backend, TritonSWASGLangBackend)
     assert backend.token_to_kv_pool is pool and backend.core._swa_kv_pool is pool

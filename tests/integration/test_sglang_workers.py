@@ -1,0 +1,326 @@
+"""SGLang tier, speculative workers and the engine's own plumbing, on SGLang 0.5.23's real classes.
+
+- A DFlash draft worker (Gemma 4 + DFlash): its active pool is its own ``SWAKVPool``, registering
+  the target allocator's mapping, and it shares the target's ``req_to_token`` and allocator. The
+  policy reads the draft's K/V at the right SWA slots; SGLang's pre-fix rule ("a draft worker has
+  no SWA pool") reads ``swa_buffer[full_slot]``, the regression this project exists to fix. The
+  draft block is a bidirectional layer (``AttentionType.DECODER_BIDIRECTIONAL``).
+- A FROZEN_KV MTP draft: its own plain pool, the target's SWA pool resolved through the shared
+  allocator, and K/V read from the target's pool under SGLang's own ``frozen_kv_target_view`` /
+  ``target_kv_pool_view``; outside them the sliding layer refuses loudly.
+- Writes go through SGLang's ``set_kv_buffer`` at the SWA write ids of SGLang's
+  ``KVIndexTranslator`` (a bound plan).
+- The CUDA-graph metadata path (``init_forward_metadata_out_graph`` with and without
+  ``in_capture``) over fixed buffers equals eager, padded batch included.
+- What is not supported fails with a ValueError naming it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from unittest.mock import MagicMock
+
+import pytest
+import torch
+import triton_swa_reference as ref
+
+pytest.importorskip("sglang.srt.mem_cache.swa_memory_pool",
+                    reason="SGLang tier: sglang 0.5.23 is not installed (bash scripts/setup_sglang.sh installs it)")
+
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as A  # noqa: E402
+
+from triton_swa.backend import TritonSWAAttnBackend  # noqa: E402
+from triton_swa.integrations.sglang import TritonSWASGLangBackend  # noqa: E402
+from triton_swa.testing import assert_close  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+HQ, H_SWA, D_SWA, H_FULL, D_FULL = 4, 2, 16, 1, 32
+SIZE, SIZE_SWA, W = 96, 96, 5
+
+
+def swa_pool(size=SIZE, size_swa=SIZE_SWA, page_size=1, h_swa=H_SWA):
+    return SWAKVPool(size=size, size_swa=size_swa, page_size=page_size, dtype=torch.float32, head_num=H_FULL,
+                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                     enable_memory_saver=False, swa_head_num=h_swa, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+
+
+def layers(h_swa=H_SWA, attn_type=AttentionType.DECODER):
+    return [RadixAttention(HQ, D_SWA, D_SWA**-0.5, h_swa, 0, sliding_window_size=W, attn_type=attn_type),
+            RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+
+
+def runner(pool, alloc, rtp, *, draft=False, algo=A.NONE):
+    r = MagicMock()
+    r.token_to_kv_pool, r.token_to_kv_pool_allocator, r.req_to_token_pool = pool, alloc, rtp
+    r.is_draft_worker, r.spec_algorithm, r.sliding_window_size, r.device = draft, algo, W, "cpu"
+    r.kv_index_translator = KVIndexTranslator(req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc,
+                                              token_to_kv_pool=pool, page_size=1, device="cpu", is_draft_worker=draft)
+    return r
+
+
+def drifted_state(g, rows_n=2, lens=(14, 10)):
+    """Target pools whose SWA slots differ from their full slots, through SGLang's own allocator
+    (sorted free lists): a burst that fills both pools, the window eviction of its first 30 tokens,
+    then the rest freed; the requests then get full slots from 31 and SWA slots from 1. The SWA
+    pool is as large as the full pool here, so that a rule reading the SWA buffer at full slots
+    reads other tokens' K/V rather than past the buffer."""
+    pool = swa_pool()
+    alloc = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float32, "cpu", pool, True)  # need_sort
+    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    burst = alloc.alloc(SIZE)
+    alloc.free_swa(burst[:30])
+    alloc.free(burst[30:])
+    rows = rtp.alloc_rows(rows_n)
+    for r, n in zip(rows, lens):
+        rtp.req_to_token[r, :n] = alloc.alloc(n).to(torch.int32)
+    return pool, alloc, rtp, rows, list(lens)
+
+
+def write_history(pool, rtp, rows, lens, layer_list, g):
+    """Random K/V of every committed token, written by SGLang's own set_kv_buffer; then SGLang's
+    window eviction of what lies before each window. Returns ``{(layer_id, row): (k, v)}``."""
+    hist = {}
+    for r, n in zip(rows, lens):
+        full = rtp.req_to_token[r, :n].long()
+        for layer in layer_list:
+            k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
+            v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.clone(),
+                               v.clone())
+            hist[(layer.layer_id, r)] = (k, v)
+    return hist
+
+
+def evict(alloc, rtp, rows, lens):
+    old = [rtp.req_to_token[r, :n - W - 1].long() for r, n in zip(rows, lens) if n - W - 1 > 0]
+    if old:
+        alloc.free_swa(torch.cat(old))
+
+
+def sgl_batch(mode, rows, prefix, new, loc, **kw):
+    lens = [p + m for p, m in zip(prefix, new)]
+    t = sum(new)
+    fields = dict(forward_mode=mode, batch_size=len(rows), input_ids=torch.zeros(t, dtype=torch.long),
+                  req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(lens), out_cache_loc=loc,
+                  seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens), spec_algorithm=A.NONE)
+    if mode.is_extend() and not mode.is_target_verify():
+        fields.update(extend_prefix_lens=torch.tensor(prefix), extend_prefix_lens_cpu=list(prefix),
+                      extend_seq_lens=torch.tensor(new), extend_seq_lens_cpu=list(new), extend_num_tokens=t)
+    fields.update(kw)
+    return ForwardBatch(**fields)
+
+
+def place(alloc, rtp, rows, prefix, new):
+    loc = alloc.alloc(sum(new))
+    at = 0
+    for r, p, m in zip(rows, prefix, new):
+        rtp.req_to_token[r, p:p + m] = loc[at:at + m].to(torch.int32)
+        at += m
+    return loc
+
+
+def want_extend(layer, hist, rows, prefix, new, q, k, v, *, causal=True):
+    """Each request's expected output: its cached window plus its new tokens, float64 reference."""
+    outs, at = [], 0
+    for r, p, m in zip(rows, prefix, new):
+        kp, vp = hist[(layer.layer_id, r)]
+        kk = torch.cat([kp[:p], k[at:at + m]])
+        vv = torch.cat([vp[:p], v[at:at + m]])
+        q_pos, k_pos = torch.arange(p, p + m), torch.arange(p + m)
+        win = layer.sliding_window_size
+        mask = torch.cat([ref.window_mask(q_pos, k_pos[:p], win),
+                          ref.window_mask(q_pos, k_pos[p:], win, causal=causal)], 1)
+        outs.append(ref.attention(q[at:at + m], kk, vv, mask, sm_scale=layer.scaling))
+        at += m
+    return torch.cat(outs)
+
+
+def rand_qkv(layer, t, g):
+    return (torch.randn(t, HQ, layer.head_dim, generator=g), torch.randn(t, layer.tp_k_head_num, layer.head_dim, generator=g),
+            torch.randn(t, layer.tp_k_head_num, layer.v_head_dim, generator=g))
+
+
+def pre_fix_rule(model_runner):
+    """SGLang's rule before the fix, as SPEC §3 describes it: a non-FROZEN_KV draft worker has no SWA
+    pool, whatever its active pool is; otherwise the allocator's pool when it is SWA-backed."""
+    if model_runner.is_draft_worker and not model_runner.spec_algorithm.is_frozen_kv_mtp():
+        return None
+    kvcache = model_runner.token_to_kv_pool_allocator.get_kvcache()
+    return kvcache if isinstance(kvcache, SWAKVPool) else None
+
+
+def test_dflash_draft_worker_reads_its_own_swa_pool_and_the_pre_fix_rule_does_not(monkeypatch):
+    """Gemma 4 + DFlash: the draft owns an SWAKVPool (other K/V head count than the target) that
+    registers the target allocator's mapping and shares its req_to_token and allocator. Its draft
+    block (bidirectional) runs as EXTEND over the cached window."""
+    g = torch.Generator().manual_seed(10)
+    target_pool, alloc, rtp, rows, lens = drifted_state(g)
+    draft_pool = swa_pool(h_swa=1)
+    draft_pool.register_mapping(alloc.full_to_swa_index_mapping)
+    draft_layers = layers(h_swa=1, attn_type=AttentionType.DECODER_BIDIRECTIONAL)
+    write_history(target_pool, rtp, rows, lens, layers(), g)
+    hist = write_history(draft_pool, rtp, rows, lens, draft_layers, g)
+    evict(alloc, rtp, rows, lens)
+    live = torch.cat([rtp.req_to_token[r, n - W:n].long() for r, n in zip(rows, lens)])
+    swa = draft_pool.translate_loc_from_full_to_swa(live)
+    assert (swa > 0).all() and not torch.equal(swa, live), "the window's SWA slots must differ from its full slots"
+
+    draft_runner = runner(draft_pool, alloc, rtp, draft=True, algo=A.DFLASH)
+    backend = TritonSWASGLangBackend(draft_runner)
+    assert backend._swa_kv_pool is draft_pool, "the DFlash draft must resolve its own active SWA pool"
+    new = [4, 4]
+    loc = place(alloc, rtp, rows, lens, new)
+    fb = sgl_batch(ForwardMode.EXTEND, rows, lens, new, loc)
+    draft_runner.kv_index_translator.bind_own_plan(fb)
+    backend.init_forward_metadata(fb)
+    assert torch.equal(backend.core.swa_loc, draft_pool.translate_loc_from_full_to_swa(loc))
+    inputs = {}
+    with forward_context(ForwardContext(attn_backend=backend)):
+        for layer in draft_layers:
+            q, k, v = inputs[layer.layer_id] = rand_qkv(layer, sum(new), g)
+            out = layer(q.flatten(1), k.flatten(1), v.flatten(1), fb).view(-1, HQ, layer.v_head_dim)
+            assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v, causal=layer.sliding_window_size < 0),
+                         name=f"draft layer {layer.layer_id}")
+            # SGLang's set_kv_buffer wrote the block at the translator's SWA slots
+            k_buf = draft_pool.get_key_buffer(layer.layer_id)
+            slots = backend.core.swa_loc if layer.sliding_window_size >= 0 else loc
+            assert torch.equal(k_buf[slots.long()], k), f"layer {layer.layer_id}: K/V not at the step's write ids"
+
+    # The regression: the same step under SGLang's pre-fix rule reads the draft's SWA buffer at full slots.
+    monkeypatch.setattr(TritonSWAAttnBackend, "_resolve_swa_kv_pool", staticmethod(pre_fix_rule))
+    legacy = TritonSWASGLangBackend(draft_runner)
+    assert legacy._swa_kv_pool is None
+    legacy.init_forward_metadata(fb)
+    sliding = draft_layers[0]
+    q, k, v = inputs[0]
+    with forward_context(ForwardContext(attn_backend=legacy)):
+        out = sliding(q.flatten(1), k.flatten(1), v.flatten(1), fb, save_kv_cache=False).view(-1, HQ, D_SWA)
+    err = (out - want_extend(sliding, hist, rows, lens, new, q, k, v, causal=False)).abs().max().item()
+    assert err > 0.1, f"the pre-fix rule should read wrong K/V here, yet its error is only {err:.2e}"
+
+
+def test_frozen_kv_mtp_draft_reads_the_targets_pool_under_sglangs_views():
+    from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPContext
+    from sglang.srt.speculative.frozen_kv_mtp_utils import frozen_kv_target_view, target_kv_pool_view
+
+    g = torch.Generator().manual_seed(11)
+    target_pool, alloc, rtp, rows, lens = drifted_state(g)
+    target_layers = layers()
+    hist = write_history(target_pool, rtp, rows, lens, target_layers, g)
+    evict(alloc, rtp, rows, lens)
+    draft_own = MHATokenToKVPool(SIZE, 1, torch.float32, H_FULL, D_FULL, 1, "cpu", False)
+    draft_runner = runner(draft_own, alloc, rtp, draft=True, algo=A.FROZEN_KV_MTP)
+    backend = TritonSWASGLangBackend(draft_runner)
+    assert backend._swa_kv_pool is target_pool, "FROZEN_KV MTP resolves the target's pool through the allocator"
+    ctx = FrozenKVMTPContext(target_token_to_kv_pool=target_pool, physical_layer_ids={0: 0, 1: 1})
+    fb = sgl_batch(ForwardMode.DECODE, rows, [n - 1 for n in lens], [1, 1], None)
+    with frozen_kv_target_view(fb, ctx, backend):
+        backend.init_forward_metadata(fb)
+    assert backend.token_to_kv_pool is draft_own, "SGLang's view must restore the draft's own pool"
+    with target_kv_pool_view(fb, ctx, backend), forward_context(ForwardContext(attn_backend=backend)):
+        for layer in target_layers:
+            q = torch.randn(2, HQ, layer.head_dim, generator=g)
+            out = layer(q.flatten(1), None, None, fb, save_kv_cache=False).view(2, HQ, layer.v_head_dim)
+            for i, (r, n) in enumerate(zip(rows, lens)):
+                kk, vv = hist[(layer.layer_id, r)]
+                pos = torch.arange(n)
+                mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
+                assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling),
+                             name=f"frozen-kv layer {layer.layer_id} request {i}")
+    # Outside SGLang's view the draft's own (full-only) pool is current: the sliding layer refuses.
+    with pytest.raises(ValueError, match="not in the SWA sub-pool"):
+        backend.forward_decode(torch.zeros(2, HQ * D_SWA), None, None, target_layers[0], fb, save_kv_cache=False)
+
+
+def test_cuda_graph_metadata_path_equals_eager():
+    """init_cuda_graph_state, then SGLang's graph path: capture (``in_capture=True``) over one batch,
+    replays over fresh batches (DECODE padded to the captured size; TARGET_VERIFY chain) give what
+    eager metadata gives over the same batch."""
+    g = torch.Generator().manual_seed(12)
+    pool, alloc, rtp, rows, lens = drifted_state(g, rows_n=3, lens=(14, 10, 7))
+    write_history(pool, rtp, rows, lens, layers(), g)
+    evict(alloc, rtp, rows, lens)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
+    eager = TritonSWASGLangBackend(runner(pool, alloc, rtp))
+    n = 3
+    backend.init_cuda_graph_state(4, 4 * n)
+    fill = backend.get_cuda_graph_seq_len_fill_value()
+
+    def padded_decode(real_rows, real_lens, bs):
+        pad = bs - len(real_rows)
+        loc = torch.cat([place(alloc, rtp, real_rows, real_lens, [1] * len(real_rows)), torch.zeros(pad, dtype=torch.int64)])
+        return sgl_batch(ForwardMode.DECODE, real_rows + [0] * pad, [x for x in real_lens] + [fill - 1] * pad,
+                         [1] * bs, loc)
+
+    def run(b, fb, save):
+        outs = []
+        with forward_context(ForwardContext(attn_backend=b)):
+            for layer in layers():
+                gen = torch.Generator().manual_seed(100 + layer.layer_id)
+                t = fb.out_cache_loc.shape[0]
+                q, k, v = rand_qkv(layer, t, gen)
+                outs.append(layer(q.flatten(1), k.flatten(1), v.flatten(1), fb, save_kv_cache=save))
+        return outs
+
+    capture = padded_decode(rows[:2], lens[:2], 4)
+    backend.init_forward_metadata_out_graph(capture, in_capture=True)
+    assert (backend.core.swa_loc == 0).all(), "capture writes the SWA dummy slot only"
+    lens = [x + 1 for x in lens[:2]] + lens[2:]
+    replay = padded_decode(rows, lens, 4)
+    backend.init_forward_metadata_out_graph(replay)
+    eager.init_forward_metadata(replay)
+    assert torch.equal(backend.core.swa_loc, eager.core.swa_loc)
+    want = run(eager, replay, save=True)
+    got = run(backend, replay, save=True)  # writes the same K/V again
+    for layer, a, b in zip(layers(), got, want):
+        assert torch.equal(a, b), f"decode layer {layer.layer_id}: graph-path output differs from eager"
+
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+    lens = [x + 1 for x in lens]
+    loc = place(alloc, rtp, rows, lens, [n] * 3)
+    positions = torch.cat([p + torch.arange(n) for p in lens])
+    spec = DFlashVerifyInput(draft_token=torch.zeros(3 * n, dtype=torch.long), positions=positions, draft_token_num=n)
+    verify = sgl_batch(ForwardMode.TARGET_VERIFY, rows, lens, [0] * 3, loc, positions=positions, spec_info=spec,
+                       spec_algorithm=A.DFLASH)
+    backend.init_forward_metadata_out_graph(verify, in_capture=True)
+    backend.init_forward_metadata_out_graph(verify)
+    eager.init_forward_metadata(verify)
+    want, got = run(eager, verify, save=True), run(backend, verify, save=True)
+    for layer, a, b in zip(layers(), got, want):
+        assert torch.equal(a, b), f"verify layer {layer.layer_id}: graph-path output differs from eager"
+
+
+def test_what_is_not_supported_says_so():
+    g = torch.Generator().manual_seed(13)
+    pool, alloc, rtp, rows, lens = drifted_state(g)
+    r = runner(pool, alloc, rtp)
+    backend = TritonSWASGLangBackend(r)
+    fb = sgl_batch(ForwardMode.SPLIT_PREFILL, rows, lens, [1, 1], alloc.alloc(2))
+    with pytest.raises(ValueError, match="SPLIT_PREFILL"):
+        backend.init_forward_metadata(fb)
+    with pytest.raises(ValueError, match="init_cuda_graph_state"):
+        backend.init_forward_metadata_out_graph(sgl_batch(ForwardMode.DECODE, rows, lens, [1, 1], alloc.alloc(2)))
+    cross = RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1, is_cross_attention=True)
+    backend.init_forward_metadata(sgl_batch(ForwardMode.DECODE, rows, lens, [1, 1], alloc.alloc(2)))
+    with pytest.raises(ValueError, match="cross-attention"):
+        backend.forward_decode(torch.zeros(2, HQ * D_FULL), None, None, cross, None)
+    unified = runner(pool, alloc, rtp)
+    unified.kv_index_translator = SimpleNamespace(is_translating=True)
+    with pytest.raises(ValueError, match="unified KV memory"):
+        TritonSWASGLangBackend(unified)
+    hnd = MHATokenToKVPool(SIZE, 1, torch.float32, H_FULL, D_FULL, 2, "cpu", False, kv_cache_layout="hnd")
+    plain = runner(hnd, alloc, rtp)
+    plain.sliding_window_size = -1
+    plain.token_to_kv_pool_allocator = MagicMock(get_kvcache=MagicMock(return_value=hnd))
+    plain.kv_index_translator = None
+    with pytest.raises(ValueError, match="'hnd' layout"):
+        TritonSWASGLangBackend(plain)
