@@ -258,11 +258,13 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend():
     lens = step(SGLMode.EXTEND, [3, 4], lens)  # chunked prefill over the cached window
 
 
-@pytest.mark.parametrize("kind", ["dflash-chain", "eagle-tree"])
+@pytest.mark.parametrize("kind", ["dflash-chain", "eagle-tree", "eagle-tree-filled-after-plan"])
 def test_target_verify_with_sglangs_verify_inputs(kind):
     """TARGET_VERIFY with SGLang's DFlashVerifyInput (a chain, no mask) or EagleVerifyInput (a tree:
     SGLang's mask spans each request's prefix plus its drafts, positions sit at prefix + depth),
-    through RadixAttention.forward; sliding and full layers against the float64 reference."""
+    through RadixAttention.forward; sliding and full layers against the float64 reference. The
+    last case plans the step before the draft fills the mask and positions (SGLang's overlapped
+    EAGLE plan), then calls update_verify_buffers_to_fill_after_draft."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -291,7 +293,8 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
             pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.clone(),
                                v.clone())
             hist[(layer.layer_id, r)] = (k, v)
-    parents = [-1, 0, 1, 0] if kind == "eagle-tree" else [-1, 0, 1, 2]
+    tree = kind.startswith("eagle-tree")
+    parents = [-1, 0, 1, 0] if tree else [-1, 0, 1, 2]
     depth = []
     for p in parents:
         depth.append(0 if p < 0 else depth[p] + 1)
@@ -303,7 +306,7 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
     for i, (r, p) in enumerate(zip(rows, prefix)):
         rtp.req_to_token[r, p:p + n] = loc[i * n:(i + 1) * n].to(torch.int32)
     positions = torch.cat([p + torch.tensor(depth) for p in prefix])
-    if kind == "eagle-tree":
+    if tree:
         mask = torch.cat([torch.cat([torch.ones(n, p, dtype=torch.bool), anc], 1).reshape(-1) for p in prefix])
         z = torch.zeros(1, dtype=torch.long)
         spec = EagleVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long), custom_mask=mask, positions=positions,
@@ -315,8 +318,17 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
     fb = SGLBatch(forward_mode=SGLMode.TARGET_VERIFY, batch_size=2, input_ids=torch.zeros(2 * n, dtype=torch.long),
                   req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(prefix), out_cache_loc=loc,
                   seq_lens_sum=sum(prefix), seq_lens_cpu=torch.tensor(prefix), positions=positions, spec_info=spec,
-                  spec_algorithm=A.EAGLE if kind == "eagle-tree" else A.DFLASH)
-    backend.init_forward_metadata(fb)
+                  spec_algorithm=A.EAGLE if tree else A.DFLASH)
+    if kind == "eagle-tree-filled-after-plan":
+        filled_mask, filled_positions = mask.clone(), positions.clone()
+        mask.fill_(True)
+        positions.zero_()
+        backend.init_forward_metadata(fb)
+        mask.copy_(filled_mask)  # the draft fills SGLang's buffers in place
+        positions.copy_(filled_positions)
+        backend.update_verify_buffers_to_fill_after_draft(spec, None)
+    else:
+        backend.init_forward_metadata(fb)
     with forward_context(ForwardContext(attn_backend=backend)):
         for layer in layers:
             q = torch.randn(2 * n, HQ * layer.head_dim, generator=g)

@@ -178,6 +178,7 @@ class TritonSWASGLangBackend(AttentionBackend):
         self.max_context_len = self.core.req_to_token.shape[1]
         self.forward_metadata = None
         self._graph_swa_loc: torch.Tensor | None = None
+        self._verify_batch = None  # the last TARGET_VERIFY batch, for update_verify_buffers_to_fill_after_draft
 
     @staticmethod
     def _resolve_swa_kv_pool(model_runner):
@@ -218,6 +219,24 @@ class TritonSWASGLangBackend(AttentionBackend):
         self.core.init_forward_metadata(_Batch(forward_batch))
         self.core.swa_loc = self._swa_write_ids(forward_batch)
         self.forward_metadata = self.core.forward_metadata
+        self._verify_batch = forward_batch if forward_batch.forward_mode.is_target_verify() else None
+
+    def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs) -> None:
+        """Redo the verify metadata that depends on the draft's tree mask and positions.
+
+        SGLang (EAGLE with an overlapped plan) builds the verify metadata before the draft has
+        filled ``spec_info``'s mask and positions, then calls this. ``cuda_graph_bs``: the graph's
+        batch size when the step replays a graph, else None.
+        """
+        fb = self._verify_batch
+        if fb is None:
+            raise ValueError("update_verify_buffers_to_fill_after_draft: no TARGET_VERIFY metadata was built")
+        if spec_info is not fb.spec_info:
+            raise ValueError("update_verify_buffers_to_fill_after_draft: spec_info is not the verify batch's")
+        if cuda_graph_bs is None:
+            self.init_forward_metadata(fb)
+        else:
+            self.init_forward_metadata_out_graph(fb)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
         """The CUDA-graph path: fill the fixed buffers before capture (``in_capture``) or a replay.
@@ -257,6 +276,7 @@ class TritonSWASGLangBackend(AttentionBackend):
                 buf[:n].copy_(self._swa_write_ids(fb))
             self.core.swa_loc = buf[:n]
         self.forward_metadata = self.core.forward_metadata
+        self._verify_batch = fb if mode.is_target_verify() else None
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         """Nothing to record: every buffer the kernels read is filled in ``_out_graph``."""
