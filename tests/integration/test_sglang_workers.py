@@ -324,3 +324,70 @@ def test_what_is_not_supported_says_so():
     plain.kv_index_translator = None
     with pytest.raises(ValueError, match="'hnd' layout"):
         TritonSWASGLangBackend(plain)
+
+
+def test_page_16_prefill_chunk_and_decode_through_the_backend():
+    """Page size 16 end to end through the registered backend: SGLang's paged SWA allocator
+    (alloc_extend / alloc_decode), the backend writing through SGLang's set_kv_buffer, whole-page
+    free_swa eviction between steps, and its translator's write ids."""
+    ps, w = 16, 20
+    g = torch.Generator().manual_seed(14)
+    pool = SWAKVPool(size=256, size_swa=128, page_size=ps, dtype=torch.float32, head_num=H_FULL, head_dim=D_FULL,
+                     swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu", enable_memory_saver=False,
+                     swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+    alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, "cpu", pool, False)
+    rtp = ReqToTokenPool(4, 128, "cpu", False)
+    rows = rtp.alloc_rows(2)
+    r = runner(pool, alloc, rtp)
+    r.sliding_window_size = w
+    r.kv_index_translator = KVIndexTranslator(req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc,
+                                              token_to_kv_pool=pool, page_size=ps, device="cpu")
+    backend = TritonSWASGLangBackend(r)
+    assert backend.core.page_size == ps
+    step_layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
+                   RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    hist = {(layer.layer_id, row): (torch.empty(0, layer.tp_k_head_num, layer.head_dim),
+                                    torch.empty(0, layer.tp_k_head_num, layer.v_head_dim))
+            for layer in step_layers for row in rows}
+    lens = [0, 0]
+
+    def step(mode, new):
+        prefix = list(lens)
+        seq = torch.tensor([p + m for p, m in zip(prefix, new)])
+        last = torch.tensor([int(rtp.req_to_token[row, p - 1]) if p else -1 for row, p in zip(rows, prefix)])
+        if mode.is_decode():
+            loc = alloc.alloc_decode(seq, seq, last)
+        else:
+            pre = torch.tensor(prefix)
+            loc = alloc.alloc_extend(pre, pre, seq, seq, last, sum(new))
+        at = 0
+        for row, p, m in zip(rows, prefix, new):
+            rtp.req_to_token[row, p:p + m] = loc[at:at + m].to(torch.int32)
+            at += m
+        fb = sgl_batch(mode, rows, prefix, new, loc)
+        r.kv_index_translator.bind_own_plan(fb)
+        backend.init_forward_metadata(fb)
+        with forward_context(ForwardContext(attn_backend=backend)):
+            for layer in step_layers:
+                q, k, v = rand_qkv(layer, sum(new), g)
+                at = 0
+                for row, m in zip(rows, new):
+                    kh, vh = hist[(layer.layer_id, row)]
+                    hist[(layer.layer_id, row)] = (torch.cat([kh, k[at:at + m]]), torch.cat([vh, v[at:at + m]]))
+                    at += m
+                out = layer(q.flatten(1), k.flatten(1), v.flatten(1), fb).view(-1, HQ, layer.v_head_dim)
+                want = want_extend(layer, {key: val for key, val in hist.items()}, rows, prefix, new, q, k, v)
+                assert_close(out, want, name=f"P16 {mode.name} layer {layer.layer_id}")
+        lens[:] = seq.tolist()
+        # SGLang's eviction: whole pages before each window
+        old = [rtp.req_to_token[row, :(n - w) // ps * ps].long() for row, n in zip(rows, lens) if n - w >= ps]
+        if old:
+            alloc.free_swa(torch.cat(old))
+
+    step(ForwardMode.EXTEND, [40, 23])
+    step(ForwardMode.EXTEND, [17, 30])  # chunked prefill over a cached, partly evicted prefix
+    step(ForwardMode.DECODE, [1, 1])
+    live = torch.cat([rtp.req_to_token[row, n - w:n].long() for row, n in zip(rows, lens)])
+    swa = pool.translate_loc_from_full_to_swa(live)
+    assert (swa > 0).all() and (swa != live).any(), "the last windows' SWA slots must differ from their full slots"
+    step(ForwardMode.DECODE, [1, 1])
