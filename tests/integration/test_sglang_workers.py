@@ -391,3 +391,57 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
     swa = pool.translate_loc_from_full_to_swa(live)
     assert (swa > 0).all() and (swa != live).any(), "the last windows' SWA slots must differ from their full slots"
     step(ForwardMode.DECODE, [1, 1])
+
+
+def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
+    """fp8 (e4m3) pools: SGLang's set_kv_buffer quantizes with the layer's ``k_scale`` / ``v_scale``
+    (the backend's write and SGLang's own), the kernels dequantize with ``k_scale_float``; the
+    caller's k, v are left as they were (SGLang's pool divides in place)."""
+    g = torch.Generator().manual_seed(15)
+    pool = SWAKVPool(size=SIZE, size_swa=SIZE_SWA, page_size=1, dtype=torch.float8_e4m3fn, head_num=H_FULL,
+                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                     enable_memory_saver=False, swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+    alloc = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float8_e4m3fn, "cpu", pool, True)
+    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    burst = alloc.alloc(SIZE)
+    alloc.free_swa(burst[:30])
+    alloc.free(burst[30:])
+    rows = rtp.alloc_rows(2)
+    lens = [14, 10]
+    for row, n in zip(rows, lens):
+        rtp.req_to_token[row, :n] = alloc.alloc(n).to(torch.int32)
+    fp8_layers = layers()
+    for layer, (ks, vs) in zip(fp8_layers, ((0.5, 0.25), (0.75, 1.5))):
+        layer.k_scale, layer.v_scale = torch.tensor(ks), torch.tensor(vs)
+        layer.k_scale_float, layer.v_scale_float = ks, vs
+    for row, n in zip(rows, lens):
+        full = rtp.req_to_token[row, :n].long()
+        for layer in fp8_layers:
+            k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
+            v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k, v,
+                               layer.k_scale, layer.v_scale)
+    evict(alloc, rtp, rows, lens)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
+    loc = place(alloc, rtp, rows, lens, [1, 1])
+    fb = sgl_batch(ForwardMode.DECODE, rows, lens, [1, 1], loc)
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        for layer in fp8_layers:
+            q, k, v = rand_qkv(layer, 2, g)
+            k_before = k.clone()
+            out = layer(q.flatten(1), k.flatten(1), v.flatten(1), fb).view(2, HQ, layer.v_head_dim)
+            assert torch.equal(k, k_before), "the caller's k must not be divided in place"
+            swa = layer.sliding_window_size >= 0
+            k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+            for i, (row, n) in enumerate(zip(rows, lens)):
+                full = rtp.req_to_token[row, :n + 1].long()
+                slots = pool.translate_loc_from_full_to_swa(full) if swa else full
+                if swa:
+                    slots = slots[-(W + 1):]
+                kk = k_buf[slots].float() * layer.k_scale_float
+                vv = v_buf[slots].float() * layer.v_scale_float
+                want_new = (k[i] / layer.k_scale_float).to(torch.float8_e4m3fn)
+                assert torch.equal(k_buf[slots[-1]].view(torch.uint8), want_new.view(torch.uint8))
+                assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, None, sm_scale=layer.scaling),
+                             name=f"fp8 layer {layer.layer_id} request {i}")
