@@ -410,7 +410,7 @@ def triton_swa_attention_forward(module, query, key, value, attention_mask, scal
         tuple: ``(out [1, T, HQ, D_v], None)``.
 
     Raises:
-        ValueError: no step context, a dense mask, dropout, a batch dimension other than 1, or K/V
+        ValueError: no step context, a dense mask, dropout, a bidirectional layer, a batch dimension other than 1, or K/V
             longer than the queries (an HF cache is in use: call with ``use_cache=False``).
     """
     step = kwargs.get(STEP_KWARG)
@@ -422,6 +422,8 @@ def triton_swa_attention_forward(module, query, key, value, attention_mask, scal
                          "and the model must be called without attention_mask)")
     if dropout:
         raise ValueError(f"the triton_swa attention is for inference: dropout must be 0, got {dropout}")
+    if getattr(module, "is_causal", True) is False:
+        raise ValueError(f"layer {module.layer_idx} is bidirectional; the triton_swa attention runs causal decoders only")
     if query.dim() != 4 or query.shape[0] != 1:
         raise ValueError(f"query must be [1, HQ, T, D] (the step's tokens packed, batch dim 1), got {list(query.shape)}")
     layer_id = module.layer_idx
