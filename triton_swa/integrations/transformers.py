@@ -57,22 +57,24 @@ the last earlier layer of their type (the one with ``store_full_length_kv``; Gem
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from ..backend import TritonSWAAttnBackend
-from ..engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo
+from ..engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo, SpeculativeAlgorithm
 from ..mem import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, evict_swa_window
 
 __all__ = [
     "NAME",
     "STEP_KWARG",
     "LayerSpec",
+    "ModelWorker",
     "PagedKV",
     "StepContext",
+    "build_draft_paged_kv",
     "build_paged_kv",
     "model_layer_specs",
     "positions_of",
@@ -203,6 +205,9 @@ class StepContext:
     forward_batch: ForwardBatch
     position_ids: torch.Tensor
     kv_shared_layer_ids: Mapping[int, int]
+    # called after each layer's attention as observer(layer, q, k, v, out, step) (k, v None in KV-shared
+    # layers): a spot-check of outputs against the reference, a trace
+    observer: Callable | None = None
 
     def model_kwargs(self) -> dict:
         """Keywords of the model's forward for this step: ``position_ids``, ``use_cache=False``, the context."""
@@ -273,15 +278,16 @@ class PagedKV:
             at += m
         return slots
 
-    def context(self, forward_batch, position_ids: torch.Tensor | None = None) -> StepContext:
+    def context(self, forward_batch, position_ids: torch.Tensor | None = None, observer: Callable | None = None
+                ) -> StepContext:
         """Build the step's metadata once (``backend.init_forward_metadata``) and the context the model carries.
 
-        ``position_ids`` default to :func:`positions_of` the batch.
+        ``position_ids`` default to :func:`positions_of` the batch; ``observer`` see :class:`StepContext`.
         """
         self.backend.init_forward_metadata(forward_batch)
         if position_ids is None:
             position_ids = positions_of(forward_batch)
-        return StepContext(self.backend, forward_batch, position_ids, self.kv_shared_layer_ids)
+        return StepContext(self.backend, forward_batch, position_ids, self.kv_shared_layer_ids, observer)
 
     def extend(self, rows: Sequence[int], prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> StepContext:
         """EXTEND: prefill, or chunked prefill after ``prefix_lens[i]`` cached tokens; allocates the new tokens' slots."""
@@ -341,6 +347,8 @@ def build_paged_kv(
     max_context_len: int,
     dtype: torch.dtype | None = None,
     device=None,
+    target: PagedKV | None = None,
+    backend_class: type = TritonSWAAttnBackend,
 ) -> PagedKV:
     """Pools, allocator, request table, runner and backend for a transformers model with sliding layers.
 
@@ -351,6 +359,9 @@ def build_paged_kv(
         page_size (int): tokens per page, shared by both sub-pools.
         max_num_reqs (int): live requests at once; ``max_context_len`` tokens per request.
         dtype (torch.dtype | None): KV dtype (default the model's); ``device`` (default the model's).
+        target (PagedKV | None): build a draft's pools over this target's slots instead (use
+            :func:`build_draft_paged_kv`).
+        backend_class (type): the backend to build (a subclass of ``TritonSWAAttnBackend``).
 
     Returns:
         PagedKV: see the module docstring for how a step uses it.
@@ -381,11 +392,65 @@ def build_paged_kv(
     full_h, full_d = geometry(full, "full")
     pool = SWAKVPool(size, size_swa, page_size, dtype, [s.layer_id for s in sliding], [s.layer_id for s in full], device,
                      swa_head_num=swa_h, swa_head_dim=swa_d, full_head_num=full_h, full_head_dim=full_d)
-    allocator = SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, pool)
-    req_to_token_pool = ReqToTokenPool(max_num_reqs, max_context_len, device)
-    runner = ModelRunner(pool, allocator, req_to_token_pool, sliding_window_size=windows[0], device=device,
-                         page_size=page_size)
-    return PagedKV(pool, allocator, req_to_token_pool, runner, TritonSWAAttnBackend(runner), specs)
+    if target is None:
+        allocator = SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, pool)
+        req_to_token_pool = ReqToTokenPool(max_num_reqs, max_context_len, device)
+        runner = ModelRunner(pool, allocator, req_to_token_pool, sliding_window_size=windows[0], device=device,
+                             page_size=page_size)
+    else:
+        # the DFlash topology: the draft's own pool, the target's slots and mapping
+        allocator, req_to_token_pool = target.allocator, target.req_to_token_pool
+        pool.register_mapping(allocator.full_to_swa_index_mapping)
+        runner = ModelRunner(pool, allocator, req_to_token_pool, sliding_window_size=windows[0], device=device,
+                             page_size=page_size, is_draft_worker=True, spec_algorithm=SpeculativeAlgorithm.DFLASH)
+    return PagedKV(pool, allocator, req_to_token_pool, runner, backend_class(runner), specs)
+
+
+def build_draft_paged_kv(draft_model, target: PagedKV, *, dtype: torch.dtype | None = None,
+                         backend_class: type = TritonSWAAttnBackend) -> PagedKV:
+    """A draft worker's pools in the Gemma 4 + DFlash topology: its own SWA-backed pool (the draft
+    model's geometry, the target's sizes) that registers the target allocator's
+    ``full_to_swa_index_mapping``, and the target's allocator and ``req_to_token`` pool, so that one
+    full slot names one token in both pools. Its runner is a draft worker (DFLASH); SPEC §3's policy
+    resolves its own active pool.
+
+    Args:
+        draft_model: a transformers causal LM with sliding layers and the target's window.
+        target (PagedKV): the target's, from :func:`build_paged_kv`.
+        backend_class (type): the backend to build (a subclass of ``TritonSWAAttnBackend``).
+
+    Raises:
+        ValueError: as :func:`build_paged_kv`, or the draft's window differs from the target's.
+    """
+    alloc = target.allocator
+    kv = build_paged_kv(draft_model, size=alloc.size, size_swa=alloc.size_swa, page_size=alloc.page_size,
+                        max_num_reqs=target.req_to_token_pool.size,
+                        max_context_len=target.req_to_token_pool.max_context_len, dtype=dtype, device=target.device,
+                        target=target, backend_class=backend_class)
+    if kv.window_left != target.window_left:
+        raise ValueError(f"the draft's sliding window (window_left {kv.window_left}) differs from the target's "
+                         f"({target.window_left}): they share one slot space and its eviction")
+    return kv
+
+
+class ModelWorker:
+    """A transformers model over its :class:`PagedKV`: the :class:`triton_swa.serving.Worker` the engine drives.
+
+    Args:
+        model: the transformers causal LM (``register()`` and ``set_attn_implementation("triton_swa")`` done).
+        kv (PagedKV): its pools.
+        observer: passed to every step's :class:`StepContext` (see there).
+    """
+
+    def __init__(self, model, kv: PagedKV, observer: Callable | None = None):
+        self.model, self.kv, self.observer = model, kv, observer
+        self.runner = kv.model_runner
+
+    @torch.inference_mode()
+    def forward(self, batch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits `[T, vocab]` of the step's packed tokens (their K/V written to the pools)."""
+        step = self.kv.context(batch, positions.view(1, -1), self.observer)
+        return self.model(input_ids=input_ids.view(1, -1), **step.model_kwargs()).logits[0]
 
 
 def triton_swa_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -442,6 +507,9 @@ def triton_swa_attention_forward(module, query, key, value, attention_mask, scal
         k = key[0].transpose(0, 1).contiguous()
         v = value[0].transpose(0, 1).contiguous()
     out = step.backend.forward(q, k, v, layer, step.forward_batch, save_kv_cache=shared is None)
+    out = out.view(t, hq, layer.v_head_dim)
+    if step.observer is not None:
+        step.observer(layer, q, k, v, out, step)
     return out.view(1, t, hq, layer.v_head_dim), None
 
 
