@@ -39,14 +39,14 @@ pytestmark = pytest.mark.sglang
 HQ, H_SWA, D_SWA, H_FULL, D_FULL = 4, 2, 16, 1, 32
 
 
-def sglang_swa_pool(size=32, size_swa=16, page_size=1):
+def sglang_swa_pool(size=32, size_swa=16, page_size=1, device="cpu"):
     return SWAKVPool(size=size, size_swa=size_swa, page_size=page_size, dtype=torch.float32, head_num=H_FULL,
-                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=device,
                      enable_memory_saver=False, swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
 
 
-def sglang_plain_pool():
-    return MHATokenToKVPool(32, 1, torch.float32, H_FULL, D_FULL, 2, "cpu", False)
+def sglang_plain_pool(device="cpu"):
+    return MHATokenToKVPool(32, 1, torch.float32, H_FULL, D_FULL, 2, device, False)
 
 
 A = SpeculativeAlgorithm
@@ -65,11 +65,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("active_kind, draft, algo, alloc_kind, want", CASES)
-def test_policy_agrees_with_sglangs_resolvers(active_kind, draft, algo, alloc_kind, want):
-    pools = {"swa": sglang_swa_pool(), "plain": sglang_plain_pool()}
+def test_policy_agrees_with_sglangs_resolvers(active_kind, draft, algo, alloc_kind, want, device):
+    pools = {"swa": sglang_swa_pool(device=device), "plain": sglang_plain_pool(device)}
     active = pools[active_kind]
-    kvcache = pools[alloc_kind] if alloc_kind != active_kind else (sglang_swa_pool() if alloc_kind == "swa"
-                                                                     else sglang_plain_pool())
+    kvcache = pools[alloc_kind] if alloc_kind != active_kind else (sglang_swa_pool(device=device) if alloc_kind == "swa"
+                                                                     else sglang_plain_pool(device))
     runner = MagicMock()
     runner.token_to_kv_pool, runner.is_draft_worker, runner.spec_algorithm = active, draft, algo
     runner.token_to_kv_pool_allocator.get_kvcache.return_value = kvcache
@@ -83,13 +83,16 @@ def test_policy_agrees_with_sglangs_resolvers(active_kind, draft, algo, alloc_ki
 
 def decode_and_check(backend, batch, layers, hist, rows, g, name):
     """One decode step of every layer through ``backend``; each request's output against dense
-    windowed attention over its history (``hist[(layer_id, row)] = (k, v)``) plus the new token."""
+    windowed attention over its history (``hist[(layer_id, row)] = (k, v)``, on the host) plus the
+    new token."""
+    device = batch.seq_lens.device
     backend.init_forward_metadata(batch)
     for layer in layers:
         q = torch.randn(len(rows), HQ, layer.head_dim, generator=g)
         k = torch.randn(len(rows), layer.tp_k_head_num, layer.head_dim, generator=g)
         v = torch.randn(len(rows), layer.tp_k_head_num, layer.v_head_dim, generator=g)
-        out = backend.forward(q, k, v, layer, batch).reshape(len(rows), HQ, layer.v_head_dim)
+        out = backend.forward(q.to(device), k.to(device), v.to(device), layer, batch)
+        out = out.reshape(len(rows), HQ, layer.v_head_dim).cpu()
         for i, r in enumerate(rows):
             kp, vp = hist[(layer.layer_id, r)]
             kk, vv = torch.cat([kp, k[i:i + 1]]), torch.cat([vp, v[i:i + 1]])
@@ -99,13 +102,13 @@ def decode_and_check(backend, batch, layers, hist, rows, g, name):
                          name=f"{name} layer {layer.layer_id} request {i}")
 
 
-def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
+def test_sliding_layer_reads_the_right_kv_over_sglangs_pools(device):
     """Decode of a sliding and a full layer over SGLang's real pools, K/V written by SGLang itself."""
     w = 3
     g = torch.Generator().manual_seed(0)
-    pool = sglang_swa_pool()
-    alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, "cpu", pool, False)
-    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    pool = sglang_swa_pool(device=device)
+    alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, device, pool, False)
+    rtp = ReqToTokenPool(4, 64, device, False)
     rows = rtp.alloc_rows(2)
     layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
               RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
@@ -118,7 +121,7 @@ def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
         for layer in layers:
             k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=swa), k.clone(), v.clone())
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=swa), k.to(device), v.to(device))
             hist[(layer.layer_id, row)][0].extend(k)
             hist[(layer.layer_id, row)][1].extend(v)
         return full
@@ -131,14 +134,15 @@ def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
     swa_live = pool.translate_loc_from_full_to_swa(live)
     assert not torch.equal(swa_live[swa_live > 0], live[swa_live > 0]), "SWA slots must differ from full slots"
 
-    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=w)
+    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=w, device=device)
     backend = TritonSWAAttnBackend(runner)
     assert backend._swa_kv_pool is pool, "SGLang's SWAKVPool must be resolved"
     loc = alloc.alloc(2)
     for r, n, slot in zip(rows, lens, loc.tolist()):
         rtp.req_to_token[r, n] = slot
     seq = torch.tensor(lens) + 1
-    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows), seq, loc, seq_lens_cpu=seq)
+    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows, device=device), seq.to(device), loc,
+                         seq_lens_cpu=seq)
     decode_and_check(backend, batch, layers, {key: (torch.stack(k), torch.stack(v)) for key, (k, v) in hist.items()},
                      rows, g, "P1")
 
@@ -146,7 +150,7 @@ def test_sliding_layer_reads_the_right_kv_over_sglangs_pools():
 # ----- the registered SGLang backend ------------------------------------------------------------------
 
 
-def test_register_puts_the_backend_in_sglangs_registry_and_choices():
+def test_register_puts_the_backend_in_sglangs_registry_and_choices(device):
     from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -157,15 +161,15 @@ def test_register_puts_the_backend_in_sglangs_registry_and_choices():
     register()  # idempotent
     assert "triton_swa" in choices.ATTENTION_BACKEND_CHOICES and "triton_swa" in choices.DRAFT_ATTENTION_BACKEND_CHOICES
     assert choices.ATTENTION_BACKEND_CHOICES.count("triton_swa") == 1
-    pool = sglang_swa_pool()
-    alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, "cpu", pool, False)
+    pool = sglang_swa_pool(device=device)
+    alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, device, pool, False)
     runner = MagicMock()
     runner.token_to_kv_pool, runner.token_to_kv_pool_allocator = pool, alloc
-    runner.req_to_token_pool = ReqToTokenPool(4, 64, "cpu", False)
-    runner.is_draft_worker, runner.spec_algorithm, runner.sliding_window_size, runner.device = False, A.NONE, 3, "cpu"
+    runner.req_to_token_pool = ReqToTokenPool(4, 64, device, False)
+    runner.is_draft_worker, runner.spec_algorithm, runner.sliding_window_size, runner.device = False, A.NONE, 3, device
     runner.kv_index_translator = KVIndexTranslator(req_to_token=runner.req_to_token_pool.req_to_token,
                                                    token_to_kv_pool_allocator=alloc, token_to_kv_pool=pool,
-                                                   page_size=1, device="cpu")
+                                                   page_size=1, device=device)
     backend = ATTENTION_BACKENDS["triton_swa"](runner)
     assert isinstance(backend, AttentionBackend) and isinstance(backend, TritonSWASGLangBackend)
     assert backend.token_to_kv_pool is pool and backend.core._swa_kv_pool is pool
@@ -182,7 +186,7 @@ def test_the_plugin_entry_point_names_register():
     assert eps[0].load() is register
 
 
-def test_sglang_forward_batch_and_radix_attention_through_the_backend():
+def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
     """Prefill (EXTEND), then DECODE, driven the way SGLang drives a backend: SGLang's ForwardBatch and
     RadixAttention.forward under its forward context; a KV-shared layer (k = v = None, the shared
     layer's id) and sinks passed as a keyword. Every output against the float64 reference."""
@@ -194,11 +198,11 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend():
 
     w = 3
     g = torch.Generator().manual_seed(1)
-    pool = sglang_swa_pool(size=64, size_swa=32)
-    alloc = SWATokenToKVPoolAllocator(64, 32, 1, torch.float32, "cpu", pool, False)
-    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    pool = sglang_swa_pool(size=64, size_swa=32, device=device)
+    alloc = SWATokenToKVPoolAllocator(64, 32, 1, torch.float32, device, pool, False)
+    rtp = ReqToTokenPool(4, 64, device, False)
     rows = rtp.alloc_rows(2)
-    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=w)
+    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=w, device=device)
     backend = TritonSWASGLangBackend(runner)
     sliding = RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w)
     full = RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)
@@ -215,7 +219,7 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend():
             mask = ref.window_mask(q_pos, pos, layer.sliding_window_size)
             want = ref.attention(q[at:at + new[i]], kk, vv, mask, sm_scale=layer.scaling,
                                  sinks=sinks if use_sinks else None)
-            assert_close(out[at:at + new[i]].reshape(-1, HQ, layer.v_head_dim), want,
+            assert_close(out[at:at + new[i]].reshape(-1, HQ, layer.v_head_dim).cpu(), want,
                          name=f"layer {layer.layer_id} request {i}")
             at += new[i]
 
@@ -227,11 +231,13 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend():
             rtp.req_to_token[r, p:p + m] = loc[at:at + m].to(torch.int32)
             at += m
         lens = [p + m for p, m in zip(prefix, new)]
-        fb = SGLBatch(forward_mode=mode, batch_size=2, input_ids=torch.zeros(t, dtype=torch.long),
-                      req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(lens), out_cache_loc=loc,
-                      seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens), extend_prefix_lens=torch.tensor(prefix),
-                      extend_prefix_lens_cpu=list(prefix), extend_seq_lens=torch.tensor(new),
-                      extend_seq_lens_cpu=list(new), extend_num_tokens=t, spec_algorithm=A.NONE)
+        on = dict(device=device)
+        fb = SGLBatch(forward_mode=mode, batch_size=2, input_ids=torch.zeros(t, dtype=torch.long, **on),
+                      req_pool_indices=torch.tensor(rows, **on), seq_lens=torch.tensor(lens, **on), out_cache_loc=loc,
+                      seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens),
+                      extend_prefix_lens=torch.tensor(prefix, **on), extend_prefix_lens_cpu=list(prefix),
+                      extend_seq_lens=torch.tensor(new, **on), extend_seq_lens_cpu=list(new), extend_num_tokens=t,
+                      spec_algorithm=A.NONE)
         backend.init_forward_metadata(fb)
         with forward_context(ForwardContext(attn_backend=backend)):
             for layer, use_sinks in ((sliding, True), (full, False)):
@@ -243,12 +249,12 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend():
                     hist[(layer.layer_id, r)][0].extend(k[at:at + new[i]].view(-1, layer.tp_k_head_num, layer.head_dim))
                     hist[(layer.layer_id, r)][1].extend(v[at:at + new[i]].view(-1, layer.tp_k_head_num, layer.v_head_dim))
                     at += new[i]
-                kw = {"sinks": sinks} if use_sinks else {}
-                out = layer(q, k, v, fb, **kw)
+                kw = {"sinks": sinks.to(device)} if use_sinks else {}
+                out = layer(q.to(device), k.to(device), v.to(device), fb, **kw)
                 check(layer, q.view(t, HQ, -1), out, new, lens, use_sinks)
                 if layer is sliding:
                     # Gemma 4's KV-shared convention: the shared layer's id, no K/V, nothing saved
-                    shared = layer(q, None, None, fb, save_kv_cache=False, **kw)
+                    shared = layer(q.to(device), None, None, fb, save_kv_cache=False, **kw)
                     assert torch.equal(shared, out), "a KV-shared call must read the K/V the layer wrote"
         return lens
 
@@ -259,7 +265,7 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend():
 
 
 @pytest.mark.parametrize("kind", ["dflash-chain", "eagle-tree", "eagle-tree-filled-after-plan"])
-def test_target_verify_with_sglangs_verify_inputs(kind):
+def test_target_verify_with_sglangs_verify_inputs(kind, device):
     """TARGET_VERIFY with SGLang's DFlashVerifyInput (a chain, no mask) or EagleVerifyInput (a tree:
     SGLang's mask spans each request's prefix plus its drafts, positions sit at prefix + depth),
     through RadixAttention.forward; sliding and full layers against the float64 reference. The
@@ -275,11 +281,12 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
 
     w, n = 3, 4
     g = torch.Generator().manual_seed(2)
-    pool = sglang_swa_pool(size=64, size_swa=32)
-    alloc = SWATokenToKVPoolAllocator(64, 32, 1, torch.float32, "cpu", pool, False)
-    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    on = dict(device=device)
+    pool = sglang_swa_pool(size=64, size_swa=32, device=device)
+    alloc = SWATokenToKVPoolAllocator(64, 32, 1, torch.float32, device, pool, False)
+    rtp = ReqToTokenPool(4, 64, device, False)
     rows = rtp.alloc_rows(2)
-    backend = TritonSWASGLangBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w))
+    backend = TritonSWASGLangBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, device=device))
     layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
               RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
     prefix = [9, 6]
@@ -290,8 +297,8 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
         for layer in layers:
             k = torch.randn(p, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(p, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.clone(),
-                               v.clone())
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device),
+                               v.to(device))
             hist[(layer.layer_id, r)] = (k, v)
     tree = kind.startswith("eagle-tree")
     parents = [-1, 0, 1, 0] if tree else [-1, 0, 1, 2]
@@ -305,18 +312,19 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
     loc = alloc.alloc(2 * n)
     for i, (r, p) in enumerate(zip(rows, prefix)):
         rtp.req_to_token[r, p:p + n] = loc[i * n:(i + 1) * n].to(torch.int32)
-    positions = torch.cat([p + torch.tensor(depth) for p in prefix])
+    positions = torch.cat([p + torch.tensor(depth) for p in prefix]).to(device)
     if tree:
-        mask = torch.cat([torch.cat([torch.ones(n, p, dtype=torch.bool), anc], 1).reshape(-1) for p in prefix])
-        z = torch.zeros(1, dtype=torch.long)
-        spec = EagleVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long), custom_mask=mask, positions=positions,
-                                retrieve_index=z, retrieve_next_token=z, retrieve_next_sibling=z, retrieve_cum_len=z,
-                                spec_steps=3, topk=2, draft_token_num=n, capture_hidden_mode=None,
+        mask = torch.cat([torch.cat([torch.ones(n, p, dtype=torch.bool), anc], 1).reshape(-1) for p in prefix]).to(device)
+        z = torch.zeros(1, dtype=torch.long, **on)
+        spec = EagleVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long, **on), custom_mask=mask,
+                                positions=positions, retrieve_index=z, retrieve_next_token=z, retrieve_next_sibling=z,
+                                retrieve_cum_len=z, spec_steps=3, topk=2, draft_token_num=n, capture_hidden_mode=None,
                                 seq_lens_sum=sum(prefix), seq_lens_cpu=torch.tensor(prefix))
     else:
-        spec = DFlashVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long), positions=positions, draft_token_num=n)
-    fb = SGLBatch(forward_mode=SGLMode.TARGET_VERIFY, batch_size=2, input_ids=torch.zeros(2 * n, dtype=torch.long),
-                  req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(prefix), out_cache_loc=loc,
+        spec = DFlashVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long, **on), positions=positions,
+                                 draft_token_num=n)
+    fb = SGLBatch(forward_mode=SGLMode.TARGET_VERIFY, batch_size=2, input_ids=torch.zeros(2 * n, dtype=torch.long, **on),
+                  req_pool_indices=torch.tensor(rows, **on), seq_lens=torch.tensor(prefix, **on), out_cache_loc=loc,
                   seq_lens_sum=sum(prefix), seq_lens_cpu=torch.tensor(prefix), positions=positions, spec_info=spec,
                   spec_algorithm=A.EAGLE if tree else A.DFLASH)
     if kind == "eagle-tree-filled-after-plan":
@@ -334,7 +342,7 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
             q = torch.randn(2 * n, HQ * layer.head_dim, generator=g)
             k = torch.randn(2 * n, layer.tp_k_head_num * layer.head_dim, generator=g)
             v = torch.randn(2 * n, layer.tp_k_head_num * layer.v_head_dim, generator=g)
-            out = layer(q, k, v, fb).reshape(2 * n, HQ, layer.v_head_dim)
+            out = layer(q.to(device), k.to(device), v.to(device), fb).reshape(2 * n, HQ, layer.v_head_dim).cpu()
             for i, (r, p) in enumerate(zip(rows, prefix)):
                 kp, vp = hist[(layer.layer_id, r)]
                 kk = torch.cat([kp, k[i * n:(i + 1) * n].view(n, layer.tp_k_head_num, layer.head_dim)])
@@ -347,14 +355,15 @@ def test_target_verify_with_sglangs_verify_inputs(kind):
                 assert_close(out[i * n:(i + 1) * n], want, name=f"{kind} layer {layer.layer_id} request {i}")
 
 
-def test_page_16_decode_over_sglangs_paged_allocator():
+def test_page_16_decode_over_sglangs_paged_allocator(device):
     """Page size 16: SGLang's paged SWA allocator (lockstep in-page offsets) and whole-page free_swa;
     the backend's page tables of sliding layers read the right K/V."""
     w, ps = 20, 16
     g = torch.Generator().manual_seed(3)
-    pool = sglang_swa_pool(size=256, size_swa=128, page_size=ps)
-    alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, "cpu", pool, False)
-    rtp = ReqToTokenPool(4, 128, "cpu", False)
+    on = dict(device=device)
+    pool = sglang_swa_pool(size=256, size_swa=128, page_size=ps, device=device)
+    alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, device, pool, False)
+    rtp = ReqToTokenPool(4, 128, device, False)
     rows = rtp.alloc_rows(2)
     layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
               RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
@@ -362,21 +371,22 @@ def test_page_16_decode_over_sglangs_paged_allocator():
     lens = [70, 37]
     for r, n in zip(rows, lens):
         t = torch.tensor([n])
-        full = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), t, t, torch.tensor([-1]), n)
+        full = alloc.alloc_extend(torch.tensor([0], **on), torch.tensor([0]), t.to(device), t,
+                                  torch.tensor([-1], **on), n)
         rtp.req_to_token[r, :n] = full.to(torch.int32)
         for layer in layers:
             k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.clone(),
-                               v.clone())
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device),
+                               v.to(device))
             hist[(layer.layer_id, r)] = (k, v)
     # SGLang's eviction of the first request's out-of-window pages (whole pages)
     alloc.free_swa(rtp.req_to_token[rows[0], :(lens[0] - w) // ps * ps].long())
     seq = torch.tensor(lens) + 1
     last = torch.stack([rtp.req_to_token[r, n - 1].long() for r, n in zip(rows, lens)])
-    loc = alloc.alloc_decode(seq, seq, last)
+    loc = alloc.alloc_decode(seq.to(device), seq, last)
     for r, n, slot in zip(rows, lens, loc.tolist()):
         rtp.req_to_token[r, n] = slot
-    backend = TritonSWAAttnBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, page_size=ps))
-    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows), seq, loc, seq_lens_cpu=seq)
+    backend = TritonSWAAttnBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, page_size=ps, device=device))
+    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows, **on), seq.to(device), loc, seq_lens_cpu=seq)
     decode_and_check(backend, batch, layers, hist, rows, g, "P16")
