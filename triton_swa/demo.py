@@ -66,7 +66,7 @@ class Preset:
 PRESETS = {
     # finishes in a few minutes on 2 CPU cores with the kernels in Triton's interpreter
     "cpu": Preset(layers=3, hidden=64, heads=4, kv_heads=2, head_dim=16, global_kv_heads=1, global_head_dim=32,
-                  kv_shared=0, vocab=128, sliding_window=8, requests=6, prompt_lens=(12, 24), new_tokens=(24, 36),
+                  kv_shared=0, vocab=128, sliding_window=8, requests=5, prompt_lens=(12, 24), new_tokens=(22, 32),
                   arrival_every=4, num_draft=3, chunk=16, max_running=2, full_size=256, swa_size=64, page_size=1,
                   spot_every=4),
     "gpu": Preset(layers=12, hidden=512, heads=8, kv_heads=4, head_dim=128, global_kv_heads=2, global_head_dim=256,

@@ -22,7 +22,7 @@ TINY = dataclasses.replace(PRESETS["cpu"], requests=3, prompt_lens=(10, 16), new
 
 
 def test_tiny_demo_shows_the_collapse_and_its_fix():
-    result = run_demo(TINY, device="cpu", quiet=True)
+    result = run_demo(TINY, quiet=True)  # on the GPU when there is one
     policy, legacy = result["runs"]["policy"], result["runs"]["legacy"]
     ideal = result["ideal"]
     assert policy["complete"] and legacy["complete"]

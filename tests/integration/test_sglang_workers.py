@@ -44,11 +44,14 @@ pytestmark = pytest.mark.sglang
 
 HQ, H_SWA, D_SWA, H_FULL, D_FULL = 4, 2, 16, 1, 32
 SIZE, SIZE_SWA, W = 96, 96, 5
+# pools, allocators and batches on the GPU when there is one (kernels compiled), else on the CPU
+# (kernels in the interpreter); inputs are drawn and references computed on the host
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def swa_pool(size=SIZE, size_swa=SIZE_SWA, page_size=1, h_swa=H_SWA):
     return SWAKVPool(size=size, size_swa=size_swa, page_size=page_size, dtype=torch.float32, head_num=H_FULL,
-                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=DEV,
                      enable_memory_saver=False, swa_head_num=h_swa, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
 
 
@@ -60,9 +63,9 @@ def layers(h_swa=H_SWA, attn_type=AttentionType.DECODER):
 def runner(pool, alloc, rtp, *, draft=False, algo=A.NONE):
     r = MagicMock()
     r.token_to_kv_pool, r.token_to_kv_pool_allocator, r.req_to_token_pool = pool, alloc, rtp
-    r.is_draft_worker, r.spec_algorithm, r.sliding_window_size, r.device = draft, algo, W, "cpu"
+    r.is_draft_worker, r.spec_algorithm, r.sliding_window_size, r.device = draft, algo, W, DEV
     r.kv_index_translator = KVIndexTranslator(req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc,
-                                              token_to_kv_pool=pool, page_size=1, device="cpu", is_draft_worker=draft)
+                                              token_to_kv_pool=pool, page_size=1, device=DEV, is_draft_worker=draft)
     return r
 
 
@@ -73,8 +76,8 @@ def drifted_state(g, rows_n=2, lens=(14, 10)):
     pool is as large as the full pool here, so that a rule reading the SWA buffer at full slots
     reads other tokens' K/V rather than past the buffer."""
     pool = swa_pool()
-    alloc = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float32, "cpu", pool, True)  # need_sort
-    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    alloc = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float32, DEV, pool, True)  # need_sort
+    rtp = ReqToTokenPool(4, 64, DEV, False)
     burst = alloc.alloc(SIZE)
     alloc.free_swa(burst[:30])
     alloc.free(burst[30:])
@@ -93,8 +96,8 @@ def write_history(pool, rtp, rows, lens, layer_list, g):
         for layer in layer_list:
             k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.clone(),
-                               v.clone())
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(DEV),
+                               v.to(DEV))
             hist[(layer.layer_id, r)] = (k, v)
     return hist
 
@@ -108,12 +111,12 @@ def evict(alloc, rtp, rows, lens):
 def sgl_batch(mode, rows, prefix, new, loc, **kw):
     lens = [p + m for p, m in zip(prefix, new)]
     t = sum(new)
-    fields = dict(forward_mode=mode, batch_size=len(rows), input_ids=torch.zeros(t, dtype=torch.long),
-                  req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(lens), out_cache_loc=loc,
-                  seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens), spec_algorithm=A.NONE)
+    fields = dict(forward_mode=mode, batch_size=len(rows), input_ids=torch.zeros(t, dtype=torch.long, device=DEV),
+                  req_pool_indices=torch.tensor(rows, device=DEV), seq_lens=torch.tensor(lens, device=DEV),
+                  out_cache_loc=loc, seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens), spec_algorithm=A.NONE)
     if mode.is_extend() and not mode.is_target_verify():
-        fields.update(extend_prefix_lens=torch.tensor(prefix), extend_prefix_lens_cpu=list(prefix),
-                      extend_seq_lens=torch.tensor(new), extend_seq_lens_cpu=list(new), extend_num_tokens=t)
+        fields.update(extend_prefix_lens=torch.tensor(prefix, device=DEV), extend_prefix_lens_cpu=list(prefix),
+                      extend_seq_lens=torch.tensor(new, device=DEV), extend_seq_lens_cpu=list(new), extend_num_tokens=t)
     fields.update(kw)
     return ForwardBatch(**fields)
 
@@ -141,6 +144,12 @@ def want_extend(layer, hist, rows, prefix, new, q, k, v, *, causal=True):
         outs.append(ref.attention(q[at:at + m], kk, vv, mask, sm_scale=layer.scaling))
         at += m
     return torch.cat(outs)
+
+
+def call(layer, q, k, v, fb, **kw):
+    """``RadixAttention.forward`` with host inputs moved to the pools' device; the output on the host."""
+    on = lambda x: None if x is None else x.flatten(1).to(DEV)  # noqa: E731
+    return layer(on(q), on(k), on(v), fb, **kw).cpu()
 
 
 def rand_qkv(layer, t, g):
@@ -186,13 +195,13 @@ def test_dflash_draft_worker_reads_its_own_swa_pool_and_the_pre_fix_rule_does_no
     with forward_context(ForwardContext(attn_backend=backend)):
         for layer in draft_layers:
             q, k, v = inputs[layer.layer_id] = rand_qkv(layer, sum(new), g)
-            out = layer(q.flatten(1), k.flatten(1), v.flatten(1), fb).view(-1, HQ, layer.v_head_dim)
+            out = call(layer, q, k, v, fb).view(-1, HQ, layer.v_head_dim)
             assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v, causal=layer.sliding_window_size < 0),
                          name=f"draft layer {layer.layer_id}")
             # SGLang's set_kv_buffer wrote the block at the translator's SWA slots
             k_buf = draft_pool.get_key_buffer(layer.layer_id)
             slots = backend.core.swa_loc if layer.sliding_window_size >= 0 else loc
-            assert torch.equal(k_buf[slots.long()], k), f"layer {layer.layer_id}: K/V not at the step's write ids"
+            assert torch.equal(k_buf[slots.long()].cpu(), k), f"layer {layer.layer_id}: K/V not at the step's write ids"
 
     # The regression: the same step under SGLang's pre-fix rule reads the draft's SWA buffer at full slots.
     monkeypatch.setattr(TritonSWAAttnBackend, "_resolve_swa_kv_pool", staticmethod(pre_fix_rule))
@@ -202,7 +211,7 @@ def test_dflash_draft_worker_reads_its_own_swa_pool_and_the_pre_fix_rule_does_no
     sliding = draft_layers[0]
     q, k, v = inputs[0]
     with forward_context(ForwardContext(attn_backend=legacy)):
-        out = sliding(q.flatten(1), k.flatten(1), v.flatten(1), fb, save_kv_cache=False).view(-1, HQ, D_SWA)
+        out = call(sliding, q, k, v, fb, save_kv_cache=False).view(-1, HQ, D_SWA)
     err = (out - want_extend(sliding, hist, rows, lens, new, q, k, v, causal=False)).abs().max().item()
     assert err > 0.1, f"the pre-fix rule should read wrong K/V here, yet its error is only {err:.2e}"
 
@@ -216,7 +225,7 @@ def test_frozen_kv_mtp_draft_reads_the_targets_pool_under_sglangs_views():
     target_layers = layers()
     hist = write_history(target_pool, rtp, rows, lens, target_layers, g)
     evict(alloc, rtp, rows, lens)
-    draft_own = MHATokenToKVPool(SIZE, 1, torch.float32, H_FULL, D_FULL, 1, "cpu", False)
+    draft_own = MHATokenToKVPool(SIZE, 1, torch.float32, H_FULL, D_FULL, 1, DEV, False)
     draft_runner = runner(draft_own, alloc, rtp, draft=True, algo=A.FROZEN_KV_MTP)
     backend = TritonSWASGLangBackend(draft_runner)
     assert backend._swa_kv_pool is target_pool, "FROZEN_KV MTP resolves the target's pool through the allocator"
@@ -228,7 +237,7 @@ def test_frozen_kv_mtp_draft_reads_the_targets_pool_under_sglangs_views():
     with target_kv_pool_view(fb, ctx, backend), forward_context(ForwardContext(attn_backend=backend)):
         for layer in target_layers:
             q = torch.randn(2, HQ, layer.head_dim, generator=g)
-            out = layer(q.flatten(1), None, None, fb, save_kv_cache=False).view(2, HQ, layer.v_head_dim)
+            out = call(layer, q, None, None, fb, save_kv_cache=False).view(2, HQ, layer.v_head_dim)
             for i, (r, n) in enumerate(zip(rows, lens)):
                 kk, vv = hist[(layer.layer_id, r)]
                 pos = torch.arange(n)
@@ -237,7 +246,7 @@ def test_frozen_kv_mtp_draft_reads_the_targets_pool_under_sglangs_views():
                              name=f"frozen-kv layer {layer.layer_id} request {i}")
     # Outside SGLang's view the draft's own (full-only) pool is current: the sliding layer refuses.
     with pytest.raises(ValueError, match="not in the SWA sub-pool"):
-        backend.forward_decode(torch.zeros(2, HQ * D_SWA), None, None, target_layers[0], fb, save_kv_cache=False)
+        backend.forward_decode(torch.zeros(2, HQ * D_SWA, device=DEV), None, None, target_layers[0], fb, save_kv_cache=False)
 
 
 def test_cuda_graph_metadata_path_equals_eager():
@@ -256,7 +265,7 @@ def test_cuda_graph_metadata_path_equals_eager():
 
     def padded_decode(real_rows, real_lens, bs):
         pad = bs - len(real_rows)
-        loc = torch.cat([place(alloc, rtp, real_rows, real_lens, [1] * len(real_rows)), torch.zeros(pad, dtype=torch.int64)])
+        loc = torch.cat([place(alloc, rtp, real_rows, real_lens, [1] * len(real_rows)), torch.zeros(pad, dtype=torch.int64, device=DEV)])
         return sgl_batch(ForwardMode.DECODE, real_rows + [0] * pad, [x for x in real_lens] + [fill - 1] * pad,
                          [1] * bs, loc)
 
@@ -267,7 +276,7 @@ def test_cuda_graph_metadata_path_equals_eager():
                 gen = torch.Generator().manual_seed(100 + layer.layer_id)
                 t = fb.out_cache_loc.shape[0]
                 q, k, v = rand_qkv(layer, t, gen)
-                outs.append(layer(q.flatten(1), k.flatten(1), v.flatten(1), fb, save_kv_cache=save))
+                outs.append(call(layer, q, k, v, fb, save_kv_cache=save))
         return outs
 
     capture = padded_decode(rows[:2], lens[:2], 4)
@@ -287,8 +296,9 @@ def test_cuda_graph_metadata_path_equals_eager():
 
     lens = [x + 1 for x in lens]
     loc = place(alloc, rtp, rows, lens, [n] * 3)
-    positions = torch.cat([p + torch.arange(n) for p in lens])
-    spec = DFlashVerifyInput(draft_token=torch.zeros(3 * n, dtype=torch.long), positions=positions, draft_token_num=n)
+    positions = torch.cat([p + torch.arange(n) for p in lens]).to(DEV)
+    spec = DFlashVerifyInput(draft_token=torch.zeros(3 * n, dtype=torch.long, device=DEV), positions=positions,
+                             draft_token_num=n)
     verify = sgl_batch(ForwardMode.TARGET_VERIFY, rows, lens, [0] * 3, loc, positions=positions, spec_info=spec,
                        spec_algorithm=A.DFLASH)
     backend.init_forward_metadata_out_graph(verify, in_capture=True)
@@ -312,12 +322,12 @@ def test_what_is_not_supported_says_so():
     cross = RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1, is_cross_attention=True)
     backend.init_forward_metadata(sgl_batch(ForwardMode.DECODE, rows, lens, [1, 1], alloc.alloc(2)))
     with pytest.raises(ValueError, match="cross-attention"):
-        backend.forward_decode(torch.zeros(2, HQ * D_FULL), None, None, cross, None)
+        backend.forward_decode(torch.zeros(2, HQ * D_FULL, device=DEV), None, None, cross, None)
     unified = runner(pool, alloc, rtp)
     unified.kv_index_translator = SimpleNamespace(is_translating=True)
     with pytest.raises(ValueError, match="unified KV memory"):
         TritonSWASGLangBackend(unified)
-    hnd = MHATokenToKVPool(SIZE, 1, torch.float32, H_FULL, D_FULL, 2, "cpu", False, kv_cache_layout="hnd")
+    hnd = MHATokenToKVPool(SIZE, 1, torch.float32, H_FULL, D_FULL, 2, DEV, False, kv_cache_layout="hnd")
     plain = runner(hnd, alloc, rtp)
     plain.sliding_window_size = -1
     plain.token_to_kv_pool_allocator = MagicMock(get_kvcache=MagicMock(return_value=hnd))
@@ -333,15 +343,15 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
     ps, w = 16, 20
     g = torch.Generator().manual_seed(14)
     pool = SWAKVPool(size=256, size_swa=128, page_size=ps, dtype=torch.float32, head_num=H_FULL, head_dim=D_FULL,
-                     swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu", enable_memory_saver=False,
+                     swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=DEV, enable_memory_saver=False,
                      swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
-    alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, "cpu", pool, False)
-    rtp = ReqToTokenPool(4, 128, "cpu", False)
+    alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, DEV, pool, False)
+    rtp = ReqToTokenPool(4, 128, DEV, False)
     rows = rtp.alloc_rows(2)
     r = runner(pool, alloc, rtp)
     r.sliding_window_size = w
     r.kv_index_translator = KVIndexTranslator(req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc,
-                                              token_to_kv_pool=pool, page_size=ps, device="cpu")
+                                              token_to_kv_pool=pool, page_size=ps, device=DEV)
     backend = TritonSWASGLangBackend(r)
     assert backend.core.page_size == ps
     step_layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
@@ -353,12 +363,12 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
 
     def step(mode, new):
         prefix = list(lens)
-        seq = torch.tensor([p + m for p, m in zip(prefix, new)])
-        last = torch.tensor([int(rtp.req_to_token[row, p - 1]) if p else -1 for row, p in zip(rows, prefix)])
+        seq = torch.tensor([p + m for p, m in zip(prefix, new)], device=DEV)
+        last = torch.tensor([int(rtp.req_to_token[row, p - 1]) if p else -1 for row, p in zip(rows, prefix)], device=DEV)
         if mode.is_decode():
             loc = alloc.alloc_decode(seq, seq, last)
         else:
-            pre = torch.tensor(prefix)
+            pre = torch.tensor(prefix, device=DEV)
             loc = alloc.alloc_extend(pre, pre, seq, seq, last, sum(new))
         at = 0
         for row, p, m in zip(rows, prefix, new):
@@ -375,7 +385,7 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
                     kh, vh = hist[(layer.layer_id, row)]
                     hist[(layer.layer_id, row)] = (torch.cat([kh, k[at:at + m]]), torch.cat([vh, v[at:at + m]]))
                     at += m
-                out = layer(q.flatten(1), k.flatten(1), v.flatten(1), fb).view(-1, HQ, layer.v_head_dim)
+                out = call(layer, q, k, v, fb).view(-1, HQ, layer.v_head_dim)
                 want = want_extend(layer, {key: val for key, val in hist.items()}, rows, prefix, new, q, k, v)
                 assert_close(out, want, name=f"P16 {mode.name} layer {layer.layer_id}")
         lens[:] = seq.tolist()
@@ -399,10 +409,10 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
     caller's k, v are left as they were (SGLang's pool divides in place)."""
     g = torch.Generator().manual_seed(15)
     pool = SWAKVPool(size=SIZE, size_swa=SIZE_SWA, page_size=1, dtype=torch.float8_e4m3fn, head_num=H_FULL,
-                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=DEV,
                      enable_memory_saver=False, swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
-    alloc = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float8_e4m3fn, "cpu", pool, True)
-    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    alloc = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float8_e4m3fn, DEV, pool, True)
+    rtp = ReqToTokenPool(4, 64, DEV, False)
     burst = alloc.alloc(SIZE)
     alloc.free_swa(burst[:30])
     alloc.free(burst[30:])
@@ -412,15 +422,15 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
         rtp.req_to_token[row, :n] = alloc.alloc(n).to(torch.int32)
     fp8_layers = layers()
     for layer, (ks, vs) in zip(fp8_layers, ((0.5, 0.25), (0.75, 1.5))):
-        layer.k_scale, layer.v_scale = torch.tensor(ks), torch.tensor(vs)
+        layer.k_scale, layer.v_scale = torch.tensor(ks, device=DEV), torch.tensor(vs, device=DEV)
         layer.k_scale_float, layer.v_scale_float = ks, vs
     for row, n in zip(rows, lens):
         full = rtp.req_to_token[row, :n].long()
         for layer in fp8_layers:
             k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k, v,
-                               layer.k_scale, layer.v_scale)
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(DEV),
+                               v.to(DEV), layer.k_scale, layer.v_scale)
     evict(alloc, rtp, rows, lens)
     backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
     loc = place(alloc, rtp, rows, lens, [1, 1])
@@ -429,9 +439,9 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
     with forward_context(ForwardContext(attn_backend=backend)):
         for layer in fp8_layers:
             q, k, v = rand_qkv(layer, 2, g)
-            k_before = k.clone()
-            out = layer(q.flatten(1), k.flatten(1), v.flatten(1), fb).view(2, HQ, layer.v_head_dim)
-            assert torch.equal(k, k_before), "the caller's k must not be divided in place"
+            k_dev = k.flatten(1).to(DEV)
+            out = layer(q.flatten(1).to(DEV), k_dev, v.flatten(1).to(DEV), fb).view(2, HQ, layer.v_head_dim).cpu()
+            assert torch.equal(k_dev.cpu(), k.flatten(1)), "the caller's k must not be divided in place"
             swa = layer.sliding_window_size >= 0
             k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
             for i, (row, n) in enumerate(zip(rows, lens)):
@@ -439,9 +449,9 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
                 slots = pool.translate_loc_from_full_to_swa(full) if swa else full
                 if swa:
                     slots = slots[-(W + 1):]
-                kk = k_buf[slots].float() * layer.k_scale_float
-                vv = v_buf[slots].float() * layer.v_scale_float
+                kk = k_buf[slots].float().cpu() * layer.k_scale_float
+                vv = v_buf[slots].float().cpu() * layer.v_scale_float
                 want_new = (k[i] / layer.k_scale_float).to(torch.float8_e4m3fn)
-                assert torch.equal(k_buf[slots[-1]].view(torch.uint8), want_new.view(torch.uint8))
+                assert torch.equal(k_buf[slots[-1]].view(torch.uint8).cpu(), want_new.view(torch.uint8))
                 assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, None, sm_scale=layer.scaling),
                              name=f"fp8 layer {layer.layer_id} request {i}")

@@ -29,6 +29,8 @@ from triton_swa.testing import assert_close  # noqa: E402
 pytestmark = pytest.mark.interpreter
 
 VOCAB = 48
+# the model and its pools on the GPU when there is one (kernels compiled), else the CPU (the interpreter)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL = 1e-4
 
 
@@ -106,7 +108,7 @@ _more = pytest.mark.skipif(not ALL_MODELS, reason="set TRITON_SWA_HF_ALL_MODELS=
 
 def make_model(name: str):
     torch.manual_seed(0)
-    return MODELS[name]().eval()
+    return MODELS[name]().eval().to(DEV)
 
 
 @dataclass
@@ -152,7 +154,7 @@ def poison(kv, reqs):
     for sub, live in ((kv.pool.full_kv_pool, full_live), (kv.pool.swa_kv_pool, swa_live)):
         if sub is None:
             continue
-        dead = torch.ones(sub.k_buffer[0].shape[0], dtype=torch.bool)
+        dead = torch.ones(sub.k_buffer[0].shape[0], dtype=torch.bool, device=sub.k_buffer[0].device)
         dead[torch.cat(live)] = False
         for buf in sub.k_buffer + sub.v_buffer:
             buf[dead] = float("nan")
@@ -165,8 +167,8 @@ def serve(model, kv, sc: Scenario, seed: int = 1, atol: float = ATOL):
     """
     g = torch.Generator().manual_seed(seed)
     rows = kv.req_to_token_pool.alloc(3)[1:]  # row 1 stays unused, row 0 is padding
-    reqs = [Req(r, torch.randint(0, VOCAB, (sc.committed_len(i),), generator=g),
-                torch.randint(0, VOCAB, (sc.num_draft - sc.accepted[i],), generator=g)) for i, r in enumerate(rows)]
+    reqs = [Req(r, torch.randint(0, VOCAB, (sc.committed_len(i),), generator=g).to(DEV),
+                torch.randint(0, VOCAB, (sc.num_draft - sc.accepted[i],), generator=g).to(DEV)) for i, r in enumerate(rows)]
     want = [eager_logits(model, r.tokens) for r in reqs]
     worst = [0.0]
 
@@ -224,7 +226,7 @@ def serve(model, kv, sc: Scenario, seed: int = 1, atol: float = ATOL):
 
 def build(model, page_size, size_swa=32):
     kv = tswa.build_paged_kv(model, size=64, size_swa=size_swa, page_size=page_size, max_num_reqs=3, max_context_len=32,
-                             dtype=torch.float32, device="cpu")
+                             dtype=torch.float32, device=DEV)
     kv.allocator.swa_attn_allocator.shuffle_free_list(torch.Generator().manual_seed(7))
     return kv
 
@@ -312,14 +314,14 @@ def test_bad_calls_raise():
     model = make_model("gemma2")
     kv = build(model, 1)
     model.set_attn_implementation(tswa.NAME)
-    ids = torch.randint(0, VOCAB, (1, 4))
+    ids = torch.randint(0, VOCAB, (1, 4), device=DEV)
     with torch.no_grad():
         with pytest.raises(ValueError, match="triton_swa_step"):
             model(input_ids=ids, use_cache=False)
         row = kv.req_to_token_pool.alloc(1)[0]
         step = kv.extend([row], [0], [4])
         with pytest.raises(ValueError, match="padding mask"):
-            model(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1, 1]]), **step.model_kwargs())
+            model(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1, 1]], device=DEV), **step.model_kwargs())
         # an HF cache that already holds this request's keys would hand the attention more keys than queries
         cache = transformers.DynamicCache(config=model.config)
         model(input_ids=ids, position_ids=step.position_ids, past_key_values=cache, triton_swa_step=step)
