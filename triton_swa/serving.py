@@ -160,7 +160,8 @@ class Engine:
         full = _pages(len(req.prompt) + req.max_new_tokens + slack, ps) * ps
         if self.window < 0:
             return full, full
-        swa = (_pages(self.window + 1 + max(self.chunk_size, slack) + slack, ps) + 2) * ps
+        chunk = min(self.chunk_size, len(req.prompt))  # the most prompt tokens one step brings
+        swa = (_pages(self.window + 1 + max(chunk, slack) + slack, ps) + 2) * ps
         return full, min(full, swa)
 
     def _admit(self) -> None:
