@@ -70,8 +70,8 @@ PRESETS = {
                   arrival_every=4, num_draft=3, chunk=16, max_running=2, full_size=256, swa_size=64, page_size=1,
                   spot_every=4),
     "gpu": Preset(layers=12, hidden=512, heads=8, kv_heads=4, head_dim=128, global_kv_heads=2, global_head_dim=256,
-                  kv_shared=4, vocab=4096, sliding_window=128, requests=48, prompt_lens=(64, 512),
-                  new_tokens=(96, 192), arrival_every=2, num_draft=4, chunk=512, max_running=16, full_size=32768,
+                  kv_shared=4, vocab=4096, sliding_window=128, requests=32, prompt_lens=(64, 384),
+                  new_tokens=(64, 128), arrival_every=2, num_draft=4, chunk=512, max_running=16, full_size=32768,
                   swa_size=8192, page_size=16, spot_every=8, dtype="bfloat16"),
 }
 

@@ -363,13 +363,14 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
 
     def step(mode, new):
         prefix = list(lens)
-        seq = torch.tensor([p + m for p, m in zip(prefix, new)], device=DEV)
+        seq_cpu = torch.tensor([p + m for p, m in zip(prefix, new)])
+        seq = seq_cpu.to(DEV)
         last = torch.tensor([int(rtp.req_to_token[row, p - 1]) if p else -1 for row, p in zip(rows, prefix)], device=DEV)
         if mode.is_decode():
-            loc = alloc.alloc_decode(seq, seq, last)
+            loc = alloc.alloc_decode(seq, seq_cpu, last)
         else:
-            pre = torch.tensor(prefix, device=DEV)
-            loc = alloc.alloc_extend(pre, pre, seq, seq, last, sum(new))
+            pre_cpu = torch.tensor(prefix)
+            loc = alloc.alloc_extend(pre_cpu.to(DEV), pre_cpu, seq, seq_cpu, last, sum(new))
         at = 0
         for row, p, m in zip(rows, prefix, new):
             rtp.req_to_token[row, p:p + m] = loc[at:at + m].to(torch.int32)

@@ -687,7 +687,7 @@ def _make_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
     def main(fused_merge: bool) -> _Launch:
         merge_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // (merge_g * block_dv)))
         constexprs = dict(
-            D=D, DV=DV, BLOCK_G=cfg.block_g, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=block_dv,
+            D=D, DV=DV, BLOCK_G=cfg.block_g, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=block_dv,
             BLOCK_N=block_n, PAGE=page_size if paged else 1, PAGED=paged,
             K_SCALE_PTR=k_scale_t is not None, V_SCALE_PTR=v_scale_t is not None,
             SOFTCAP=softcap, HAS_SINK=sinks is not None,
