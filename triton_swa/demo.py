@@ -61,6 +61,10 @@ class Preset:
     page_size: int
     spot_every: int  # spot-check attention every this many steps
     dtype: str = "float32"
+    # Random weights with tied embeddings make the next token mostly a copy of the current one (the
+    # scaled embedding dominates the residual stream); a louder attention output (the post-attention
+    # norm's weight) makes it depend on the context, as a trained model's does.
+    attention_gain: float = 4.0
 
 
 PRESETS = {
@@ -72,16 +76,13 @@ PRESETS = {
     "gpu": Preset(layers=12, hidden=512, heads=8, kv_heads=4, head_dim=128, global_kv_heads=2, global_head_dim=256,
                   kv_shared=4, vocab=4096, sliding_window=128, requests=32, prompt_lens=(64, 384),
                   new_tokens=(64, 128), arrival_every=2, num_draft=4, chunk=512, max_running=16, full_size=32768,
-                  swa_size=8192, page_size=16, spot_every=8, dtype="bfloat16"),
+                  swa_size=8192, page_size=16, spot_every=8, attention_gain=16.0),
 }
 
 
-ATTENTION_GAIN = 4.0
-
-
 def build_model(p: Preset, seed: int, device):
-    """A tiny Gemma 4 text model with seeded random weights (weights larger than the default init, so
-    that its greedy tokens are decided by clear margins)."""
+    """A tiny Gemma 4 text model with seeded random weights (larger than the default init, so that its
+    greedy tokens are decided by clear margins; see ``Preset.attention_gain``)."""
     import transformers
 
     types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(p.layers)]
@@ -96,11 +97,8 @@ def build_model(p: Preset, seed: int, device):
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).eval()
     with torch.no_grad():
-        # Random weights make the next token mostly a function of the current one (the scaled
-        # embedding dominates the residual stream); a louder attention output makes it depend on
-        # the context, as a trained model's does.
         for layer in model.model.layers:
-            layer.post_attention_layernorm.weight.mul_(ATTENTION_GAIN)
+            layer.post_attention_layernorm.weight.mul_(p.attention_gain)
     return model.to(device=device, dtype=getattr(torch, p.dtype))
 
 
