@@ -269,11 +269,6 @@ def _generate_reference(model, requests, device):
     return outs
 
 
-def _near_tie(scores: torch.Tensor, tol: float) -> bool:
-    top = scores.topk(2).values
-    return float(top[0] - top[1]) < tol
-
-
 def _serve(p: Preset, legacy: bool, seed: int, device: str, steps: int | None, queue) -> None:
     """One run, in its own process: serve the stream, report every step and then the summary."""
     from .integrations import transformers as tswa
@@ -320,7 +315,8 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
     Returns:
         dict: ``"runs"``: per run (``"policy"``, ``"legacy"``) its acceptance per round, spot-check
         errors, tokens per second, KV bytes, outputs; ``"generate_match"`` / ``"generate_total"``,
-        ``"near_ties"``, ``"mismatched"`` (rid, first differing index), ``"diverged_at"``.
+        ``"near_ties"``, ``"mismatched"`` (rid, first differing index, generate's top-two logit gap there),
+        ``"diverged_at"``.
     """
     import multiprocessing as mp
 
@@ -381,8 +377,9 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
                 match += 1
                 continue
             j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            ties += int(j < len(scores) and _near_tie(scores[j], tie_tol))
-            mismatched.append((r.rid, j))
+            gap = float(scores[j].topk(2).values.diff().abs()) if j < len(scores) else float("nan")
+            ties += int(gap < tie_tol)
+            mismatched.append((r.rid, j, round(gap, 5)))
     same = sum(policy["outputs"].get(r.rid) == legacy["outputs"].get(r.rid) for r in requests)
     result = {"preset": preset, "device": device, "ideal": p.num_draft + 1, "diverged_at": diverged,
               "legacy_equals_policy": same, "tie_tol": tie_tol,
