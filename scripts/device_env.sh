@@ -7,3 +7,17 @@ mkdir -p "$site" && ln -sfn "$PWD/reference" "$site/triton_swa_reference"
 export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/triton_swa_out}
 mkdir -p "$out"
+
+# install_carried_wheels FOLDER...: the carried wheels (scripts/carry_sglang_wheels.sh, .whl/demo)
+# into /tmp/site and triton-swa's own metadata (its sglang.srt.plugins entry point) into
+# /tmp/triton_swa_meta, both after the tree on PYTHONPATH; prints the versions it then imports.
+install_carried_wheels() {
+  local wheels=()
+  for d in "$@"; do wheels+=("$d"/*.whl); done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" \
+    || { echo "installing the carried wheels failed"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/triton_swa_meta . \
+    >/dev/null 2>&1 || echo "no triton-swa metadata (the entry-point test will fail)"
+  export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/triton_swa_meta"
+  python3 -c 'import torch, triton, sglang, transformers; print("torch", torch.__version__, "triton", triton.__version__, "sglang", sglang.__version__, "transformers", transformers.__version__)'
+}

@@ -9,12 +9,7 @@ source "$(dirname "$0")/device_env.sh"
 sha=${1:?pass the git sha measured (the device copy has no .git)}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/sglang/*.whl .whl/demo/*.whl || { echo "gpu_integrations: installing the carried wheels failed"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/triton_swa_meta . \
-  >/dev/null 2>&1 || echo "gpu_integrations: no triton-swa metadata (the entry-point test will fail)"
-export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/triton_swa_meta"
-python3 -c 'import torch, triton, sglang, transformers; print("torch", torch.__version__, "triton", triton.__version__, "sglang", sglang.__version__, "transformers", transformers.__version__)'
+install_carried_wheels .whl/sglang .whl/demo || exit 1
 echo "== install: $(( SECONDS - t0 )) s"
 
 t0=$SECONDS

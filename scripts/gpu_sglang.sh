@@ -11,13 +11,7 @@ shift
 wheels=${SGLANG_WHEELS:-.whl/sglang}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl \
-  || { echo "gpu_sglang: installing the carried wheels failed"; exit 1; }
-# triton-swa's own metadata (its sglang.srt.plugins entry point); the tree stays first on the path.
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/triton_swa_meta . \
-  >/dev/null 2>&1 || echo "gpu_sglang: no triton-swa metadata (the entry-point test will fail)"
-export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/triton_swa_meta"
-python3 -c 'import torch, triton, sglang, transformers; print("torch", torch.__version__, "triton", triton.__version__, "sglang", sglang.__version__, "transformers", transformers.__version__)'
+install_carried_wheels "$wheels" || exit 1
 echo "== install: $(( SECONDS - t0 )) s"
 
 t0=$SECONDS
