@@ -420,6 +420,8 @@ def _report(result: dict, p: Preset) -> None:
         print(f"{name:<8} {r['mean_accept']:8.2f} {r['tokens']:7d} {r['tokens_per_s']:8.1f} "
               f"{r['kv_bytes_peak'] / 2**20:11.2f} {r['kv_bytes_full_only'] / 2**20:10.2f} {errs('target'):>30} "
               f"{errs('draft'):>29}")
+    print("(tok/s: committed tokens over the run's own step time; the two runs share the machine while both run, "
+          "and the attention spot-checks copy K/V to the host)")
     print(f"\ntarget tokens equal transformers' generate() (eager attention): {result['generate_match']} of "
           f"{result['generate_total']} requests"
           + (f"; {len(result['mismatched'])} differ ({result['near_ties']} first at an argmax near-tie, top two "
