@@ -87,7 +87,7 @@ class RoundStats:
     """What one engine step did."""
 
     step: int
-    mode: str  # "prefill", "decode" or "speculative"
+    mode: str  # "prefill", "decode", "speculative", or "idle" (nothing has arrived yet)
     requests: list[int]  # rids served
     tokens: int  # query tokens the target ran
     committed: int  # tokens committed to outputs
@@ -146,7 +146,16 @@ class Engine:
     # ----- admission and bookkeeping ------------------------------------------------------------
 
     def submit(self, requests: Iterable[Request]) -> None:
+        """Queue requests; each starts at its ``arrival`` step or later.
+
+        Raises:
+            ValueError: a request id already submitted, or a request longer than ``max_context_len``.
+        """
+        known = {q.rid for q in self.waiting + self.running + self.finished}
         for req in requests:
+            if req.rid in known:
+                raise ValueError(f"request id {req.rid} was already submitted")
+            known.add(req.rid)
             need = len(req.prompt) + req.max_new_tokens + self.k + 2
             if need > self.req_to_token.shape[1]:
                 raise ValueError(f"request {req.rid} needs {need} positions, more than max_context_len "
@@ -335,8 +344,7 @@ class Engine:
                 proposals[q.rid].append(t)
         # 2. the target verifies [pending, d_1 .. d_k]
         n = k + 1
-        tail = self._alloc(reqs, [p + k for p in pending], [1] * len(reqs))
-        del tail
+        self._alloc(reqs, [p + k for p in pending], [1] * len(reqs))  # d_k's slot (the draft never wrote it)
         starts = list(pending)
         loc = self._loc(reqs, starts, [n] * len(reqs))
         positions = torch.cat([torch.arange(p, p + n) for p in pending]).to(dev)
