@@ -114,7 +114,7 @@ def sgl_batch(mode, rows, prefix, new, loc, **kw):
     fields = dict(forward_mode=mode, batch_size=len(rows), input_ids=torch.zeros(t, dtype=torch.long, device=DEV),
                   req_pool_indices=torch.tensor(rows, device=DEV), seq_lens=torch.tensor(lens, device=DEV),
                   out_cache_loc=loc, seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens), spec_algorithm=A.NONE)
-    if mode.is_extend() and not mode.is_target_verify():
+    if not (mode.is_decode() or mode.is_target_verify()):  # EXTEND, MIXED, DRAFT_EXTEND_V2: extend-shaped
         fields.update(extend_prefix_lens=torch.tensor(prefix, device=DEV), extend_prefix_lens_cpu=list(prefix),
                       extend_seq_lens=torch.tensor(new, device=DEV), extend_seq_lens_cpu=list(new), extend_num_tokens=t)
     fields.update(kw)
@@ -456,3 +456,22 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
                 assert torch.equal(k_buf[slots[-1]].view(torch.uint8).cpu(), want_new.view(torch.uint8))
                 assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, None, sm_scale=layer.scaling),
                              name=f"fp8 layer {layer.layer_id} request {i}")
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.MIXED, ForwardMode.DRAFT_EXTEND_V2], ids=lambda m: m.name)
+def test_mixed_and_draft_extend_v2_run_extend_shaped(mode):
+    """SGLang's MIXED and DRAFT_EXTEND_V2 batches (extend-shaped: extend_prefix_lens / extend_seq_lens,
+    as SGLang's own Triton backend reads them eagerly) over drifted, evicted pools."""
+    g = torch.Generator().manual_seed(16)
+    pool, alloc, rtp, rows, lens = drifted_state(g)
+    hist = write_history(pool, rtp, rows, lens, layers(), g)
+    evict(alloc, rtp, rows, lens)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
+    new = [3, 1]
+    fb = sgl_batch(mode, rows, lens, new, place(alloc, rtp, rows, lens, new))
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        for layer in layers():
+            q, k, v = rand_qkv(layer, sum(new), g)
+            out = call(layer, q, k, v, fb).view(-1, HQ, layer.v_head_dim)
+            assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v), name=f"{mode.name} layer {layer.layer_id}")
