@@ -256,7 +256,7 @@ def test_model_level_steps_match_reference(window_left, page_size, device):
     run_step(sim, backend, layers, ForwardMode.TARGET_VERIFY, [3, 3, 3], draft_num=3)
     reject_drafts(sim, layers, [1, 3, 0], 3)
     sim.evict()
-    run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND, [2, 1, 0])  # extend-shaped, an empty entry
+    run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND_V2, [2, 1, 0])  # extend-shaped, an empty entry
     sim.evict()
     run_step(sim, backend, layers, ForwardMode.DECODE, [1, 1, 1])
     assert sim.alloc.full_to_swa_index_mapping[sim.rtp.req_to_token[sim.rows[2], 0].long()] == 0, "eviction ran"

@@ -2,7 +2,7 @@
 
 Tree verify (custom mask and tree positions), non-causal draft blocks, attention sinks, logit soft
 capping and fp8 KV with per-tensor scales (numbers and one-element tensors), for decode,
-TARGET_VERIFY and DRAFT_EXTEND, at page sizes 1 and 4. The pools come from make_pool_state: the real allocators with
+TARGET_VERIFY and DRAFT_EXTEND_V2, at page sizes 1 and 4. The pools come from make_pool_state: the real allocators with
 shuffled free lists (SWA slots differ from full slots), window eviction, and NaN in every slot no
 window may read. The step's K/V are saved by the backend; the pools after the step must equal the
 reference store bit for bit, and every layer's output the reference attention over those pools.
@@ -79,7 +79,7 @@ def run(device, page_size, feature, mode):
         mask, pos = tree(prefix.tolist(), device) if feature.get("tree") else (None, None)
         spec = SpecInfo(N, custom_mask=mask, positions=pos, causal=feature.get("causal", True))
         batch = ForwardBatch(mode, bs, rows, prefix, loc, seq_lens_cpu=prefix.cpu(), spec_info=spec)
-    elif mode == ForwardMode.DRAFT_EXTEND:  # a draft block proposed at once (DFlash): spec_info.causal
+    elif mode == ForwardMode.DRAFT_EXTEND_V2:  # a draft block proposed at once (DFlash): spec_info.causal
         seq = state.seq_lens()
         ext = seq - prefix
         spec = SpecInfo(N, causal=feature.get("causal", True))
@@ -141,4 +141,4 @@ def test_decode_features_through_the_backend(device, page_size, feature):
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("feature", ["plain", "non-causal", "sinks-softcap", "fp8-tensor-scales"])
 def test_draft_extend_features_through_the_backend(device, page_size, feature):
-    run(device, page_size, FEATURES[feature], ForwardMode.DRAFT_EXTEND)
+    run(device, page_size, FEATURES[feature], ForwardMode.DRAFT_EXTEND_V2)

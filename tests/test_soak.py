@@ -1,7 +1,7 @@
 """Soak: a long randomised serving run through the backend, every output against the reference.
 
 A stream of requests arrives and finishes; each step is a chunked-prefill EXTEND (decoding requests may
-ride along with one token or none), a DECODE, a DRAFT_EXTEND, or a TARGET_VERIFY with chain or tree
+ride along with one token or none), a DECODE, a DRAFT_EXTEND_V2, or a TARGET_VERIFY with chain or tree
 drafts whose rejected tail is freed. Pools are sized near full, so allocations fail: a failed
 allocation must change nothing, and the scheduler then retracts a request. After every step the
 allocator invariants are checked (``check_allocator_invariants``) and the step's window indices are
@@ -196,7 +196,7 @@ class Soak:
         if x < 0.5:
             new = [self.rng.randint(0, 3) for _ in decoding]
             new[0] = max(new[0], 1)
-            return ForwardMode.DRAFT_EXTEND, decoding, new, 0, None
+            return ForwardMode.DRAFT_EXTEND_V2, decoding, new, 0, None
         n = self.rng.randint(2, 5)
         parents = None
         if self.rng.random() < 0.5:

@@ -79,7 +79,7 @@ class ForwardMetadata:
     prefix_lens: torch.Tensor | None = None  # int32 [B], extend modes
     prefix_lens_cpu: torch.Tensor | None = None
     max_extend_len: int = 0
-    # longest cached prefix of an eager EXTEND / DRAFT_EXTEND batch (None: verify, whose split
+    # longest cached prefix of an eager EXTEND / DRAFT_EXTEND_V2 batch (None: verify, whose split
     # count follows the layer's window bound, as under CUDA-graph replay)
     max_prefix_len: int | None = None
     causal: bool = True
@@ -547,7 +547,7 @@ class TritonSWAAttnBackend:
         self.forward_metadata = meta
 
     def _extend_layout(self, forward_batch) -> ForwardMetadata:
-        """qo_indptr, prefix lengths and draft masks of EXTEND, DRAFT_EXTEND and TARGET_VERIFY."""
+        """qo_indptr, prefix lengths and draft masks of EXTEND, DRAFT_EXTEND_V2 and TARGET_VERIFY."""
         mode, bs, dev = forward_batch.forward_mode, forward_batch.batch_size, self.device
         spec = forward_batch.spec_info
         if mode.is_target_verify():
@@ -715,7 +715,7 @@ class TritonSWAAttnBackend:
             if writes:
                 self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch)
         window = layer.sliding_window_size
-        # eager EXTEND / DRAFT_EXTEND: the batch's longest prefix (capped at the window); verify, eager
+        # eager EXTEND / DRAFT_EXTEND_V2: the batch's longest prefix (capped at the window); verify, eager
         # or replayed: the layer's bound, so that both take the same splits
         max_window = meta.max_prefix_len
         if max_window is None:

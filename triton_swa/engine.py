@@ -14,26 +14,36 @@ import torch
 
 
 class ForwardMode(enum.IntEnum):
-    """What a forward step does (SPEC §3)."""
+    """What a forward step does: SGLang 0.5.23's modes, names and predicates (SPEC §3, §9)."""
 
     EXTEND = enum.auto()  # prefill and chunked prefill
     DECODE = enum.auto()  # one new token per request
-    TARGET_VERIFY = enum.auto()  # the target model scores draft tokens
-    DRAFT_EXTEND = enum.auto()  # the draft model catches up on accepted tokens
+    MIXED = enum.auto()  # chunked prefill with decode requests riding along (extend-shaped)
     IDLE = enum.auto()  # nothing to do on this rank
+    TARGET_VERIFY = enum.auto()  # the target model scores draft tokens
+    DRAFT_EXTEND_V2 = enum.auto()  # the draft model catches up on accepted tokens (extend-shaped)
+    PREBUILT = enum.auto()
+    SPLIT_PREFILL = enum.auto()
+    DLLM_EXTEND = enum.auto()
+
+    def is_extend(self, include_draft_extend_v2: bool = False) -> bool:
+        """SGLang's meaning: EXTEND, MIXED, TARGET_VERIFY, SPLIT_PREFILL, DLLM_EXTEND (and
+        DRAFT_EXTEND_V2 when asked)."""
+        modes = (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY, ForwardMode.SPLIT_PREFILL,
+                 ForwardMode.DLLM_EXTEND)
+        return self in modes or (include_draft_extend_v2 and self == ForwardMode.DRAFT_EXTEND_V2)
 
     def is_decode(self) -> bool:
         return self == ForwardMode.DECODE
 
-    def is_extend(self) -> bool:
-        """True for every mode whose queries are packed by ``extend_seq_lens`` (SGLang's meaning)."""
-        return self in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+    def is_mixed(self) -> bool:
+        return self == ForwardMode.MIXED
 
     def is_target_verify(self) -> bool:
         return self == ForwardMode.TARGET_VERIFY
 
-    def is_draft_extend(self) -> bool:
-        return self == ForwardMode.DRAFT_EXTEND
+    def is_draft_extend_v2(self) -> bool:
+        return self == ForwardMode.DRAFT_EXTEND_V2
 
     def is_idle(self) -> bool:
         return self == ForwardMode.IDLE
@@ -88,7 +98,7 @@ class ModelRunner:
 
 @dataclass
 class SpecInfo:
-    """Speculative decoding inputs of a TARGET_VERIFY or DRAFT_EXTEND step.
+    """Speculative decoding inputs of a TARGET_VERIFY or DRAFT_EXTEND_V2 step.
 
     ``custom_mask`` (tree verify) is flat: each request's ``[draft_token_num, draft_token_num]``
     boolean block over its draft tokens, requests one after another; None means chain drafts
