@@ -26,7 +26,7 @@ from triton_swa import (
 )
 from triton_swa.backend import TritonSWAAttnBackend
 from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo, SpeculativeAlgorithm
-from triton_swa.testing import assert_close, make_pool_state
+from triton_swa.testing import assert_close, legacy_backend, make_pool_state
 
 # ----- policy ----------------------------------------------------------------------------------------
 
@@ -318,7 +318,7 @@ def test_draft_worker_regression_policy_vs_legacy_rule(device):
             buf.fill_(float("nan"))
         runner = ModelRunner(draft_pool, plain_alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
                              spec_algorithm=SpeculativeAlgorithm.DFLASH, device=device)
-        backend = TritonSWAAttnBackend(runner, legacy_resolve_by_allocator_type=legacy)
+        backend = TritonSWAAttnBackend(runner) if legacy is None else legacy_backend(runner, legacy)
         sim.g = torch.Generator().manual_seed(5)
         # Prefill 9 tokens per request, then one decode step; compare the decode output.
         loc = sim.allocate([9, 9, 9])

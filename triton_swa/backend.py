@@ -139,17 +139,13 @@ class TritonSWAAttnBackend:
             :class:`triton_swa.engine.ModelRunner`): ``token_to_kv_pool``,
             ``token_to_kv_pool_allocator``, ``req_to_token_pool``, ``is_draft_worker``,
             ``spec_algorithm``, ``sliding_window_size``, ``device``.
-        legacy_resolve_by_allocator_type (type | None): **for demonstrations and regression tests
-            only.** Resolve the SWA pool by the old rule (the allocator's type is this class) instead
-            of SPEC §3's policy. That rule reads wrong K/V on draft workers whose active pool is
-            SWA-backed (Gemma 4 + DFlash); never use it to serve.
 
     Raises:
         TypeError: ``model_runner`` lacks one of those attributes (named), or one has the wrong type.
         ValueError: an SWA pool was resolved but ``sliding_window_size`` is -1, or a bad device.
     """
 
-    def __init__(self, model_runner, *, legacy_resolve_by_allocator_type: type | None = None):
+    def __init__(self, model_runner):
         for name in _RUNNER_ATTRS:
             if not hasattr(model_runner, name):
                 raise TypeError(f"model_runner has no attribute {name!r}; the backend reads SGLang's ModelRunner "
@@ -173,12 +169,7 @@ class TritonSWAAttnBackend:
         if not hasattr(model_runner.spec_algorithm, "is_frozen_kv_mtp"):
             raise TypeError("model_runner.spec_algorithm must be a SpeculativeAlgorithm (with is_frozen_kv_mtp()), "
                             f"got {type(model_runner.spec_algorithm).__name__}")
-        if legacy_resolve_by_allocator_type is None:
-            self._swa_kv_pool = self._resolve_swa_kv_pool(model_runner)
-        else:
-            from triton_swa_reference import legacy_resolve_by_allocator_type as legacy
-
-            self._swa_kv_pool = legacy(model_runner, legacy_resolve_by_allocator_type)
+        self._swa_kv_pool = self._resolve_swa_kv_pool(model_runner)
         self.use_sliding_window_kv_pool = self._swa_kv_pool is not None
         # K/V buffers come from the resolved SWA pool when there is one (FROZEN_KV MTP reads the
         # target's pool), else from the runner's active pool.

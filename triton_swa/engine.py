@@ -135,6 +135,33 @@ class ForwardBatch:
     def seq_lens_sum(self) -> int:
         return int(self.seq_lens_cpu.sum()) if self.seq_lens_cpu is not None else int(self.seq_lens.sum())
 
+    @classmethod
+    def extend(cls, rows, prefix_lens, extend_lens, out_cache_loc, *, device, mode=None) -> ForwardBatch:
+        """An extend-shaped step (EXTEND by default): request ``i`` brings ``extend_lens[i]`` tokens
+        after its ``prefix_lens[i]`` cached ones (host lists of ints)."""
+        seq = torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens)], dtype=torch.int64)
+        return cls(ForwardMode.EXTEND if mode is None else mode, len(rows), torch.tensor(rows, device=device),
+                   seq.to(device), out_cache_loc, seq_lens_cpu=seq,
+                   extend_prefix_lens=torch.tensor(prefix_lens, device=device),
+                   extend_seq_lens=torch.tensor(extend_lens, device=device), extend_prefix_lens_cpu=list(prefix_lens),
+                   extend_seq_lens_cpu=list(extend_lens))
+
+    @classmethod
+    def decode(cls, rows, prefix_lens, out_cache_loc, *, device) -> ForwardBatch:
+        """One new token per request, at position ``prefix_lens[i]``."""
+        seq = torch.tensor(prefix_lens, dtype=torch.int64) + 1
+        return cls(ForwardMode.DECODE, len(rows), torch.tensor(rows, device=device), seq.to(device), out_cache_loc,
+                   seq_lens_cpu=seq)
+
+    @classmethod
+    def verify(cls, rows, prefix_lens, spec_info: SpecInfo, out_cache_loc, *, device,
+               spec_algorithm: SpeculativeAlgorithm = SpeculativeAlgorithm.NONE) -> ForwardBatch:
+        """TARGET_VERIFY: ``spec_info.draft_token_num`` tokens after each request's ``prefix_lens[i]``
+        committed ones (SGLang's convention: ``seq_lens`` are the committed lengths)."""
+        seq = torch.tensor(prefix_lens, dtype=torch.int64)
+        return cls(ForwardMode.TARGET_VERIFY, len(rows), torch.tensor(rows, device=device), seq.to(device),
+                   out_cache_loc, seq_lens_cpu=seq, spec_info=spec_info, spec_algorithm=spec_algorithm)
+
 
 @dataclass
 class AttentionLayer:

@@ -31,8 +31,8 @@ from typing import Protocol
 
 import torch
 
-from .engine import ForwardBatch, ForwardMode, SpecInfo, SpeculativeAlgorithm
-from .mem import evict_swa_window
+from .engine import ForwardBatch, SpecInfo, SpeculativeAlgorithm
+from .mem import alloc_positions, evict_swa_window
 
 __all__ = ["Engine", "Request", "RoundStats", "Worker"]
 
@@ -219,17 +219,9 @@ class Engine:
 
     def _alloc(self, reqs: list[Request], starts: list[int], counts: list[int]) -> torch.Tensor:
         """Slots for positions ``[start, start + count)`` of each request, written to ``req_to_token``."""
-        dev = self.device
-        prefix = torch.tensor(starts, dtype=torch.int64)
-        seq = prefix + torch.tensor(counts, dtype=torch.int64)
-        last = torch.tensor([int(self.req_to_token[q.row, s - 1]) if s else -1 for q, s in zip(reqs, starts)])
-        loc = self.allocator.alloc_extend(prefix.to(dev), seq.to(dev), last.to(dev), int(sum(counts)))
+        loc = alloc_positions(self.allocator, self.req_to_token, [q.row for q in reqs], starts, counts)
         if loc is None:
             raise RuntimeError("the KV pools ran out despite the reservations (a bookkeeping bug)")
-        at = 0
-        for q, s, m in zip(reqs, starts, counts):
-            self.req_to_token[q.row, s:s + m] = loc[at:at + m].to(torch.int32)
-            at += m
         return loc
 
     def _loc(self, reqs: list[Request], starts: list[int], counts: list[int]) -> torch.Tensor:
@@ -245,15 +237,6 @@ class Engine:
             req.evicted = evict_swa_window(self.allocator, self.req_to_token, req.row, seen, self.window, req.evicted)
 
     # ----- batches -------------------------------------------------------------------------------
-
-    def _extend_batch(self, reqs, prefix, new, loc, mode=ForwardMode.EXTEND) -> ForwardBatch:
-        dev = self.device
-        seq = [p + m for p, m in zip(prefix, new)]
-        return ForwardBatch(mode, len(reqs), torch.tensor([q.row for q in reqs], device=dev),
-                            torch.tensor(seq, device=dev), loc, seq_lens_cpu=torch.tensor(seq),
-                            extend_prefix_lens=torch.tensor(prefix, device=dev),
-                            extend_seq_lens=torch.tensor(new, device=dev), extend_prefix_lens_cpu=list(prefix),
-                            extend_seq_lens_cpu=list(new))
 
     def _tokens(self, reqs, starts, counts, tokens_of=None):
         ids, pos = [], []
@@ -281,7 +264,7 @@ class Engine:
                 new.append(m)
                 budget -= m
         loc = self._alloc(reqs, prefix, new)
-        batch = self._extend_batch(reqs, prefix, new, loc)
+        batch = ForwardBatch.extend([q.row for q in reqs], prefix, new, loc, device=self.device)
         ids, pos = self._tokens(reqs, prefix, new)
         logits = self.target.forward(batch, ids, pos)
         if self.draft is not None:
@@ -298,10 +281,7 @@ class Engine:
     def _decode(self, reqs: list[Request]) -> RoundStats:
         starts = [q.kv_len for q in reqs]
         loc = self._alloc(reqs, starts, [1] * len(reqs))
-        dev = self.device
-        seq = [s + 1 for s in starts]
-        batch = ForwardBatch(ForwardMode.DECODE, len(reqs), torch.tensor([q.row for q in reqs], device=dev),
-                             torch.tensor(seq, device=dev), loc, seq_lens_cpu=torch.tensor(seq))
+        batch = ForwardBatch.decode([q.row for q in reqs], starts, loc, device=self.device)
         ids, pos = self._tokens(reqs, starts, [1] * len(reqs))
         nxt = self.target.forward(batch, ids, pos).argmax(-1).tolist()
         committed = 0
@@ -325,7 +305,7 @@ class Engine:
         fresh = [p + 1 - h for p, h in zip(pending, have)]
         self._alloc(reqs, have, fresh)
         loc = self._loc(reqs, starts, counts)
-        batch = self._extend_batch(reqs, starts, counts, loc)
+        batch = ForwardBatch.extend([q.row for q in reqs], starts, counts, loc, device=dev)
         ids, pos = self._tokens(reqs, starts, counts)
         d = self._last_of_each(self.draft.forward(batch, ids, pos), counts).argmax(-1).tolist()
         for q, t in zip(reqs, d):
@@ -335,9 +315,7 @@ class Engine:
         for j in range(1, k):
             starts = [p + j for p in pending]
             loc = self._alloc(reqs, starts, [1] * len(reqs))
-            seq = [s + 1 for s in starts]
-            batch = ForwardBatch(ForwardMode.DECODE, len(reqs), torch.tensor([q.row for q in reqs], device=dev),
-                                 torch.tensor(seq, device=dev), loc, seq_lens_cpu=torch.tensor(seq))
+            batch = ForwardBatch.decode([q.row for q in reqs], starts, loc, device=dev)
             ids, pos = self._tokens(reqs, starts, [1] * len(reqs), tokens_of)
             d = self.draft.forward(batch, ids, pos).argmax(-1).tolist()
             for q, t in zip(reqs, d):
@@ -348,9 +326,8 @@ class Engine:
         starts = list(pending)
         loc = self._loc(reqs, starts, [n] * len(reqs))
         positions = torch.cat([torch.arange(p, p + n) for p in pending]).to(dev)
-        batch = ForwardBatch(ForwardMode.TARGET_VERIFY, len(reqs), torch.tensor([q.row for q in reqs], device=dev),
-                             torch.tensor(starts, device=dev), loc, seq_lens_cpu=torch.tensor(starts),
-                             spec_info=SpecInfo(n, positions=positions), spec_algorithm=SpeculativeAlgorithm.DFLASH)
+        batch = ForwardBatch.verify([q.row for q in reqs], starts, SpecInfo(n, positions=positions), loc, device=dev,
+                                    spec_algorithm=SpeculativeAlgorithm.DFLASH)
         ids, pos = self._tokens(reqs, starts, [n] * len(reqs), tokens_of)
         target = self.target.forward(batch, ids, pos).argmax(-1).view(len(reqs), n).tolist()
         accepted, committed = [], 0

@@ -233,3 +233,21 @@ def make_pool_state(
             raise RuntimeError("make_pool_state sized its pools too small")
     state.fill_kv(g)
     return state
+
+
+def legacy_backend(model_runner, swa_allocator_type: type):
+    """A backend that resolves its SWA pool by the rule SPEC §3's policy replaced: the allocator's
+    pool when the allocator is of ``swa_allocator_type`` (see
+    ``triton_swa_reference.legacy_resolve_by_allocator_type``). **For regression tests and
+    demonstrations only**: on a draft worker whose active pool is SWA-backed (Gemma 4 + DFlash) it
+    resolves nothing and the sliding layers read ``swa_buffer[full_slot]``."""
+    import triton_swa_reference as ref
+
+    from .backend import TritonSWAAttnBackend
+
+    class LegacyBackend(TritonSWAAttnBackend):
+        @staticmethod
+        def _resolve_swa_kv_pool(runner):
+            return ref.legacy_resolve_by_allocator_type(runner, swa_allocator_type)
+
+    return LegacyBackend(model_runner)

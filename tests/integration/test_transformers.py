@@ -22,9 +22,8 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install triton-swa[demo])")
 
-from triton_swa.backend import TritonSWAAttnBackend  # noqa: E402
 from triton_swa.integrations import transformers as tswa  # noqa: E402
-from triton_swa.testing import assert_close  # noqa: E402
+from triton_swa.testing import assert_close, legacy_backend  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
@@ -290,7 +289,7 @@ def test_untranslated_sliding_reads_are_caught():
     model = make_model("gemma2")
     # SWA buffers as large as the full ones, so that reading them at full slots stays in bounds
     kv = build(model, 1, size_swa=64)
-    kv.backend = TritonSWAAttnBackend(kv.model_runner, legacy_resolve_by_allocator_type=_NotTheAllocator)
+    kv.backend = legacy_backend(kv.model_runner, _NotTheAllocator)
     assert not kv.backend.use_sliding_window_kv_pool
     # the prefill reads only its own new K/V; the chunked prefill is the first read of the pools
     with pytest.raises(AssertionError, match="chunked prefill"):

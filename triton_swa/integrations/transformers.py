@@ -64,8 +64,8 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from ..backend import TritonSWAAttnBackend
-from ..engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo, SpeculativeAlgorithm
-from ..mem import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, evict_swa_window
+from ..engine import AttentionLayer, ForwardBatch, ModelRunner, SpecInfo, SpeculativeAlgorithm
+from ..mem import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, alloc_positions, evict_swa_window
 
 __all__ = [
     "NAME",
@@ -262,20 +262,10 @@ class PagedKV:
 
     def _alloc(self, rows: list[int], prefix: list[int], new: list[int]) -> torch.Tensor:
         """Slots for ``new[i]`` tokens after ``prefix[i]`` of row ``rows[i]``, recorded in ``req_to_token``."""
-        rtt = self.req_to_token_pool.req_to_token
-        dev = self.device
-        rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
-        prefix_t = torch.tensor(prefix, dtype=torch.int64, device=dev)
-        seq_t = prefix_t + torch.tensor(new, dtype=torch.int64, device=dev)
-        last = torch.where(prefix_t > 0, rtt[rows_t, (prefix_t - 1).clamp(min=0)].long(), -1)
-        slots = self.allocator.alloc_extend(prefix_t, seq_t, last, sum(new))
+        slots = alloc_positions(self.allocator, self.req_to_token_pool.req_to_token, rows, prefix, new)
         if slots is None:
             raise RuntimeError(f"out of KV slots for {sum(new)} tokens (full free {self.allocator.full_available_size()}, "
                                f"SWA free {self.allocator.swa_available_size()}): evict, free requests or grow the pools")
-        at = 0
-        for r, p, m in zip(rows, prefix, new):
-            rtt[r, p:p + m] = slots[at:at + m].to(torch.int32)
-            at += m
         return slots
 
     def context(self, forward_batch, position_ids: torch.Tensor | None = None, observer: Callable | None = None
@@ -295,12 +285,7 @@ class PagedKV:
         prefix = self._lengths("prefix_lens", prefix_lens, len(rows))
         ext = self._lengths("extend_lens", extend_lens, len(rows))
         loc = self._alloc(rows, prefix, ext)
-        dev = self.device
-        seq = torch.tensor([p + e for p, e in zip(prefix, ext)], dtype=torch.int64)
-        fb = ForwardBatch(ForwardMode.EXTEND, len(rows), torch.tensor(rows, device=dev), seq.to(dev), loc,
-                          seq_lens_cpu=seq, extend_prefix_lens=torch.tensor(prefix, device=dev),
-                          extend_seq_lens=torch.tensor(ext, device=dev), extend_prefix_lens_cpu=prefix,
-                          extend_seq_lens_cpu=ext)
+        fb = ForwardBatch.extend(rows, prefix, ext, loc, device=self.device)
         return self.context(fb)
 
     def decode(self, rows: Sequence[int], prefix_lens: Sequence[int]) -> StepContext:
@@ -308,9 +293,7 @@ class PagedKV:
         rows = [int(r) for r in rows]
         prefix = self._lengths("prefix_lens", prefix_lens, len(rows))
         loc = self._alloc(rows, prefix, [1] * len(rows))
-        seq = torch.tensor(prefix, dtype=torch.int64) + 1
-        fb = ForwardBatch(ForwardMode.DECODE, len(rows), torch.tensor(rows, device=self.device), seq.to(self.device), loc,
-                          seq_lens_cpu=seq)
+        fb = ForwardBatch.decode(rows, prefix, loc, device=self.device)
         return self.context(fb)
 
     def verify(self, rows: Sequence[int], prefix_lens: Sequence[int], num_draft: int) -> StepContext:
@@ -321,9 +304,7 @@ class PagedKV:
         rows = [int(r) for r in rows]
         prefix = self._lengths("prefix_lens", prefix_lens, len(rows))
         loc = self._alloc(rows, prefix, [num_draft] * len(rows))
-        seq = torch.tensor(prefix, dtype=torch.int64)  # SGLang's convention: the committed lengths
-        fb = ForwardBatch(ForwardMode.TARGET_VERIFY, len(rows), torch.tensor(rows, device=self.device), seq.to(self.device),
-                          loc, seq_lens_cpu=seq, spec_info=SpecInfo(num_draft))
+        fb = ForwardBatch.verify(rows, prefix, SpecInfo(num_draft), loc, device=self.device)
         return self.context(fb)
 
     def evict(self, row: int, seq_len: int, evicted_len: int) -> int:

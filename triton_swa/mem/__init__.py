@@ -4,6 +4,7 @@ from .allocators import (
     PagedTokenToKVPoolAllocator,
     SWATokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
+    alloc_positions,
     evict_swa_window,
 )
 from .invariants import check_allocator_invariants
@@ -18,6 +19,7 @@ __all__ = [
     "SWAKVPool",
     "SWATokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",
+    "alloc_positions",
     "check_allocator_invariants",
     "evict_swa_window",
     "is_swa_kv_pool",

@@ -563,3 +563,30 @@ def evict_swa_window(
         return evicted_len
     allocator.free_swa(req_to_token[req_pool_index, evicted_len:upto].long())
     return upto
+
+
+def alloc_positions(allocator, req_to_token: torch.Tensor, rows, starts, counts) -> torch.Tensor | None:
+    """Slots for positions ``[starts[i], starts[i] + counts[i])`` of request row ``rows[i]``, recorded
+    in ``req_to_token``; a request's page is continued from its slot at ``starts[i] - 1``.
+
+    One ``alloc_extend`` over the whole step, with the last slots read on the device (no host sync
+    per request). Returns None, changing nothing, when the pools are short.
+
+    Args:
+        allocator: a paged or SWA allocator (with ``alloc_extend``).
+        req_to_token (torch.Tensor): int32 `[rows, max_context_len]`, on the allocator's device.
+        rows, starts, counts (list[int]): one entry per request.
+    """
+    dev = req_to_token.device
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+    prefix = torch.tensor(starts, dtype=torch.int64, device=dev)
+    seq = prefix + torch.tensor(counts, dtype=torch.int64, device=dev)
+    last = torch.where(prefix > 0, req_to_token[rows_t, (prefix - 1).clamp(min=0)].long(), -1)
+    slots = allocator.alloc_extend(prefix, seq, last, int(sum(counts)))
+    if slots is None:
+        return None
+    at = 0
+    for r, s, m in zip(rows, starts, counts):
+        req_to_token[r, s:s + m] = slots[at:at + m].to(torch.int32)
+        at += m
+    return slots
