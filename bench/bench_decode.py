@@ -50,9 +50,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import triton_swa.ops.decode as decode_mod  # noqa: E402
+import triton_swa.ops.decode.launcher as decode_mod  # noqa: E402
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
-from triton_swa.ops.decode import _swa_decode_impl, _Tune, swa_decode  # noqa: E402
+from triton_swa.ops.decode.launcher import _swa_decode_impl, _Tune, swa_decode  # noqa: E402
+from triton_swa.runtime.launch import set_fast_launch  # noqa: E402
 
 GiB = 2**30
 DTYPE = torch.bfloat16
@@ -419,10 +420,10 @@ def host_report() -> None:
         fns = [Providers(m, s, page, L, False, False, False).triton_swa for s in sets]
         times = {}
         for fast in (True, False):
-            decode_mod._FAST_LAUNCH = fast
+            set_fast_launch(fast)
             host_us(fns, 50)
             times[fast] = min(host_us(fns) for _ in range(3))
-        decode_mod._FAST_LAUNCH = True
+        set_fast_launch(True)
         print(f"HOST {name}-B{B}-P{page}: {times[True]:.1f} us per call (direct launch), "
               f"{times[False]:.1f} us (JIT binder)", flush=True)
 
@@ -509,7 +510,7 @@ def main() -> int:
     args = parser.parse_args()
 
     t0 = time.time()
-    decode_mod._FAST_LAUNCH = not args.slow_launch
+    set_fast_launch(not args.slow_launch)
     # `timeout` sends SIGTERM: save what was measured before leaving.
     signal.signal(signal.SIGTERM, _interrupt)
     rec = Recorder.start("decode")

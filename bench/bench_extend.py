@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
-from triton_swa.ops.decode import _device_sizes  # noqa: E402
+from triton_swa.runtime.device import device_sizes  # noqa: E402
 from triton_swa.ops.extend import extend_config, extend_num_splits, extend_resident_programs, swa_extend  # noqa: E402
 
 DEV = "cuda"
@@ -217,7 +217,7 @@ def auto_splits(b, drafts, d, hq, h) -> int:
     """The split count swa_extend picks for a verify batch on this GPU (mirrors its automatic choice)."""
     cfg = extend_config(d, d, hq // h, drafts, DTYPE)
     programs = -(-drafts // (cfg.block_m // cfg.pack)) * (hq // cfg.pack) * b
-    num_sms, smem = _device_sizes(torch.device(DEV))
+    num_sms, smem = device_sizes(torch.device(DEV))
     resident = extend_resident_programs(cfg.block_m, cfg.block_n, cfg.num_stages, d, d, 2, smem)
     return extend_num_splits(programs, W + 1, cfg.block_n, num_sms, resident)
 

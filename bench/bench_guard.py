@@ -1,4 +1,4 @@
-"""What the index guard (``triton_swa.guard``) costs: off (the default) against the undecorated op, and on.
+"""What the index guard (``triton_swa.runtime.guard``) costs: off (the default) against the undecorated op, and on.
 
 Providers, on the same inputs in the same process (SPEC §7 rows, ``bench/results/guard-<date>-<gpu>.csv``):
 
@@ -103,7 +103,8 @@ def extend_inputs(B: int, P: int, E: int, seed: int, dev: str = "cuda"):
 
 def gpu_main(args) -> int:
     from bench.harness import Recorder, rotation_count, time_rotated
-    from triton_swa import guard, swa_decode, swa_extend
+    from triton_swa import swa_decode, swa_extend
+    from triton_swa.runtime import guard
 
     if guard.debug_enabled():
         print(f"unset {guard.ENV_VAR}: the 'triton_swa' rows are the guard off")
@@ -151,9 +152,9 @@ def gpu_main(args) -> int:
 
 def host_main(args) -> int:
     """The wrapper's own per-call cost, with every launch stubbed out (runs on a CPU)."""
-    import triton_swa.ops.decode as decode_mod
-    import triton_swa.ops.extend as extend_mod
-    from triton_swa import guard, swa_decode, swa_extend
+    from triton_swa import swa_decode, swa_extend
+    from triton_swa.runtime.launch import Launcher
+    from triton_swa.runtime import guard
 
     guard.refresh_debug_env()
     results = []
@@ -179,14 +180,14 @@ def host_main(args) -> int:
     kv = dict(kv_indptr=(torch.arange(B + 1) * 64).to(torch.int32), kv_indices=torch.arange(1, B * 64 + 1, dtype=torch.int32))
     kw = dict(sm_scale=0.1, logit_cap=0.0, sinks=None, k_scale=None, v_scale=None, max_window=W + 1)
 
-    real_impl_launch = decode_mod._Launch.__call__
-    decode_mod._Launch.__call__ = lambda self, *a, **k: None
+    real_launch = Launcher.__call__
+    Launcher.__call__ = lambda self, *a, **k: None
     try:
         report("swa_decode (launch stubbed), undecorated", lambda: swa_decode.__wrapped__(q, k, k, **kv, **kw))
         report("swa_decode (launch stubbed), guarded, off", lambda: swa_decode(q, k, k, **kv, **kw))
         report("swa_decode (launch stubbed), guard on", lambda: swa_decode(q, k, k, **kv, **kw, debug=True))
     finally:
-        decode_mod._Launch.__call__ = real_impl_launch
+        Launcher.__call__ = real_launch
 
     T = 16
     qe, ke = torch.randn(T, HQ, D), torch.randn(T, H, D)
@@ -194,14 +195,13 @@ def host_main(args) -> int:
     ext = (qe, ke, ke, kb, kb, torch.tensor([0, T], dtype=torch.int32), torch.tensor([W], dtype=torch.int32))
     ekw = dict(window_left=W, kv_indptr=torch.tensor([0, W], dtype=torch.int32),
                kv_indices=torch.arange(1, W + 1, dtype=torch.int32), max_extend_len=T, num_splits=1)
-    real_launch = extend_mod._extend_launch
-    extend_mod._extend_launch = lambda *a, **k: (lambda args, grid: None)
+    Launcher.__call__ = lambda self, *a, **k: None
     try:
         report("swa_extend (launch stubbed), undecorated", lambda: swa_extend.__wrapped__(*ext, **ekw))
         report("swa_extend (launch stubbed), guarded, off", lambda: swa_extend(*ext, **ekw))
         report("swa_extend (launch stubbed), guard on", lambda: swa_extend(*ext, **ekw, debug=True))
     finally:
-        extend_mod._extend_launch = real_launch
+        Launcher.__call__ = real_launch
 
     r = dict(results)
     for op in ("bare function", "swa_decode (launch stubbed)", "swa_extend (launch stubbed)"):

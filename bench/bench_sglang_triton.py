@@ -545,7 +545,7 @@ def run_case(op, m, lens, page, args, ctx, timed: bool, new: int = 0):
     """Build the state, check both providers, time those that agree. Returns result lines."""
     import torch
 
-    from triton_swa.ops import _poison
+    from triton_swa.runtime import poison as _poison
 
     dev, dtype = ctx["device"], ctx["dtype"]
     if len(set(lens)) > 1:

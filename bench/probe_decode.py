@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import triton_swa.ops.decode as decode_mod  # noqa: E402
+import triton_swa.ops.decode.launcher as decode_mod  # noqa: E402
 from bench.bench_decode import MODELS, Providers, case_bytes, make_set, window_len  # noqa: E402
 from bench.harness import copy_ceiling_tbps, rotation_count, time_rotated  # noqa: E402
 

@@ -16,7 +16,7 @@ from .indices import (
     window_page_table,
 )
 from .paged import gather_kv, page_table_slots
-from .policy import legacy_resolve_by_allocator_type, resolve_swa_kv_pool
+from .policy import has_swa_sub_pool, resolve_swa_kv_pool
 from .window import check_window_left, decode_window_start, extend_window_start, window_mask
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
     "extend_window_indices",
     "extend_window_start",
     "gather_kv",
-    "legacy_resolve_by_allocator_type",
+    "has_swa_sub_pool",
     "page_table_slots",
     "resolve_swa_kv_pool",
     "store_kv",

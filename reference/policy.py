@@ -37,17 +37,3 @@ def resolve_swa_kv_pool(runner):
         return None
     kvcache = runner.token_to_kv_pool_allocator.get_kvcache()
     return kvcache if has_swa_sub_pool(kvcache) else None
-
-
-def legacy_resolve_by_allocator_type(runner, swa_allocator_type):
-    """The rule the policy replaces, kept only to demonstrate the bug it caused.
-
-    It picks the allocator's pool when the allocator is of the SWA allocator's type and ignores the
-    active pool. On a draft worker whose active pool is SWA-backed but whose allocator has another
-    type (Gemma 4 + DFlash) it returns None: sliding layers then read ``swa_buffer[full_slot]``.
-    """
-    allocator = runner.token_to_kv_pool_allocator
-    if isinstance(allocator, swa_allocator_type):
-        kvcache = allocator.get_kvcache()
-        return kvcache if has_swa_sub_pool(kvcache) else None
-    return None

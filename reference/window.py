@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from triton_swa._checks import check_window_left  # noqa: F401  (re-exported: argument checking, not meaning)
+
+
+def check_window_left(window_left) -> int:
+    """``window_left`` as an int ``>= -1``, or a TypeError/ValueError naming it."""
+    if isinstance(window_left, bool) or not isinstance(window_left, int):
+        raise TypeError(f"window_left must be an int (-1 for full attention), got {type(window_left).__name__}")
+    if window_left < -1:
+        raise ValueError(f"window_left must be >= -1 (-1 means full attention), got {window_left}")
+    return window_left
 
 
 def decode_window_start(seq_len, window_left: int):

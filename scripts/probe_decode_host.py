@@ -6,8 +6,9 @@ Usage (GPU): PYTHONPATH=<tree>:<site with triton_swa_reference> python3 scripts/
 import time
 
 import torch
-import triton_swa.ops.decode as d
+import triton_swa.ops.decode.launcher as d
 import triton_swa_reference as ref
+from triton_swa.runtime.launch import set_fast_launch
 from triton_swa.testing import make_pool_state
 
 st = make_pool_state(seq_lens=[4000], window_left=1023, device="cuda", swa_head_num=16, swa_head_dim=128,
@@ -18,7 +19,7 @@ ip, ix, _ = ref.decode_window_indices(st.req_to_token, st.req_pool_indices(), st
 ip, ix = ip.int().cuda(), ix.int().cuda()
 call = lambda: d.swa_decode(q, k, v, kv_indptr=ip, kv_indices=ix, max_window=1024)
 for fast in (True, False):
-    d._FAST_LAUNCH = fast
+    set_fast_launch(fast)
     for _ in range(50):
         call()
     torch.cuda.synchronize()
@@ -36,7 +37,7 @@ if __import__("os").environ.get("PROFILE"):
     import cProfile
     import pstats
 
-    d._FAST_LAUNCH = True
+    set_fast_launch(True)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(500):

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _poison_internal_buffers(monkeypatch):
     # the switch is cached at import (triton_swa.ops._poison); monkeypatch restores it after the test
-    from triton_swa.ops import _poison
+    from triton_swa.runtime import poison as _poison
 
     monkeypatch.setattr(_poison, "_ENABLED", True)
 

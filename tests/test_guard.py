@@ -1,4 +1,4 @@
-"""The index guard (``triton_swa.guard``): debug-mode checks of every index a kernel reads.
+"""The index guard (``triton_swa.runtime.guard``): debug-mode checks of every index a kernel reads.
 
 Valid serving states come from ``make_pool_state`` (real allocators, permuted free lists, window
 eviction); each corruption must raise a ``ValueError`` naming the request, position and slot before
@@ -15,7 +15,7 @@ import pytest
 import torch
 import triton_swa_reference as ref
 
-import triton_swa.guard as guard
+import triton_swa.runtime.guard as guard
 from triton_swa import (
     build_window_indices,
     build_window_page_table,

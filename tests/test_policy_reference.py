@@ -7,6 +7,7 @@ import torch
 import triton_swa_reference as ref
 
 from triton_swa import MHATokenToKVPool, SWAKVPool, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from triton_swa.testing import legacy_resolve_by_allocator_type
 
 pytestmark = pytest.mark.reference
 
@@ -62,4 +63,4 @@ def test_legacy_rule_misses_an_swa_active_pool_on_a_draft_worker():
     draft = runner(draft_pool, True, False, None)
     draft.token_to_kv_pool_allocator = TokenToKVPoolAllocator(8, torch.float16, "cpu", plain_pool())
     assert ref.resolve_swa_kv_pool(draft) is draft_pool
-    assert ref.legacy_resolve_by_allocator_type(draft, SWATokenToKVPoolAllocator) is None
+    assert legacy_resolve_by_allocator_type(draft, SWATokenToKVPoolAllocator) is None

@@ -11,62 +11,52 @@ Glossary (SPEC.md is the contract):
 - ``kv_indptr`` `[B + 1]` / ``kv_indices``: a CSR list of the window's slots, oldest first.
 - Shapes: ``q [B or T, HQ, D]``, ``k/v [slots, H, D or Dv]``, ``HQ % H == 0`` (GQA).
 
-On a machine without a GPU, importing triton_swa turns on Triton's interpreter
-(``TRITON_INTERPRET=1``, unless the variable is already set) so that the kernels run on the CPU; it
-must happen before triton is first imported, which is why it sits here.
+Importing triton_swa changes no environment variable, queries no device and imports neither triton
+nor a submodule: each name below loads its module on first use. To run the kernels on a CPU through
+Triton's interpreter, set ``TRITON_INTERPRET=1`` before triton is first imported (in the shell, or
+with :func:`triton_swa.testing.use_interpreter` first thing in a script).
 """
 
-import os as _os
+from __future__ import annotations
 
-import torch as _torch
+import importlib
 
-if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available() and "triton" not in __import__("sys").modules:
-    _os.environ["TRITON_INTERPRET"] = "1"
+__version__ = "0.2.0"
 
-from .mem import (  # noqa: E402
-    BaseSWAKVPool,
-    MHATokenToKVPool,
-    PagedTokenToKVPoolAllocator,
-    ReqToTokenPool,
-    SWAKVPool,
-    SWATokenToKVPoolAllocator,
-    TokenToKVPoolAllocator,
-    evict_swa_window,
-)
-from .ops.decode import swa_decode  # noqa: E402
-from .ops.extend import swa_extend  # noqa: E402
-from .ops.indices import (  # noqa: E402
-    WindowIndices,
-    WindowPageTable,
-    build_window_indices,
-    build_window_page_table,
-    max_window_len,
-    max_window_pages,
-    store_kv,
-    swa_out_cache_loc,
-    window_index_count,
-)
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "BaseSWAKVPool": ".mem",
+    "MHATokenToKVPool": ".mem",
+    "PagedTokenToKVPoolAllocator": ".mem",
+    "ReqToTokenPool": ".mem",
+    "SWAKVPool": ".mem",
+    "SWATokenToKVPoolAllocator": ".mem",
+    "TokenToKVPoolAllocator": ".mem",
+    "evict_swa_window": ".mem",
+    "swa_decode": ".ops.decode",
+    "swa_extend": ".ops.extend",
+    "store_kv": ".ops.kv_store",
+    "WindowIndices": ".ops.indices",
+    "WindowPageTable": ".ops.indices",
+    "build_window_indices": ".ops.indices",
+    "build_window_page_table": ".ops.indices",
+    "max_window_len": ".ops.indices",
+    "max_window_pages": ".ops.indices",
+    "swa_out_cache_loc": ".ops.indices",
+    "window_index_count": ".ops.indices",
+}
 
-__version__ = "0.1.0"
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "BaseSWAKVPool",
-    "MHATokenToKVPool",
-    "PagedTokenToKVPoolAllocator",
-    "ReqToTokenPool",
-    "SWAKVPool",
-    "SWATokenToKVPoolAllocator",
-    "TokenToKVPoolAllocator",
-    "evict_swa_window",
-    "swa_decode",
-    "swa_extend",
-    "WindowIndices",
-    "WindowPageTable",
-    "build_window_indices",
-    "build_window_page_table",
-    "max_window_len",
-    "max_window_pages",
-    "store_kv",
-    "swa_out_cache_loc",
-    "window_index_count",
-]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'triton_swa' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -9,15 +9,12 @@ kernel arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import operator
+from dataclasses import dataclass
 
 import torch
 
-from ._checks import check_kv_scale, check_logit_cap, check_sm_scale, check_tensor
 from .engine import ForwardMode
-from .guard import check_forward_metadata, debug_enabled
 from .mem.pools import is_swa_kv_pool
 from .ops.decode import swa_decode
 from .ops.extend import swa_extend
@@ -28,8 +25,19 @@ from .ops.indices import (
     build_window_page_table,
     max_window_len,
     max_window_pages,
-    store_kv,
+    window_index_count,
 )
+from .ops.kv_store import store_kv
+from .runtime.checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_kv_scale,
+    check_logit_cap,
+    check_sinks,
+    check_sm_scale,
+    check_tensor,
+)
+from .runtime.guard import check_forward_metadata, debug_enabled
 
 
 def _dequantize(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
@@ -88,8 +96,6 @@ class ForwardMetadata:
     q_positions: torch.Tensor | None = None
 
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
 _RUNNER_ATTRS = ("token_to_kv_pool", "token_to_kv_pool_allocator", "req_to_token_pool", "is_draft_worker",
                  "spec_algorithm", "device")
@@ -122,7 +128,7 @@ def _check_rows(name: str, x, rows: int, heads: int, dim: int, dtype, device) ->
 
 
 def _check_index(name: str, x, device, length: int | None = None) -> torch.Tensor:
-    check_tensor(name, x, dtype=_INDEX_DTYPES, device=device, ndim=1)
+    check_tensor(name, x, dtype=INDEX_DTYPES, device=device, ndim=1)
     if length is not None and x.shape[0] != length:
         raise ValueError(f"{name} must have {length} entries, got {x.shape[0]}")
     return x
@@ -247,10 +253,7 @@ class TritonSWAAttnBackend:
         if self.page_size == 1:
             num_indices = None
             if out is None:
-                counts = lens_cpu.long().clamp(min=0)
-                if window_left >= 0:
-                    counts = counts.clamp(max=window_left + (0 if extend else 1))
-                num_indices = int(counts.sum())
+                num_indices = window_index_count(lens_cpu, window_left, prefix_lens=lens_cpu if extend else None)
             built = build_window_indices(self.req_to_token, req_pool_indices, lens, window_left=window_left,
                                          prefix_lens=prefix_lens, mapping=mapping, num_indices=num_indices, out=out)
             csr, table, starts = (built.kv_indptr, built.kv_indices), None, built.window_starts
@@ -275,7 +278,7 @@ class TritonSWAAttnBackend:
         _check_index("forward_batch.req_pool_indices", fb.req_pool_indices, dev, bs)
         _check_index("forward_batch.seq_lens", fb.seq_lens, dev, bs)
         if fb.seq_lens_cpu is not None:
-            check_tensor("forward_batch.seq_lens_cpu", fb.seq_lens_cpu, dtype=_INDEX_DTYPES, device="cpu", shape=(bs,))
+            check_tensor("forward_batch.seq_lens_cpu", fb.seq_lens_cpu, dtype=INDEX_DTYPES, device="cpu", shape=(bs,))
         if mode.is_decode():
             num_tokens, extra = bs, 0
         elif mode.is_target_verify():
@@ -325,7 +328,7 @@ class TritonSWAAttnBackend:
         ``[bs * n]`` on the device (``exact=False``, graph replay: whole requests, at most ``bs``)."""
         if not isinstance(getattr(spec, "causal", None), bool):
             raise TypeError(f"spec_info.causal must be a bool, got {type(getattr(spec, 'causal', None)).__name__}")
-        for name, per_request, dtypes in (("custom_mask", n * n, _MASK_DTYPES), ("positions", n, _INDEX_DTYPES)):
+        for name, per_request, dtypes in (("custom_mask", n * n, _MASK_DTYPES), ("positions", n, INDEX_DTYPES)):
             x = getattr(spec, name, None)
             if x is None:
                 continue
@@ -628,7 +631,7 @@ class TritonSWAAttnBackend:
             raise ValueError(f"layer {lid}: tp_k_head_num={H}, head_dim={D}, v_head_dim={DV} disagree with its KV "
                              f"pool's buffers (K {list(k_buf.shape)}, V {list(v_buf.shape)})")
         T = meta.num_tokens
-        _check_rows("q", q, T, HQ, D, _Q_DTYPES, dev)
+        _check_rows("q", q, T, HQ, D, FLOAT_DTYPES, dev)
         if k_buf.dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
             raise TypeError(f"q has dtype {q.dtype} but layer {lid}'s KV pool holds {k_buf.dtype} (q's dtype or fp8 "
                             "e4m3 expected)")
@@ -647,10 +650,7 @@ class TritonSWAAttnBackend:
                 raise ValueError(f"layer {lid}: forward_batch.out_cache_loc is needed to "
                                  f"{'write' if writes else 'read'} the step's K/V")
             _check_index("forward_batch.out_cache_loc", loc, dev, T)
-        sinks = getattr(layer, "sinks", None)
-        if sinks is not None:
-            check_tensor(f"layer {lid}: sinks", sinks, dtype=(torch.float32, torch.float16, torch.bfloat16), device=dev,
-                         shape=(HQ,), contiguous=True)
+        check_sinks(f"layer {lid}: sinks", getattr(layer, "sinks", None), HQ, dev)
         if layer.scaling is None:
             raise TypeError(f"layer {lid}: scaling must be a float, got None")
         check_sm_scale(layer.scaling, None, f"layer {lid}: scaling")

@@ -26,7 +26,8 @@ transformers' own ``generate()`` with eager attention.
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -307,6 +308,23 @@ def _serve(p: Preset, legacy: bool, seed: int, device: str, steps: int | None, q
         "checked": {w: c.checked for w, c in run.checks.items()}}))
 
 
+@contextlib.contextmanager
+def _interpreter_env(on: bool):
+    """``TRITON_INTERPRET=1`` in the environment the serving processes are spawned with (a CPU run:
+    they import triton fresh, so their kernels run in Triton's interpreter); this process's own
+    environment is left as it was."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    if on:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
 def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int | None = None, seed: int = 0,
              plot: str | None = None, quiet: bool = False) -> dict:
     """Serve the demo's stream twice, side by side in two processes (policy; the pre-fix rule on the
@@ -327,8 +345,9 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
     queue = ctx.Queue()
     procs = [ctx.Process(target=_serve, args=(p, legacy, seed, device, steps, queue), daemon=True)
              for legacy in (False, True)]
-    for proc in procs:
-        proc.start()
+    with _interpreter_env(device == "cpu"):
+        for proc in procs:
+            proc.start()
     requests = request_stream(p, seed)
     bar = None
     if not quiet:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from triton_swa import guard
+from triton_swa.runtime import guard
 from triton_swa.mem import (
     MHATokenToKVPool,
     PagedTokenToKVPoolAllocator,

@@ -26,7 +26,7 @@ import torch
 import triton.runtime.interpreter as interpreter
 import triton.runtime.jit as jit
 
-from triton_swa.ops import (
+from triton_swa import (
     WindowIndices,
     WindowPageTable,
     build_window_indices,
@@ -39,7 +39,7 @@ from triton_swa.ops import (
     swa_out_cache_loc,
     window_index_count,
 )
-from triton_swa.ops import decode as decode_mod
+from triton_swa.runtime.launch import Launcher
 
 pytestmark = pytest.mark.interpreter
 
@@ -245,7 +245,7 @@ def _decode_cases() -> list:
         (d, "page_size-with-csr", _set(page_size=16), ValueError, "page_size must be 1 with CSR"),
         (d, "page_size-float", _set(page_size=1.0), TypeError, "page_size must be an int"),
         (d, "sinks-shape", _map("sinks", lambda x: x[:3]), ValueError, "sinks must have shape"),
-        (d, "sinks-int", _map("sinks", lambda x: x.int()), TypeError, "sinks must be a float tensor"),
+        (d, "sinks-int", _map("sinks", lambda x: x.int()), TypeError, "sinks must have dtype"),
         (d, "sinks-strided", _map("sinks", _strided), ValueError, "sinks must be contiguous"),
         (d, "sinks-device", _map("sinks", _meta), ValueError, "sinks must be on device"),
         (d, "out-dtype", _map("out", lambda x: x.double()), TypeError, "out must have dtype"),
@@ -533,7 +533,7 @@ class _NoLaunch:
 
         monkeypatch.setattr(interpreter.InterpretedFunction, "run", trap)
         monkeypatch.setattr(jit.JITFunction, "run", trap)
-        monkeypatch.setattr(decode_mod._Launch, "__call__", trap)
+        monkeypatch.setattr(Launcher, "__call__", trap)
 
 
 def _to_device(args: dict, device) -> dict:

@@ -18,7 +18,8 @@ import pytest
 import torch
 import triton_swa_reference as ref
 
-from triton_swa.ops.decode import MAX_SPLITS, _swa_decode_impl, _Tune, swa_decode
+from triton_swa.ops._common.merge import MAX_SPLITS
+from triton_swa.ops.decode.launcher import _swa_decode_impl, _Tune, swa_decode
 from triton_swa.testing import assert_close, make_pool_state
 
 HAS_CUDA = torch.cuda.is_available()
@@ -260,10 +261,12 @@ def test_decode_fixed_buffers_ignore_tails(device):
 @pytest.mark.parametrize("merge", ["fused", "kernel"])
 def test_decode_merge_in_chunks(merge, device, monkeypatch):
     """Merges that take the splits in several chunks (a merge tile of 64 floats here)."""
-    import triton_swa.ops.decode as decode
+    import triton_swa.ops._common.merge as merge_mod
+    import triton_swa.ops.decode.launcher as decode
+    from triton_swa.runtime.launch import PlanCache
 
-    monkeypatch.setattr(decode, "MERGE_TILE", 64)
-    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(merge_mod, "MERGE_TILE", 64)
+    monkeypatch.setattr(decode, "_PLANS", PlanCache())
     case = Case((53, 3, 26), 40, 6, 3, 16, page=4, form="paged", dtype=torch.float16, sinks=True, num_splits=5,
                 block_n=16, merge=merge)
     b = build(case, device)
@@ -273,7 +276,7 @@ def test_decode_merge_in_chunks(merge, device, monkeypatch):
 
 def _assert_counters_reset():
     """Every call leaves the fused merge's counters at zero (the next call counts from there)."""
-    import triton_swa.ops.decode as decode
+    import triton_swa.ops.decode.launcher as decode
 
     for device, counters in decode._SEMAPHORES.items():
         assert int(counters.abs().sum()) == 0, f"merge counters on {device} not reset"
@@ -361,7 +364,7 @@ _BAD = [
     ("csr-page", lambda a: _with(a, page_size=16), ValueError, "page_size must be 1 with CSR"),
     ("page-zero", lambda a: _with(a, page_size=0), ValueError, "page_size must be >= 1"),
     ("sinks-shape", lambda a: _with(a, sinks=torch.zeros(2)), ValueError, "sinks must have shape"),
-    ("sinks-int", lambda a: _with(a, sinks=torch.zeros(4, dtype=torch.int32)), TypeError, "sinks must be a float"),
+    ("sinks-int", lambda a: _with(a, sinks=torch.zeros(4, dtype=torch.int32)), TypeError, "sinks must have dtype"),
     ("out-dtype", lambda a: _with(a, out=torch.empty(2, 4, 8, dtype=torch.float16)), TypeError, "out must have dtype"),
     ("out-shape", lambda a: _with(a, out=torch.empty(2, 4, 16)), ValueError, "out must have shape"),
     ("cap-negative", lambda a: _with(a, logit_cap=-1.0), ValueError, "logit_cap"),

@@ -17,7 +17,8 @@ import pytest
 import torch
 import triton_swa_reference as ref
 
-from triton_swa.ops import extend as extend_mod
+from triton_swa.ops.extend.config import _pow2_divisor
+from triton_swa.runtime.launch import Launcher
 from triton_swa.ops.extend import extend_config, extend_grid, extend_num_splits, swa_extend
 from triton_swa.testing import assert_close, make_pool_state
 
@@ -271,7 +272,7 @@ def test_extend_gpu_grid(case, device):
 
 
 def _compiled_variants() -> dict:
-    from triton_swa.ops.extend import _swa_extend_kernel
+    from triton_swa.ops.extend.kernel import _swa_extend_kernel
 
     found = {}
     for caches in _swa_extend_kernel.device_caches.values():
@@ -486,29 +487,25 @@ def test_cases_cover_the_issue():
 # ---- split-KV (num_splits): the cached prefix divided among programs, merged by decode's merge ----
 
 
-class _Spy:
-    """Stands in for a kernel in the module: records each launch's grid, then launches."""
-
-    def __init__(self, kernel, grids: list):
-        self.kernel, self.grids = kernel, grids
-
-    def __getitem__(self, grid):
-        self.grids.append(tuple(grid))
-        return self.kernel[grid]
-
-
 class _spy_launches:
-    """``with _spy_launches() as grids``: grids["main"] / grids["merge"] list the launches' grids."""
+    """``with _spy_launches() as grids``: grids["main"] / grids["merge"] list the grids of the extend
+    kernel's and the split merge's launches (every launch goes through ``Launcher``)."""
 
     def __enter__(self):
         self.grids = {"main": [], "merge": []}
-        self.saved = extend_mod._swa_extend_kernel, extend_mod._swa_extend_merge_kernel
-        extend_mod._swa_extend_kernel = _Spy(self.saved[0], self.grids["main"])
-        extend_mod._swa_extend_merge_kernel = _Spy(self.saved[1], self.grids["merge"])
+        self.saved = Launcher.__call__
+        saved, grids = self.saved, self.grids
+
+        def spy(launcher, args, grid=None):
+            name = launcher.fn.fn.__name__
+            grids["main" if name == "_swa_extend_kernel" else "merge"].append(tuple(grid or launcher.grid))
+            return saved(launcher, args, grid)
+
+        Launcher.__call__ = spy
         return self.grids
 
     def __exit__(self, *exc):
-        extend_mod._swa_extend_kernel, extend_mod._swa_extend_merge_kernel = self.saved
+        Launcher.__call__ = self.saved
         return False
 
 
@@ -555,9 +552,9 @@ def test_split_matches_reference(case, num_splits, device):
     built = build(case, device, seed=11)
     out, grids = _run_split(case, built, num_splits)
     T, HQ = built["args"]["q"].shape[:2]
-    tok = case.bm // (case.pack or min(extend_mod._pow2_divisor(case.HQ // case.H), case.bm))
+    tok = case.bm // (case.pack or min(_pow2_divisor(case.HQ // case.H), case.bm))
     assert grids["main"][0][0] == -(-max(case.new) // tok) * num_splits
-    assert grids["merge"] == [(T * HQ,)]
+    assert grids["merge"] == [(T * HQ, 1, 1)]
     assert_close(out, built["expected"], name=f"{case.id} num_splits={num_splits}")
 
 
@@ -724,7 +721,7 @@ def test_allocated_output_rows_outside_requests_stay_poisoned(num_splits, device
     """With ``out=None`` under TRITON_SWA_POISON=1 (on for the whole suite), rows of requests are
     written and equal the reference, and rows past ``qo_indptr[B]`` (never written, as documented)
     hold NaN: the poisoning reaches the op's own allocations (output and split partials)."""
-    from triton_swa.ops._poison import poison_enabled
+    from triton_swa.runtime.poison import poison_enabled
 
     assert poison_enabled()
     case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)

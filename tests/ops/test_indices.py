@@ -586,8 +586,8 @@ def test_poisoned_index_buffers(device, monkeypatch):
     """Under TRITON_SWA_POISON=1 (the suite's default) the index buffers an op allocates start as the
     int32 minimum: entries past kv_indptr[B] (documented as untouched) keep it, every other entry is
     the reference's; with the switch off, the same call gives the same written entries."""
-    from triton_swa.ops import _poison
-    from triton_swa.ops._poison import INT_POISON, empty, poison_enabled
+    from triton_swa.runtime import poison as _poison
+    from triton_swa.runtime.poison import INT_POISON, empty, poison_enabled
 
     state = _state([9, 17], 5, 4)
     rt, mapping, rpi, seq, pre = _batch(state, device)
@@ -605,7 +605,7 @@ def test_poisoned_index_buffers(device, monkeypatch):
 
 
 def test_poison_switch_is_read_from_the_environment_on_refresh(monkeypatch):
-    from triton_swa.ops import _poison
+    from triton_swa.runtime import poison as _poison
 
     monkeypatch.setattr(_poison, "_ENABLED", _poison._ENABLED)  # restored after the test
     monkeypatch.setenv("TRITON_SWA_POISON", "0")

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 import triton_swa_reference as ref
 
-from triton_swa.ops import store_kv
-from triton_swa.ops.decode import _fold_sink
+from triton_swa import store_kv
+from triton_swa.ops._common.softmax import fold_sink as _fold_sink
 from triton_swa.testing import DEFAULT_TOLERANCES, assert_close
 
 pytestmark = pytest.mark.interpreter

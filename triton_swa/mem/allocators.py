@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_int, check_tensor, check_window_left, same_device
+from ..runtime.checks import INDEX_DTYPES, check_int, check_tensor, check_window_left, same_device
 from .pools import _check_device, is_swa_kv_pool
-
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _check_index(name: str, x, device: torch.device, ndim: int | None = None) -> torch.Tensor:
     """An int32/int64 tensor on ``device`` or on the CPU (host copies are fine)."""
-    check_tensor(name, x, dtype=_INDEX_DTYPES, ndim=ndim)
+    check_tensor(name, x, dtype=INDEX_DTYPES, ndim=ndim)
     if not (x.device.type == "cpu" or same_device(x.device, device)):
         raise ValueError(f"{name} must be on device {device} or on the CPU, got {x.device}")
     return x
@@ -543,7 +541,7 @@ def evict_swa_window(
     """
     if not (callable(getattr(allocator, "free_swa", None)) and isinstance(getattr(allocator, "page_size", None), int)):
         raise TypeError(f"allocator must be an SWA allocator (with free_swa), got {type(allocator).__name__}")
-    check_tensor("req_to_token", req_to_token, dtype=_INDEX_DTYPES, ndim=2)
+    check_tensor("req_to_token", req_to_token, dtype=INDEX_DTYPES, ndim=2)
     check_int("req_pool_index", req_pool_index)
     rows, max_len = req_to_token.shape
     if not 1 <= req_pool_index < rows:

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 import torch
 
-from .._checks import KV_DTYPES, check_int, check_tensor, storage_dtype
-from ..guard import debug_enabled
+from ..runtime.checks import INDEX_DTYPES, KV_DTYPES, check_int, check_tensor, storage_dtype
+from ..runtime.guard import debug_enabled
 
 
 def _check_device(name: str, device) -> torch.device:
@@ -66,7 +66,7 @@ class ReqToTokenPool:
 
     def _rows(self, free_index) -> list[int]:
         if isinstance(free_index, torch.Tensor):
-            if free_index.dtype not in (torch.int32, torch.int64):
+            if free_index.dtype not in INDEX_DTYPES:
                 raise TypeError(f"free_index must be an int, a list of ints or an int32/int64 tensor, "
                                 f"got a {free_index.dtype} tensor")
             if free_index.dim() > 1:
@@ -104,7 +104,7 @@ class ReqToTokenPool:
 
     def write(self, indices, values: torch.Tensor) -> None:
         """``req_to_token[indices] = values`` (SGLang's spelling)."""
-        check_tensor("values", values, dtype=(torch.int32, torch.int64))
+        check_tensor("values", values, dtype=INDEX_DTYPES)
         self.req_to_token[indices] = values.to(torch.int32)
 
     def clear(self) -> None:
@@ -206,7 +206,7 @@ class MHATokenToKVPool:
         """
         layer_id = layer_id_override if layer_id_override is not None else _layer_id(layer)
         i = self._index(layer_id)
-        check_tensor("loc", loc, dtype=(torch.int32, torch.int64), device=self.device, ndim=1)
+        check_tensor("loc", loc, dtype=INDEX_DTYPES, device=self.device, ndim=1)
         n = loc.shape[0]
         check_tensor("cache_k", cache_k, device=self.device, shape=(n, self.head_num, self.head_dim))
         check_tensor("cache_v", cache_v, device=self.device, shape=(n, self.head_num, self.v_head_dim))
@@ -380,7 +380,7 @@ class SWAKVPool(BaseSWAKVPool):
         """SWA slots of full slots, as int32 (0 where evicted, -1 for -1)."""
         if self.full_to_swa_index_mapping is None:
             raise ValueError("no full_to_swa_index_mapping registered: call register_mapping first")
-        check_tensor("kv_indices", kv_indices, dtype=(torch.int32, torch.int64), device=self.device)
+        check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=self.device)
         if debug_enabled() and kv_indices.numel():
             n = self.full_to_swa_index_mapping.shape[0]
             bad = (kv_indices < -1) | (kv_indices >= n - 1)
@@ -416,7 +416,7 @@ class SWAKVPool(BaseSWAKVPool):
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None):
         """Write a layer's new K/V at full slots ``loc``; a sliding layer writes at ``mapping[loc]``."""
         pool, index, is_swa = self.route(_layer_id(layer))
-        check_tensor("loc", loc, dtype=(torch.int32, torch.int64), device=self.device, ndim=1)
+        check_tensor("loc", loc, dtype=INDEX_DTYPES, device=self.device, ndim=1)
         if is_swa:
             loc = self.translate_loc_from_full_to_swa(loc)
         pool.set_kv_buffer(None, loc, cache_k, cache_v, k_scale, v_scale, layer_id_override=index)

@@ -1,29 +1,6 @@
-"""Triton kernels, one module per op."""
+"""The ops: one package or module per op, each a public launcher (check -> plan -> launch) over its
+Triton kernel and its heuristics; ``_common`` holds what their kernels share.
 
-from .decode import swa_decode
-from .extend import swa_extend
-from .indices import (
-    WindowIndices,
-    WindowPageTable,
-    build_window_indices,
-    build_window_page_table,
-    max_window_len,
-    max_window_pages,
-    store_kv,
-    swa_out_cache_loc,
-    window_index_count,
-)
-
-__all__ = [
-    "swa_decode",
-    "swa_extend",
-    "WindowIndices",
-    "WindowPageTable",
-    "build_window_indices",
-    "build_window_page_table",
-    "max_window_len",
-    "max_window_pages",
-    "store_kv",
-    "swa_out_cache_loc",
-    "window_index_count",
-]
+- ``decode/``: :func:`~triton_swa.swa_decode`; ``extend/``: :func:`~triton_swa.swa_extend`;
+- ``indices``: window indices, page tables and SWA write slots; ``kv_store``: K/V stores.
+"""

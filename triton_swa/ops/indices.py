@@ -1,4 +1,4 @@
-"""Fused index metadata of a forward step: window indices, SWA page tables, SWA slots, K/V stores.
+"""Fused index metadata of a forward step: window indices, SWA page tables, SWA slots.
 
 A step builds its index metadata once and every sliding layer reuses it. Engines usually do it in two
 passes (gather the window's full slots from ``req_to_token``, then gather them through
@@ -12,7 +12,8 @@ so run inside CUDA-graph capture with fixed buffers):
   request's window (decode, extend/chunked prefill, verify, or full layers).
 - :func:`build_window_page_table`: the same windows as a ``[B, max_pages]`` page table.
 - :func:`swa_out_cache_loc`: the new tokens' SWA slots (optionally into a fixed buffer, tail zeroed).
-- :func:`store_kv`: write a layer's new K/V at its slots, translated for sliding layers, fp8 with scale.
+
+K/V stores at translated slots are :mod:`triton_swa.ops.kv_store`.
 
 Host helpers for sizing buffers without touching the device: :func:`window_index_count`,
 :func:`max_window_len`, :func:`max_window_pages`.
@@ -24,18 +25,16 @@ layers) reads ``[0, L)`` or ``[0, P)``.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .._checks import KV_DTYPES, check_contiguous, check_int, check_kv_scale, check_tensor, check_window_left
-from . import _poison
-from ..guard import check_build_window_indices, check_build_window_page_table, check_store_kv, check_swa_out_cache_loc, guarded
-
-_INT = (torch.int32, torch.int64)
+from ..runtime import poison
+from ..runtime.checks import INDEX_DTYPES, check_contiguous, check_int, check_pow2, check_tensor, check_window_left
+from ..runtime.device import device_sizes
+from ..runtime.guard import check_build_window_indices, check_build_window_page_table, check_swa_out_cache_loc, guarded
 
 
 class WindowIndices(NamedTuple):
@@ -72,11 +71,11 @@ class WindowPageTable(NamedTuple):
 
 @triton.jit(do_not_specialize=["shift", "capacity", "num_splits", "n_mapping"])
 def _swa_window_indices_kernel(
-    p_req_to_token, stride_rt_r, stride_rt_t,
-    p_req_pool_indices, p_lens,
-    p_mapping, n_mapping,
-    p_out, stride_out_b,
-    p_indptr, p_starts,
+    req_to_token, stride_rt_r, stride_rt_t,
+    req_pool_indices, lens,
+    mapping, n_mapping,
+    out, stride_out_b,
+    indptr, starts,
     shift, capacity, num_splits,
     HAS_WINDOW: tl.constexpr,
     HAS_MAPPING: tl.constexpr,
@@ -95,20 +94,20 @@ def _swa_window_indices_kernel(
     """
     i_b = tl.program_id(0)
     i_s = tl.program_id(1)
-    row = tl.load(p_req_pool_indices + i_b).to(tl.int64)
-    length = tl.maximum(tl.load(p_lens + i_b).to(tl.int64), 0)
+    row = tl.load(req_pool_indices + i_b).to(tl.int64)
+    length = tl.maximum(tl.load(lens + i_b).to(tl.int64), 0)
     if HAS_WINDOW:
         start = tl.maximum(length - shift, 0)
     else:
         start = length * 0
     count = length - start
-    p_row = p_req_to_token + row * stride_rt_r
+    p_row = req_to_token + row * stride_rt_r
 
     if PAGE_TABLE:
         first = start // PAGE_SIZE
         num = tl.where(count > 0, (length - 1) // PAGE_SIZE + 1 - first, 0)
         extent = capacity
-        p_dst = p_out + i_b.to(tl.int64) * stride_out_b
+        p_dst = out + i_b.to(tl.int64) * stride_out_b
         offset = start * 0
     else:
         # Exclusive prefix sum of window lengths min(len, shift) (or len) over requests < b.
@@ -116,20 +115,20 @@ def _swa_window_indices_kernel(
         b_acc = tl.zeros([BLOCK_B], dtype=tl.int64)
         for b0 in range(0, i_b, BLOCK_B):
             o_b = b0 + tl.arange(0, BLOCK_B)
-            b_len = tl.maximum(tl.load(p_lens + o_b, mask=o_b < i_b, other=0).to(tl.int64), 0)
+            b_len = tl.maximum(tl.load(lens + o_b, mask=o_b < i_b, other=0).to(tl.int64), 0)
             if HAS_WINDOW:
                 b_len = tl.minimum(b_len, shift)
             b_acc += b_len
         offset = tl.sum(b_acc, axis=0)
         extent = count
-        p_dst = p_out + offset
+        p_dst = out + offset
 
     if i_s == 0:
-        tl.store(p_starts + i_b, start.to(tl.int32))
+        tl.store(starts + i_b, start.to(tl.int32))
         if not PAGE_TABLE:
-            tl.store(p_indptr + i_b + 1, (offset + count).to(tl.int32))
+            tl.store(indptr + i_b + 1, (offset + count).to(tl.int32))
             if i_b == 0:
-                tl.store(p_indptr, 0)
+                tl.store(indptr, 0)
 
     for e0 in range(i_s * BLOCK, extent, num_splits * BLOCK):
         o_e = e0 + tl.arange(0, BLOCK).to(tl.int64)
@@ -147,7 +146,7 @@ def _swa_window_indices_kernel(
         if HAS_MAPPING:
             # Python indexing semantics of mapping[loc]: -1 is the last element (which holds -1).
             b_slot = tl.where(b_slot < 0, b_slot + n_mapping, b_slot)
-            b_slot = tl.load(p_mapping + b_slot, mask=m_e, other=0).to(tl.int64)
+            b_slot = tl.load(mapping + b_slot, mask=m_e, other=0).to(tl.int64)
         # Lanes past the window loaded 0, so unused table entries get page 0 (the dummy page).
         if PAGE_TABLE and PAGE_SIZE > 1:
             b_page = b_slot // PAGE_SIZE
@@ -157,136 +156,16 @@ def _swa_window_indices_kernel(
 
 
 @triton.jit(do_not_specialize=["n", "capacity", "n_mapping"])
-def _swa_translate_kernel(p_loc, stride_loc, p_mapping, n_mapping, p_out, n, capacity, BLOCK: tl.constexpr):
+def _swa_translate_kernel(loc, stride_loc, mapping, n_mapping, out, n, capacity, BLOCK: tl.constexpr):
     """``out[i] = mapping[loc[i]]`` for ``i < n`` and ``out[i] = 0`` for ``n <= i < capacity``."""
     i_p = tl.program_id(0)
     o_i = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m_i = o_i < n
     # [BLOCK]
-    b_loc = tl.load(p_loc + o_i * stride_loc, mask=m_i, other=0).to(tl.int64)
+    b_loc = tl.load(loc + o_i * stride_loc, mask=m_i, other=0).to(tl.int64)
     b_loc = tl.where(b_loc < 0, b_loc + n_mapping, b_loc)
-    b_swa = tl.load(p_mapping + b_loc, mask=m_i, other=0)
-    tl.store(p_out + o_i, tl.where(m_i, b_swa, 0).to(tl.int32), mask=o_i < capacity)
-
-
-@triton.jit
-def _fp8_e4m3_bits(x):
-    """Bits (uint8) of the float8 e4m3fn value nearest to ``x`` (float32): ties to even, saturating at
-    448 as torch does (inf too), NaN as 0x7F; the sign is kept (-0.0 gives 0x80).
-
-    Encoded by hand because triton 3.6's interpreter converts float32 -> e4m3 wrongly (ties away from
-    even, a carry into the next binade drops a power of two: 7.99 -> 4.0, and -0.0 loses its sign).
-    The GPU's own conversion agrees with this one; it costs a few integer ops in a memory-bound kernel.
-    """
-    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
-    a = tl.where(tl.abs(x) < 464.0, tl.abs(x), 464.0)  # NaN -> 464, fixed below
-    # Binade exponent, clamped to -6 (the normal minimum; below it the subnormal step 2**-9).
-    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
-    y = a * ((127 + 3 - e) << 23).to(tl.float32, bitcast=True)  # a * 2**(3 - e): [8, 16) or subnormal [0, 8)
-    t = y.to(tl.int32)
-    frac = y - t.to(tl.float32)
-    n = t + ((frac > 0.5) | ((frac == 0.5) & ((t & 1) == 1))).to(tl.int32)
-    carry = n >> 4  # 16: the rounding reached the next binade
-    e += carry
-    n = tl.where(carry == 1, 8, n)
-    bits = tl.where(n >= 8, ((e + 7) << 3) | (n - 8), n)
-    bits = tl.where(x != x, 0x7F, tl.minimum(bits, 0x7E))
-    return (bits | sign).to(tl.uint8)
-
-
-@triton.jit
-def _bf16_bits(x):
-    """Bits (int16) of ``x`` (float32) rounded to bfloat16, ties to even; NaN as 0x7FC0 (torch's).
-
-    By hand because triton 3.6's interpreter truncates float32 -> bfloat16 instead of rounding.
-    """
-    b = x.to(tl.int32, bitcast=True)
-    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).to(tl.int16)
-    return tl.where(x != x, 0x7FC0, r).to(tl.int16)
-
-
-@triton.jit
-def _swa_store_rows(p_buf, stride_buf_s, stride_buf_h, stride_buf_d, slot, num_slots,
-                    p_x, stride_x_n, stride_x_h, stride_x_d, i_n,
-                    scale, p_scale, H, D, i_h,
-                    SCALE: tl.constexpr, ENC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``,
-    unless ``slot`` lies outside ``[0, num_slots)`` (then nothing is written: no store can land past
-    the buffer, whatever the indices hold).
-
-    ``ENC``: 0 a plain cast to ``buf``'s dtype; 1 ``buf`` is int16 storage of bfloat16; 2 ``buf`` is
-    uint8 storage of float8 e4m3fn (both rounded by hand, exactly as torch rounds).
-    """
-    o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    o_d = tl.arange(0, BLOCK_D)
-    m_hd = (o_h < H)[:, None] & (o_d < D)[None, :] & ((slot >= 0) & (slot < num_slots))
-    # [BLOCK_H, BLOCK_D]
-    b_x = tl.load(p_x + i_n * stride_x_n + o_h[:, None] * stride_x_h + o_d[None, :] * stride_x_d,
-                  mask=m_hd, other=0.0).to(tl.float32)
-    # Correctly rounded division, as torch's x / scale (Triton's `/` on fp32 is approximate).
-    # (div_rn does not broadcast: the scale is spread over the tile first.)
-    if SCALE == 1:
-        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * scale)
-    elif SCALE == 2:
-        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * tl.load(p_scale).to(tl.float32))
-    p_dst = p_buf + slot * stride_buf_s + o_h[:, None] * stride_buf_h + o_d[None, :] * stride_buf_d
-    if ENC == 2:
-        tl.store(p_dst, _fp8_e4m3_bits(b_x), mask=m_hd)
-    elif ENC == 1:
-        tl.store(p_dst, _bf16_bits(b_x), mask=m_hd)
-    else:
-        tl.store(p_dst, b_x.to(p_buf.dtype.element_ty), mask=m_hd)
-
-
-@triton.jit(do_not_specialize=["n_mapping", "num_slots_k", "num_slots_v"])
-def _swa_store_kv_kernel(
-    p_k_buf, stride_kb_s, stride_kb_h, stride_kb_d,
-    p_v_buf, stride_vb_s, stride_vb_h, stride_vb_d,
-    p_k, stride_k_n, stride_k_h, stride_k_d,
-    p_v, stride_v_n, stride_v_h, stride_v_d,
-    p_loc, stride_loc, p_mapping, n_mapping, num_slots_k, num_slots_v,
-    k_scale, p_k_scale, v_scale, p_v_scale,
-    H, D, HV, DV,
-    HAS_MAPPING: tl.constexpr,
-    K_SCALE: tl.constexpr,
-    V_SCALE: tl.constexpr,
-    K_ENC: tl.constexpr,
-    V_ENC: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
-    """One program per (token, block of heads): translate the slot once, write its K and V rows.
-
-    ``K_SCALE``/``V_SCALE``: 0 no scale, 1 scale passed by value, 2 scale read from a 1-element tensor.
-    Out-of-range indices are dropped, never followed (see :func:`store_kv`): a ``loc`` outside
-    ``[-n_mapping, n_mapping)`` reads no mapping entry and writes nothing, and a row is written only
-    where its (wrapped) slot lies inside its buffer.
-    """
-    i_n = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1)
-    slot = tl.load(p_loc + i_n * stride_loc).to(tl.int64)
-    if HAS_MAPPING:
-        slot = tl.where(slot < 0, slot + n_mapping, slot)
-        m_map = (slot >= 0) & (slot < n_mapping)
-        # a dropped loc gets slot -(2**62): outside both buffers after the wrap below
-        slot = tl.load(p_mapping + slot, mask=m_map, other=0).to(tl.int64)
-        slot = tl.where(m_map, slot, -4611686018427387904)
-    slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
-    slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
-    _swa_store_rows(p_k_buf, stride_kb_s, stride_kb_h, stride_kb_d, slot_k, num_slots_k,
-                    p_k, stride_k_n, stride_k_h, stride_k_d, i_n, k_scale, p_k_scale, H, D, i_h,
-                    K_SCALE, K_ENC, BLOCK_H, BLOCK_D)
-    _swa_store_rows(p_v_buf, stride_vb_s, stride_vb_h, stride_vb_d, slot_v, num_slots_v,
-                    p_v, stride_v_n, stride_v_h, stride_v_d, i_n, v_scale, p_v_scale, HV, DV, i_h,
-                    V_SCALE, V_ENC, BLOCK_H, BLOCK_DV)
-
-
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    b_swa = tl.load(mapping + b_loc, mask=m_i, other=0)
+    tl.store(out + o_i, tl.where(m_i, b_swa, 0).to(tl.int32), mask=o_i < capacity)
 
 
 def _index_block(max_extent: int) -> int:
@@ -300,7 +179,7 @@ def _index_splits(num_requests: int, max_extent: int, block: int, device: torch.
     """Programs per request: enough for about 8 programs per SM over the whole batch (a gather is
     latency-bound), but never more than the longest window has blocks, and within the grid's y-limit."""
     blocks = max(1, triton.cdiv(max_extent, block))
-    want = max(1, triton.cdiv(8 * _num_sms(device), max(num_requests, 1)))
+    want = max(1, triton.cdiv(8 * device_sizes(device)[0], max(num_requests, 1)))
     return int(min(blocks, want, 65535))
 
 
@@ -308,14 +187,6 @@ def _reqs_block(num_requests: int) -> int:
     """Requests summed per step of the in-kernel prefix sum: the whole batch up to 1024 (one vector
     load); bigger batches loop. At least 16 so that small batches share one compiled variant."""
     return max(16, min(1024, triton.next_power_of_2(max(num_requests, 1))))
-
-
-def _store_blocks(H: int, D: int, DV: int) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_D, BLOCK_DV): head dims padded to powers of two; heads grouped so that a
-    program moves about 4k elements of K plus V (enough bytes per program, few programs per token)."""
-    block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(DV)
-    block_h = max(1, min(triton.next_power_of_2(H), 4096 // max(block_d, block_dv)))
-    return block_h, block_d, block_dv
 
 
 def max_window_len(window_left: int, max_context_len: int, *, extend: bool = False) -> int:
@@ -384,7 +255,7 @@ def _host_lens(name: str, x, read: bool) -> torch.Tensor | None:
     """Lengths given as a 1-D int tensor or a list of ints, as a CPU int64 tensor (``read``: values
     read and checked >= 0; a device tensor synchronises), or raise naming ``name``."""
     if isinstance(x, torch.Tensor):
-        if x.dtype not in _INT:
+        if x.dtype not in INDEX_DTYPES:
             raise TypeError(f"{name} must be an int32/int64 tensor or a list of ints, got {x.dtype}")
         if x.dim() != 1:
             raise ValueError(f"{name} must be 1-D ([B]), got shape {list(x.shape)}")
@@ -398,8 +269,8 @@ def _host_lens(name: str, x, read: bool) -> torch.Tensor | None:
     return lens
 
 
-def _check_mapping(mapping, device, page_size: int | None) -> None:
-    check_tensor("mapping", mapping, dtype=_INT, device=device, ndim=1)
+def check_mapping(mapping, device, page_size: int | None) -> None:
+    check_tensor("mapping", mapping, dtype=INDEX_DTYPES, device=device, ndim=1)
     if mapping.stride(0) != 1:
         raise ValueError(f"mapping must be contiguous, got stride {mapping.stride(0)}")
     # The allocator's mapping has size + page_size + 1 entries with size a multiple of page_size.
@@ -414,16 +285,16 @@ def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, 
                          page_size):
     check_tensor("req_to_token", req_to_token, dtype=torch.int32, ndim=2)
     device = req_to_token.device
-    check_tensor("req_pool_indices", req_pool_indices, dtype=_INT, device=device, ndim=1)
+    check_tensor("req_pool_indices", req_pool_indices, dtype=INDEX_DTYPES, device=device, ndim=1)
     B = req_pool_indices.shape[0]
-    check_tensor("seq_lens", seq_lens, dtype=_INT, device=device, shape=(B,))
+    check_tensor("seq_lens", seq_lens, dtype=INDEX_DTYPES, device=device, shape=(B,))
     if prefix_lens is not None:
-        check_tensor("prefix_lens", prefix_lens, dtype=_INT, device=device, shape=(B,))
+        check_tensor("prefix_lens", prefix_lens, dtype=INDEX_DTYPES, device=device, shape=(B,))
     check_window_left(window_left)
     if page_size is not None:
         check_int("page_size", page_size, minimum=1)
     if mapping is not None:
-        _check_mapping(mapping, device, page_size)
+        check_mapping(mapping, device, page_size)
     for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens), ("prefix_lens", prefix_lens)):
         check_contiguous(name, t)  # read with unit strides
     return B
@@ -437,8 +308,7 @@ def _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_windo
     num_splits = _index_splits(B, max_extent, block, req_to_token.device) if num_splits is None else num_splits
     block_reqs = _reqs_block(B) if block_reqs is None else block_reqs
     for name, v in (("block", block), ("block_reqs", block_reqs)):
-        if v < 1 or v & (v - 1):
-            raise ValueError(f"{name} must be a power of two, got {v}")
+        check_pow2(name, v)
     check_int("num_splits", num_splits, minimum=1)
     if num_splits > 65535:
         raise ValueError(f"num_splits must be <= 65535 (grid y-limit), got {num_splits}")
@@ -510,7 +380,7 @@ def build_window_indices(
             iteration, programs per request, requests per prefix-sum step; powers of two for blocks).
         debug (bool | None): check every index this call reads or writes before launching (a host
             sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
-            (see :mod:`triton_swa.guard`).
+            (see :mod:`triton_swa.runtime.guard`).
 
     Returns:
         WindowIndices: ``(kv_indptr, kv_indices, window_starts)``.
@@ -528,9 +398,9 @@ def build_window_indices(
             num_indices = window_index_count(seq_lens, window_left, prefix_lens)
         check_int("num_indices", num_indices, minimum=0)
         out = WindowIndices(
-            _poison.empty(B + 1, dtype=torch.int32, device=device),
-            _poison.empty(num_indices, dtype=torch.int32, device=device),
-            _poison.empty(B, dtype=torch.int32, device=device),
+            poison.empty(B + 1, dtype=torch.int32, device=device),
+            poison.empty(num_indices, dtype=torch.int32, device=device),
+            poison.empty(B, dtype=torch.int32, device=device),
         )
     else:
         if num_indices is not None:
@@ -588,7 +458,7 @@ def build_window_page_table(
             request).
         debug (bool | None): check every index this call reads or writes before launching (a host
             sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
-            (see :mod:`triton_swa.guard`).
+            (see :mod:`triton_swa.runtime.guard`).
 
     Returns:
         WindowPageTable: ``(page_table, window_starts)``.
@@ -608,8 +478,8 @@ def build_window_page_table(
             spans = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, 0)
             max_pages = int(spans.max()) if B else 0
         check_int("max_pages", max_pages, minimum=0)
-        out = WindowPageTable(_poison.empty(B, max_pages, dtype=torch.int32, device=device),
-                              _poison.empty(B, dtype=torch.int32, device=device))
+        out = WindowPageTable(poison.empty(B, max_pages, dtype=torch.int32, device=device),
+                              poison.empty(B, dtype=torch.int32, device=device))
     else:
         if max_pages is not None:
             raise ValueError("give max_pages or out, not both (out's page_table width is max_pages)")
@@ -641,7 +511,7 @@ def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out
         block (int | None): override of the elements per program (a power of two).
         debug (bool | None): check every index this call reads or writes before launching (a host
             sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
-            (see :mod:`triton_swa.guard`).
+            (see :mod:`triton_swa.runtime.guard`).
 
     Returns:
         torch.Tensor: int32 `[n]`, or ``out``.
@@ -649,122 +519,19 @@ def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out
     Raises:
         TypeError, ValueError: on a wrong dtype, device or shape, before any launch.
     """
-    check_tensor("out_cache_loc", out_cache_loc, dtype=_INT, ndim=1)
+    check_tensor("out_cache_loc", out_cache_loc, dtype=INDEX_DTYPES, ndim=1)
     device = out_cache_loc.device
-    _check_mapping(mapping, device, None)
+    check_mapping(mapping, device, None)
     n = out_cache_loc.shape[0]
     if out is None:
-        out = _poison.empty(n, dtype=torch.int32, device=device)
+        out = poison.empty(n, dtype=torch.int32, device=device)
     else:
         check_tensor("out", out, dtype=torch.int32, device=device, ndim=1, contiguous=True)
         if out.shape[0] < n:
             raise ValueError(f"out holds {out.shape[0]} entries, fewer than the {n} of out_cache_loc")
     capacity = out.shape[0]
-    block = 1024 if block is None else check_int("block", block, minimum=1)
-    if block & (block - 1):
-        raise ValueError(f"block must be a power of two, got {block}")
+    block = 1024 if block is None else check_pow2("block", block)
     if capacity:
         _swa_translate_kernel[(triton.cdiv(capacity, block),)](
             out_cache_loc, out_cache_loc.stride(0), mapping, mapping.numel(), out, n, capacity, BLOCK=block)
     return out
-
-
-def _scale_arg(name: str, scale, device):
-    """(mode, value, pointer) of a scale checked by ``check_kv_scale``: None -> 0; a number -> 1 (by
-    value); a tensor -> 2 (read in-kernel, so that a graph replays with the tensor's current value)."""
-    value, tensor = check_kv_scale(name, scale, device)
-    if tensor is not None:
-        return 2, 1.0, tensor
-    return (0 if scale is None else 1), value, None
-
-
-def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The buffer as the kernel writes it, and its ``ENC``: bfloat16 as int16 bits (1), float8 e4m3fn
-    (typed, or the pools' uint8 storage) as uint8 bits (2), others as themselves (0)."""
-    if buf.dtype == torch.bfloat16:
-        return buf.view(torch.int16), 1
-    if buf.dtype in (torch.uint8, torch.float8_e4m3fn):
-        return buf.view(torch.uint8), 2
-    return buf, 0
-
-
-@guarded(check_store_kv)
-def store_kv(
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    loc: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    mapping: torch.Tensor | None = None,
-    k_scale: float | torch.Tensor | None = None,
-    v_scale: float | torch.Tensor | None = None,
-) -> None:
-    """Write a layer's new K/V rows at full slots ``loc``, translated to SWA slots in the same kernel.
-
-    ``k_buffer[slot] = (k / k_scale).to(k_buffer.dtype)`` (division only when a scale is given, in
-    float32, correctly rounded), likewise for V, with ``slot = mapping[loc]`` for a sliding layer and
-    ``loc`` for a full layer. Equals ``triton_swa_reference.store_kv`` bit for bit.
-
-    Args:
-        k_buffer (torch.Tensor): `[num_slots, H, D]` float16/bfloat16/float32/float8_e4m3fn, or uint8
-            storage of float8_e4m3fn (as the pools keep fp8); written in place.
-        v_buffer (torch.Tensor): `[num_slots_v, HV, DV]`, same dtype rules.
-        loc (torch.Tensor): int32/int64 `[n]` full slots (negative slots index from the end, like torch).
-        k (torch.Tensor): `[n, H, D]` floating; ``v`` `[n, HV, DV]`. Any strides.
-        mapping (torch.Tensor | None): ``full_to_swa_index_mapping`` for a sliding layer.
-        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales: a finite number > 0, or a
-            one-element float tensor on the buffers' device (read in the kernel, so CUDA-graph replays
-            see its current value; its value is checked only by the debug guard).
-        debug (bool | None): check every index this call reads or writes before launching (a host
-            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
-            (see :mod:`triton_swa.guard`).
-
-    Out-of-range slots are dropped, not written (the kernel cannot read ``loc`` on the host, and
-    a store past a buffer would land in a neighbouring tensor). Exactly: with ``mapping``, a ``loc``
-    ``l`` is first wrapped (``l + len(mapping)`` when ``l < 0``) and dropped unless ``0 <= l <
-    len(mapping)``; then the slot ``s`` (``mapping[l]``, or ``loc`` itself without a mapping) is
-    wrapped per buffer (``s + rows`` when ``s < 0``, ``rows = k_buffer.shape[0]`` for K,
-    ``v_buffer.shape[0]`` for V) and that buffer's row is written only when ``0 <= s < rows``. The
-    debug guard (``TRITON_SWA_DEBUG=1``) turns the same condition into a ValueError.
-
-    fp8 e4m3 buffers saturate: a value beyond the format's range, ``inf`` included, is stored as
-    ``±448`` (bytes ``0x7E``/``0xFE``), as torch's cast does, so a finite or infinite input never
-    becomes a NaN byte; only a NaN input is stored as NaN (``0x7F``/``0xFF``).
-
-    Raises:
-        TypeError, ValueError: on a wrong dtype, device, shape or scale, before any launch.
-    """
-    allowed = KV_DTYPES + (torch.uint8,)
-    check_tensor("k_buffer", k_buffer, dtype=allowed, ndim=3)
-    device = k_buffer.device
-    check_tensor("v_buffer", v_buffer, dtype=allowed, device=device, ndim=3)
-    check_tensor("loc", loc, dtype=_INT, device=device, ndim=1)
-    n = loc.shape[0]
-    _, H, D = k_buffer.shape
-    _, HV, DV = v_buffer.shape
-    check_tensor("k", k, device=device, shape=(n, H, D))
-    check_tensor("v", v, device=device, shape=(n, HV, DV))
-    for name, x in (("k", k), ("v", v)):
-        if not x.dtype.is_floating_point:
-            raise TypeError(f"{name} must be floating, got {x.dtype}")
-    if mapping is not None:
-        _check_mapping(mapping, device, None)
-    k_mode, k_val, k_ptr = _scale_arg("k_scale", k_scale, device)
-    v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
-    if n == 0:
-        return
-    kb, k_enc = _store_view(k_buffer)
-    vb, v_enc = _store_view(v_buffer)
-    block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
-    grid = (n, triton.cdiv(max(H, HV), block_h))
-    _swa_store_kv_kernel[grid](
-        kb, *kb.stride(), vb, *vb.stride(), k, *k.stride(), v, *v.stride(),
-        loc, loc.stride(0), mapping if mapping is not None else loc, mapping.numel() if mapping is not None else 0,
-        kb.shape[0], vb.shape[0],
-        k_val, k_ptr if k_ptr is not None else kb, v_val, v_ptr if v_ptr is not None else vb,
-        H, D, HV, DV,
-        HAS_MAPPING=mapping is not None, K_SCALE=k_mode, V_SCALE=v_mode,
-        K_ENC=k_enc, V_ENC=v_enc,
-        BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
-    )

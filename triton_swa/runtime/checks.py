@@ -1,4 +1,9 @@
-"""Argument checks shared by pools and launchers: one clear error naming the argument, before any work."""
+"""Argument checks shared by pools, ops and the backend: one clear error naming the argument, before any work.
+
+One rule per kind of argument: tensors (:func:`check_tensor`), ints, powers of two, windows, the
+scalars of the attention and store ops (scales, caps, K/V scales), sinks, grids; and the dtype sets
+the ops accept.
+"""
 
 from __future__ import annotations
 
@@ -69,7 +74,20 @@ def check_window_left(window_left) -> int:
     return window_left
 
 
+def check_pow2(name: str, value, minimum: int = 1) -> int:
+    """Return ``value`` if it is an int power of two ``>= minimum`` (a block size), or raise naming it."""
+    check_int(name, value, minimum=minimum)
+    if value & (value - 1):
+        raise ValueError(f"{name} must be a power of two, got {value}")
+    return value
+
+
+# Queries and a step's new K/V; index tensors; what a pool stores (fp8 as float8_e4m3fn or, in the
+# pools, its uint8 storage); sinks.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+SINK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -133,6 +151,13 @@ def check_kv_scale(name: str, scale, device) -> tuple[float, torch.Tensor | None
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"{name} must be finite and > 0, got {scale!r}")
     return float(scale), None
+
+
+def check_sinks(name: str, sinks, heads: int, device) -> torch.Tensor | None:
+    """``sinks`` (None, or a contiguous float `[heads]` tensor on ``device``), or raise naming ``name``."""
+    if sinks is not None:
+        check_tensor(name, sinks, dtype=SINK_DTYPES, device=device, shape=(heads,), contiguous=True)
+    return sinks
 
 
 def check_contiguous(name: str, x: torch.Tensor | None) -> None:

@@ -72,6 +72,8 @@ import os
 
 import torch
 
+from .window import window_start
+
 __all__ = [
     "ENV_VAR",
     "check_build_window_indices",
@@ -459,7 +461,7 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
                       "(the grid would skip the rest)")
     # The cached keys a request's new tokens see: [max(0, P - W), P) ([0, P) at W = -1). (max_window
     # only sizes the split count; the kernel covers the whole window whatever it says.)
-    start = (P - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(P)
+    start = window_start(P, window_left, extend=True)
     need = P - start
     if kv_indptr is not None and kv_indices is not None:
         _check_csr(op, kv_indptr, kv_indices, rows, B, need=need, prefix=P)
@@ -526,11 +528,7 @@ def _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, pr
         if b is not None:
             _fail(op, f"request {b} (batch index): prefix_lens[{b}] = {int(P[b])} is outside [0, seq_lens[{b}] = {int(L[b])}]")
         ends = P
-    W = window_left
-    if isinstance(W, int) and W >= 0:
-        starts = (ends - (W if prefix_lens is not None else W + 1)).clamp(min=0)
-    else:
-        starts = torch.zeros_like(ends)
+    starts = window_start(ends, window_left, extend=prefix_lens is not None)
     return rows, starts, ends
 
 
@@ -712,6 +710,37 @@ def _compare(op: str, kind: str, what: str, got: torch.Tensor, want: torch.Tenso
         _fail(op, f"{kind} layers: {describe(i)}: {what} holds {int(got[i])}, the reference path builds {int(want[i])}")
 
 
+def _host_window_list(rtt, rows, starts, ends, mapping) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR ``(kv_indptr, kv_indices)`` of the windows ``[starts, ends)`` of ``req_to_token`` rows, SWA
+    slots through ``mapping`` when given (host int64)."""
+    counts = (ends - starts).clamp(min=0)
+    req, off = _flat(counts)
+    slots = _slots_at(rtt, rows[req], starts[req] + off, mapping)
+    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)]), slots
+
+
+def _host_page_table(op, kind, rtt, rows, starts, ends, page_size: int, mapping, width: int) -> torch.Tensor:
+    """Page table ``[B, width]`` of the windows ``[starts, ends)``: entry ``j`` is the page of the
+    slot of the ``j``-th page's first token (translated when ``mapping``), 0 past the last page."""
+    first = starts // page_size
+    num = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, 0)
+    b = _first(num > width)
+    if b is not None:
+        _fail(op, f"{kind} layers: request {b} (batch index) spans {int(num[b])} pages, more than the page_table's {width}")
+    req, j = _flat(num)
+    table = torch.zeros(len(starts), width, dtype=torch.int64)
+    table[req, j] = _slots_at(rtt, rows[req], (first[req] + j) * page_size, mapping) // page_size
+    return table
+
+
+def _slots_at(rtt, rows, positions, mapping) -> torch.Tensor:
+    """Host int64 slots of ``req_to_token[rows, positions]``, through ``mapping`` when given."""
+    slots = rtt.detach()[rows.to(rtt.device), positions.to(rtt.device)].long()
+    if mapping is not None:
+        slots = mapping.detach()[slots.to(mapping.device)].long()
+    return slots.cpu()
+
+
 def check_forward_metadata(backend, forward_batch) -> None:
     """Check a step's metadata (``backend.forward_metadata``) against the reference path and the pools.
 
@@ -724,9 +753,10 @@ def check_forward_metadata(backend, forward_batch) -> None:
     - the host copies (``seq_lens_cpu``, ``extend_*_cpu``, ``prefix_lens_cpu``) equal their device
       tensors; ``qo_indptr`` and ``prefix_lens`` follow the batch (verify: ``seq_lens`` are the
       committed lengths and every request has ``draft_token_num`` queries);
-    - sliding and full layers' indices (CSR lists or page tables, and ``window_starts``) equal
-      ``triton_swa_reference``'s (``decode_window_indices`` / ``extend_window_indices`` /
-      ``window_page_table``) built from ``req_to_token`` and the mapping, index for index;
+    - sliding and full layers' indices (CSR lists or page tables, and ``window_starts``) equal the
+      windows recomputed on the host from ``req_to_token`` and the mapping (the rule of
+      ``triton_swa_reference``'s ``decode_window_indices`` / ``extend_window_indices`` /
+      ``window_page_table``), index for index;
     - every in-window token of every request (``req_to_token`` row 0, padding, exempt) has a full slot
       inside the full pool, and for translated sliding layers a live SWA slot: not 0 (evicted or never
       allocated), inside the SWA pool, not on the SWA allocator's free list, not shared with another
@@ -736,8 +766,6 @@ def check_forward_metadata(backend, forward_batch) -> None:
     Raises:
         ValueError: naming the layer kind, the request (batch index), the position and the slot.
     """
-    import triton_swa_reference as ref
-
     op = "forward metadata"
     meta = backend.forward_metadata
     if meta is None:
@@ -801,12 +829,10 @@ def check_forward_metadata(backend, forward_batch) -> None:
             _fail(op, f"{kind} layers: indices are {'' if li.translated else 'not '}translated, expected the opposite")
         _compare(op, kind, "window_ends", li.window_ends, lens, lambda i: f"request {i} (batch index)")
         m = mapping if translate else None
-        build = ref.extend_window_indices if extend else ref.decode_window_indices
-        dev = rtt.device
-        ref_ptr, ref_idx, ref_starts = build(rtt, rows.to(dev), lens.to(dev), w, m)
-        _compare(op, kind, "window_starts", li.window_starts, ref_starts, lambda i: f"request {i} (batch index)")
-        starts = ref_starts.to("cpu", torch.int64)
+        starts = window_start(lens, w, extend=extend)
+        _compare(op, kind, "window_starts", li.window_starts, starts, lambda i: f"request {i} (batch index)")
         if li.page_table is None:
+            ref_ptr, ref_idx = _host_window_list(rtt, rows, starts, lens, m)
             _compare(op, kind, "kv_indptr", li.kv_indptr, ref_ptr, lambda i: f"request {i - 1} (batch index)")
             total = int(ref_ptr[-1])
             if li.kv_indices.numel() < total:
@@ -816,7 +842,7 @@ def check_forward_metadata(backend, forward_batch) -> None:
                      lambda i: f"request {int(req[i])} (batch index), position {int(starts[req[i]] + off[i])}, kv_indices[{i}]")
         else:
             table = li.page_table
-            want = ref.window_page_table(rtt, rows.to(dev), starts.to(dev), lens.to(dev), ps, m, max_pages=table.shape[1])
+            want = _host_page_table(op, kind, rtt, rows, starts, lens, ps, m, table.shape[1])
             width = max(table.shape[1], 1)
             _compare(op, kind, "page_table", table, want,
                      lambda i: f"request {i // width} (batch index), position "

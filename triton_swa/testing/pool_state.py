@@ -1,10 +1,5 @@
-"""Testing helpers for triton-swa and for users who compare their own kernels with the reference.
-
-- :func:`assert_close`: the one loud comparison (max-abs, RMS, mismatch count, first bad index; NaN
-  and inf must agree; per-dtype default tolerances).
-- :func:`make_pool_state`: a random but realistic serving state built by the real allocators
-  (several requests, permuted free lists, window eviction, NaN in every slot no window may read).
-"""
+"""Realistic serving states for tests: requests admitted, extended and evicted by the real allocators,
+with NaN in every pool slot that no window may read."""
 
 from __future__ import annotations
 
@@ -12,67 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .mem import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, evict_swa_window
+from ..mem import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, evict_swa_window
+from ..runtime.window import window_start
 
-# (atol, rtol) by the dtype of the tensor under test: what one rounding in that dtype costs on
-# attention outputs of magnitude ~1, with headroom for accumulation order.
-DEFAULT_TOLERANCES = {
-    torch.float64: (1e-10, 1e-10),
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-    torch.float8_e4m3fn: (6e-2, 6e-2),
-}
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | None = None,
-                 rtol: float | None = None, name: str = "output") -> None:
-    """Fail loudly unless ``|actual - expected| <= atol + rtol * |expected|`` everywhere.
-
-    Both are compared in float64. NaN and inf must sit at the same places with the same signs (a NaN
-    where the reference has a number always fails). Integer tensors must be equal exactly. The message
-    reports max-abs and RMS error, the mismatch count and the first bad index with both values.
-
-    Args:
-        actual (torch.Tensor): what the kernel produced; its dtype picks default tolerances.
-        expected (torch.Tensor): the reference, any floating dtype (float64 preferred).
-        atol, rtol (float | None): override the per-dtype defaults of ``DEFAULT_TOLERANCES``.
-        name (str): what is compared, for the message.
-
-    Raises:
-        AssertionError: with the report above.
-    """
-    if actual.shape != expected.shape:
-        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
-    if not actual.dtype.is_floating_point:
-        bad = (actual.cpu().long() != expected.cpu().long()).reshape(-1)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), actual.shape))
-            raise AssertionError(
-                f"{name}: {int(bad.sum())} of {bad.numel()} integers differ; first at {idx}: "
-                f"got {int(actual.reshape(-1)[i])}, expected {int(expected.reshape(-1)[i])}")
-        return
-    d_atol, d_rtol = DEFAULT_TOLERANCES.get(actual.dtype, DEFAULT_TOLERANCES[torch.float32])
-    atol = d_atol if atol is None else atol
-    rtol = d_rtol if rtol is None else rtol
-    a = actual.detach().cpu().to(torch.float64).reshape(-1)
-    e = expected.detach().cpu().to(torch.float64).reshape(-1)
-    finite = torch.isfinite(a) & torch.isfinite(e)
-    special_ok = torch.where(finite, torch.ones_like(finite),
-                             (torch.isnan(a) & torch.isnan(e)) | (a == e))
-    err = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
-    bad = ~special_ok | (err > atol + rtol * e.abs().where(finite, torch.zeros_like(e)))
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), actual.shape))
-        rms = float(err[finite].pow(2).mean().sqrt()) if bool(finite.any()) else float("nan")
-        raise AssertionError(
-            f"{name}: {int(bad.sum())} of {bad.numel()} elements mismatch "
-            f"(atol={atol:g}, rtol={rtol:g}, dtype {actual.dtype}); "
-            f"max-abs {float(err.max()):.3e}, RMS {rms:.3e}; "
-            f"NaN in actual {int(torch.isnan(a).sum())}, in expected {int(torch.isnan(e).sum())}; "
-            f"first bad index {idx}: got {float(a[i])!r}, expected {float(e[i])!r}")
+__all__ = ["PoolState", "Request", "make_pool_state"]
 
 
 @dataclass
@@ -148,9 +86,7 @@ class PoolState:
         (default: the prefix window ``max(0, P - W)`` of the step's committed length ``P``, which for
         one new token is the decode window); a full layer's are the full slots of every token.
         """
-        from triton_swa_reference import extend_window_start
-
-        window_of = window_of or (lambda r: extend_window_start(r.prefix_len, self.window_left))
+        window_of = window_of or (lambda r: window_start(r.prefix_len, self.window_left, extend=True))
         pool = self.kv_pool
         for index, is_swa in pool.layers_mapping.values():
             sub = pool.swa_kv_pool if is_swa else pool.full_kv_pool
@@ -233,21 +169,3 @@ def make_pool_state(
             raise RuntimeError("make_pool_state sized its pools too small")
     state.fill_kv(g)
     return state
-
-
-def legacy_backend(model_runner, swa_allocator_type: type):
-    """A backend that resolves its SWA pool by the rule SPEC §3's policy replaced: the allocator's
-    pool when the allocator is of ``swa_allocator_type`` (see
-    ``triton_swa_reference.legacy_resolve_by_allocator_type``). **For regression tests and
-    demonstrations only**: on a draft worker whose active pool is SWA-backed (Gemma 4 + DFlash) it
-    resolves nothing and the sliding layers read ``swa_buffer[full_slot]``."""
-    import triton_swa_reference as ref
-
-    from .backend import TritonSWAAttnBackend
-
-    class LegacyBackend(TritonSWAAttnBackend):
-        @staticmethod
-        def _resolve_swa_kv_pool(runner):
-            return ref.legacy_resolve_by_allocator_type(runner, swa_allocator_type)
-
-    return LegacyBackend(model_runner)

@@ -1,0 +1,405 @@
+"""Paged sliding-window decode: one query per request over its window of cached K/V.
+
+One kernel serves sliding and full layers (the window is already in the indices). The number of
+splits comes from the longest window (``max_window``, a host int) and the SM count, never from the
+context length, and is fixed for a given batch shape, so a call is capturable in a CUDA graph. Splits
+write float32 partial outputs with their log-sum-exp, which the merge kernel combines (and adds the
+sinks to); with one split the kernel writes the output directly. A launcher option
+(``_Tune(fused_merge=True)``) has the last split of each group merge in place instead, counted by
+self-resetting per-stream counters: one launch fewer for eager calls, no faster on the GPU (H200,
+B 1: 8.9 us either way at D 128, 12.5 at D 256), so not the default.
+
+Two ways to name the window's slots:
+
+- CSR (page size 1): ``kv_indptr [B + 1]`` and ``kv_indices`` (token slots, oldest first), as built by
+  :func:`triton_swa.build_window_indices`.
+- Page table: ``page_table [B, max_pages]`` whose entry ``j`` is the pool page of the window's ``j``-th
+  page (page 0 holds position ``window_starts[b]``), with the window covering positions
+  ``[window_starts[b], seq_lens[b])``; position ``t`` sits at offset ``t % page_size`` of its page.
+
+Check -> plan -> launch: :func:`_check_and_plan` checks a signature of inputs (dtypes, shapes,
+strides, devices, options) once and plans tiles, splits, grid and kernel arguments; the plan is
+cached by that signature, so a repeated call checks its scalars, builds the signature and launches
+the compiled kernels directly (:class:`triton_swa.runtime.launch.Launcher`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+
+from ...runtime import poison
+from ...runtime.checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_grid,
+    check_int,
+    check_kv_scale,
+    check_logit_cap,
+    check_pow2,
+    check_sinks,
+    check_sm_scale,
+    check_tensor,
+)
+from ...runtime.device import device_sizes, interpreting
+from ...runtime.guard import check_swa_decode, guarded
+from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
+from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
+from .config import decode_block_config, decode_min_split_tokens, decode_num_splits, decode_resident_programs
+from .kernel import _swa_decode_kernel
+
+__all__ = ["swa_decode"]
+
+
+# The in-place merge's counters: one zeroed int32 per split-kernel program, per (device, stream), so
+# that calls on concurrent streams never share them; each call leaves them zero. Eager calls only.
+_SEMAPHORES: dict = {}
+
+
+def _semaphores(device: torch.device, n: int) -> torch.Tensor | None:
+    """Counters for an eager call on the current stream, or None inside a CUDA-graph capture (a graph
+    uses the merge kernel: counters shared by graphs replayed on several streams could collide)."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        key = (device, current_stream(device.index))
+    else:
+        key = (device, 0)
+    buf = _SEMAPHORES.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _SEMAPHORES[key] = buf
+    return buf
+
+
+
+class _Tune(NamedTuple):
+    """Launcher overrides beyond the public ``num_splits``/``block_n`` (benchmarks sweep them).
+
+    ``fused_merge``: the group's last split merges the partials in place (eager calls; inside a CUDA-graph
+    capture the merge kernel runs instead, so warm up such a call inside the capture's stream context).
+    """
+
+    num_warps: int | None = None
+    num_stages: int | None = None
+    fused_merge: bool | None = None
+
+
+class _Plan:
+    """Everything a checked signature of inputs decides: kernels, grids, integer arguments, buffers."""
+
+    __slots__ = ("out_shape", "default_scale", "fp8_view", "split", "fused", "programs", "part_numel",
+                 "ints", "main", "merge", "merge_ints", "fallback")
+
+
+_PLANS = PlanCache()
+
+
+def _signature(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size,
+               sinks, k_scale, v_scale, out, max_window, num_splits, block_n, softcap, tune) -> tuple:
+    """What the checks and the plan depend on: dtypes, shapes, strides and devices of the tensors, the
+    types and values of the options. CSR indices enter by dtype, device and contiguity only (their length
+    changes every step), unless their length is the default ``max_window``."""
+    if kv_indices is None:
+        indices = None
+    elif max_window is None:
+        indices = tensor_key(kv_indices)
+    else:
+        indices = (kv_indices.dtype, kv_indices.dim(), kv_indices.is_contiguous(), kv_indices.device)
+    return (
+        tensor_key(q), tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(kv_indptr), indices,
+        tensor_key(page_table), tensor_key(window_starts), tensor_key(seq_lens), tensor_key(sinks),
+        tensor_key(out), scale_key(k_scale), scale_key(v_scale), softcap,
+        type(page_size), page_size, type(max_window), max_window, type(num_splits), num_splits,
+        type(block_n), block_n, tune,
+    )
+
+
+def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size,
+               sinks, k_scale, v_scale, out, max_window, num_splits, block_n, softcap, tune) -> _Plan:
+    """Check the inputs (raising TypeError/ValueError naming the argument) and plan the launch."""
+    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
+    device = q.device
+    B, HQ, D = q.shape
+    check_tensor("k_buffer", k_buffer, device=device, ndim=3)
+    check_tensor("v_buffer", v_buffer, device=device, ndim=3)
+    kv_dtype = k_buffer.dtype
+    if kv_dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
+                        f"got {kv_dtype}")
+    if v_buffer.dtype != kv_dtype:
+        raise TypeError(f"v_buffer must have k_buffer's dtype {kv_dtype}, got {v_buffer.dtype}")
+    fp8_view = kv_dtype == torch.uint8
+    if fp8_view:
+        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
+    slots, H, Dk = k_buffer.shape
+    DV = v_buffer.shape[2]
+    if Dk != D:
+        raise ValueError(f"k_buffer head dim {Dk} != q head dim {D}")
+    if v_buffer.shape[:2] != k_buffer.shape[:2]:
+        raise ValueError(f"v_buffer must have k_buffer's [slots, H] = {list(k_buffer.shape[:2])}, "
+                         f"got {list(v_buffer.shape[:2])}")
+    if HQ % H != 0:
+        raise ValueError(f"query heads ({HQ}) must be a multiple of KV heads ({H})")
+    for name, dim in (("head dim D", D), ("v head dim Dv", DV)):
+        if not 1 <= dim <= 512:
+            raise ValueError(f"{name} must be between 1 and 512, got {dim}")
+    for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+
+    csr = kv_indptr is not None or kv_indices is not None
+    paged = page_table is not None or window_starts is not None or seq_lens is not None
+    if csr == paged:
+        raise ValueError("give the window either as kv_indptr + kv_indices (CSR) or as page_table + "
+                         "window_starts + seq_lens, not both and not neither")
+    check_int("page_size", page_size, minimum=1)
+    if csr:
+        if kv_indptr is None or kv_indices is None:
+            raise ValueError("CSR form needs both kv_indptr and kv_indices")
+        check_tensor("kv_indptr", kv_indptr, dtype=INDEX_DTYPES, device=device, shape=(B + 1,), contiguous=True)
+        check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=device, ndim=1, contiguous=True)
+        if page_size != 1:
+            raise ValueError(f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; "
+                             "pass a page_table for the paged form")
+        default_window = kv_indices.numel()
+    else:
+        if page_table is None or window_starts is None or seq_lens is None:
+            raise ValueError("page-table form needs page_table, window_starts and seq_lens")
+        check_tensor("page_table", page_table, dtype=INDEX_DTYPES, device=device, ndim=2)
+        if page_table.shape[0] != B:
+            raise ValueError(f"page_table must have {B} rows (one per query), got {page_table.shape[0]}")
+        if page_table.stride(1) != 1:
+            raise ValueError(f"page_table must have a contiguous last dimension, got strides {page_table.stride()}")
+        check_tensor("window_starts", window_starts, dtype=INDEX_DTYPES, device=device, shape=(B,), contiguous=True)
+        check_tensor("seq_lens", seq_lens, dtype=INDEX_DTYPES, device=device, shape=(B,), contiguous=True)
+        if slots % page_size != 0:
+            raise ValueError(f"k_buffer has {slots} slots, not a whole number of pages of page_size={page_size}")
+        default_window = page_table.shape[1] * page_size
+
+    check_sinks("sinks", sinks, HQ, device)
+    k_scale_t = check_kv_scale("k_scale", k_scale, device)[1]
+    v_scale_t = check_kv_scale("v_scale", v_scale, device)[1]
+    if out is not None:
+        check_tensor("out", out, dtype=q.dtype, device=device, shape=(B, HQ, DV))
+        if out.stride(-1) != 1:
+            raise ValueError(f"out must have a contiguous last dimension, got strides {out.stride()}")
+        stride_ob, stride_oh = out.stride(0), out.stride(1)
+    else:
+        stride_ob, stride_oh = HQ * DV, DV
+    max_window = default_window if max_window is None else check_int("max_window", max_window, minimum=0)
+    if num_splits is not None:
+        check_int("num_splits", num_splits, minimum=1)
+        if num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+    if block_n is not None:
+        check_pow2("block_n", block_n, 16)
+
+    G = HQ // H
+    interpret = interpreting()
+    itemsize = k_buffer.element_size()
+    cfg = decode_block_config(D, DV, G, itemsize, interpret)
+    tune = tune or _Tune()
+    num_gb = triton.cdiv(G, cfg.block_g)
+    programs = B * H * num_gb
+    num_sms, smem = device_sizes(device)
+    resident = decode_resident_programs(block_n or cfg.block_n, D, DV, itemsize, smem)
+    if block_n is None:
+        block_n = cfg.block_n
+        if programs >= num_sms * resident and not interpret and max(D, DV) <= 256:
+            # A full GPU without splits streams long loops: 64-token tiles (one program per SM at D 256)
+            # beat 32 there (H200, D 256, B 64: 256 against 270 us).
+            block_n = max(block_n, 64)
+    if num_splits is None:
+        min_tokens = decode_min_split_tokens(G, D, DV, itemsize)
+        num_splits = decode_num_splits(programs, max_window, block_n, num_sms, min_tokens, resident)
+    split = num_splits > 1
+    check_grid("swa_decode", (programs, num_splits, 1), ("batch x KV heads x query-head blocks", "splits", ""))
+    check_grid("swa_decode", (B * HQ, 1, 1), ("batch x query heads (merge)", "", ""))
+    block_dv = triton.next_power_of_2(DV)
+    merge_g = min(cfg.block_g, triton.next_power_of_2(G))
+    fused = split and bool(tune.fused_merge)
+    upcast = interpret and q.dtype == torch.bfloat16
+
+    plan = _Plan()
+    plan.out_shape = (B, HQ, DV)
+    plan.default_scale = 1.0 / math.sqrt(D)
+    plan.fp8_view = fp8_view
+    plan.split, plan.fused, plan.programs = split, fused, programs
+    lse_offset = B * HQ * num_splits * DV
+    plan.part_numel = lse_offset + B * HQ * num_splits if split else 0
+    plan.ints = (
+        num_splits, lse_offset,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        stride_ob, stride_oh, page_table.stride(0) if paged else 0, H, G, num_gb,
+    )
+    num_warps = tune.num_warps or cfg.num_warps
+    num_stages = tune.num_stages or cfg.num_stages
+
+    def main(fused_merge: bool) -> Launcher:
+        merge_s = merge_block_s(num_splits, block_dv, merge_g)
+        constexprs = dict(
+            D=D, DV=DV, BLOCK_G=cfg.block_g, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=block_dv,
+            BLOCK_N=block_n, PAGE=page_size if paged else 1, PAGED=paged,
+            K_SCALE_PTR=k_scale_t is not None, V_SCALE_PTR=v_scale_t is not None,
+            SOFTCAP=softcap, HAS_SINK=sinks is not None,
+            SPLIT=split, FUSED_MERGE=fused_merge, MERGE_G=merge_g, MERGE_S=merge_s,
+            UPCAST_DOT=upcast,
+            # float32 dots are exact (not tf32); fp16/bf16 dots take the target's default.
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else None,
+        )
+        return Launcher(_swa_decode_kernel, (programs, num_splits, 1), constexprs, 14, num_warps, num_stages)
+
+    def merge() -> Launcher:
+        return merge_launcher(B, HQ, DV, num_splits, sinks is not None, skip_padding=False)
+
+    plan.main = main(fused)
+    plan.merge = merge() if split and not fused else None
+    plan.merge_ints = (num_splits, lse_offset, stride_ob, stride_oh, HQ, B)
+    # Without counters (inside a CUDA-graph capture): the two-kernel merge.
+    plan.fallback = (main(False), merge()) if fused else None
+    return plan
+
+
+
+def _host_scale(name: str, scale, dummy: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """A K/V scale as the kernel takes it: ``(host factor, tensor read in the kernel)``. Numbers are
+    checked here, on every call; a tensor's dtype, shape and device are part of the plan's signature
+    and checked by the plan."""
+    if isinstance(scale, torch.Tensor):
+        return 1.0, scale
+    return check_kv_scale(name, scale, None)[0], dummy
+
+
+def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, page_table=None,
+                     window_starts=None, seq_lens=None, page_size=1, sm_scale=None, logit_cap=0.0, sinks=None,
+                     k_scale=None, v_scale=None, out=None, max_window=None, num_splits=None, block_n=None,
+                     tune: _Tune | None = None) -> torch.Tensor:
+    """:func:`swa_decode` with launcher overrides (``tune``)."""
+    # Scalars are checked on every call (the plan cache keys on their types, not their values);
+    # scale tensors by the plan (their dtype, shape and device are part of the signature).
+    logit_cap = check_logit_cap(logit_cap)
+    sm_scale = check_sm_scale(sm_scale, None)
+    k_scale_f, k_scale_t = _host_scale("k_scale", k_scale, q)
+    v_scale_f, v_scale_t = _host_scale("v_scale", v_scale, q)
+    args = (q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, sinks,
+            k_scale, v_scale, out, max_window, num_splits, block_n, logit_cap > 0, tune)
+    try:
+        key = _signature(*args)
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        # Not tensors, or unhashable options: the checks below name the culprit.
+        key, plan = None, None
+    if plan is None:
+        plan = _check_and_plan(*args)
+        if key is not None:
+            _PLANS.put(key, plan)
+
+    if out is None:
+        out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+    if plan.out_shape[0] == 0:
+        return out
+    if plan.fp8_view:
+        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
+    scale = plan.default_scale if sm_scale is None else sm_scale
+
+    main, merge = plan.main, plan.merge
+    part = sem = q
+    if plan.split:
+        part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device)
+    if plan.fused:
+        sem = _semaphores(q.device, plan.programs)
+        if sem is None:
+            main, merge = plan.fallback
+            sem = q
+    dummy = q
+    main((q, k_buffer, v_buffer, out, part, sem,
+          dummy if kv_indptr is None else kv_indptr, dummy if kv_indices is None else kv_indices,
+          dummy if page_table is None else page_table, dummy if window_starts is None else window_starts,
+          dummy if seq_lens is None else seq_lens, dummy if sinks is None else sinks, k_scale_t, v_scale_t,
+          scale * k_scale_f, v_scale_f, float(logit_cap), *plan.ints))
+    if merge is not None:
+        merge((part, dummy if sinks is None else sinks, out, part, *plan.merge_ints))
+    return out
+
+
+@guarded(check_swa_decode)
+def swa_decode(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    *,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    window_starts: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    page_size: int = 1,
+    sm_scale: float | None = None,
+    logit_cap: float | None = 0.0,
+    sinks: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    max_window: int | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Decode attention of one query per request over its window of a paged KV pool.
+
+    Give the window either as a CSR list (``kv_indptr``, ``kv_indices``) or as a page table
+    (``page_table``, ``window_starts``, ``seq_lens``, ``page_size``). The window was applied when the
+    indices were built, so the same call serves sliding layers and full layers (``window_left = -1``).
+    No host synchronisation: capturable in a CUDA graph (the split count depends on shapes and
+    ``max_window`` only).
+
+    Args:
+        q (torch.Tensor): queries `[B, HQ, D]`, float16, bfloat16 or float32 (last stride 1).
+        k_buffer (torch.Tensor): a layer's keys `[slots, H, D]`, in ``q``'s dtype or fp8 e4m3
+            (``torch.float8_e4m3fn``, or its ``uint8`` storage); ``HQ % H == 0`` (GQA, MQA at ``H = 1``).
+        v_buffer (torch.Tensor): the layer's values `[slots, H, Dv]`, same dtype as ``k_buffer``.
+        kv_indptr (torch.Tensor | None): int32/int64 `[B + 1]` offsets into ``kv_indices``.
+        kv_indices (torch.Tensor | None): int32/int64 token slots of each window, oldest first.
+        page_table (torch.Tensor | None): int32/int64 `[B, max_pages]`; entry ``j`` is the pool page of
+            the window's ``j``-th page, page 0 holding position ``window_starts[b]``.
+        window_starts (torch.Tensor | None): int32/int64 `[B]`, first position of each window.
+        seq_lens (torch.Tensor | None): int32/int64 `[B]`; the window is ``[window_starts, seq_lens)``
+            (empty when ``seq_lens <= window_starts``: zeros, as for CUDA-graph padding rows).
+        page_size (int): tokens per page of the pool (page-table form; must be 1 with CSR).
+        sm_scale (float | None): score scale, finite and ``> 0``; ``1 / sqrt(D)`` by default.
+        logit_cap (float | None): soft cap ``cap * tanh(s / cap)`` of the scores when ``> 0``
+            (finite; 0 or None: off).
+        sinks (torch.Tensor | None): `[HQ]` float (contiguous), one sink logit per query head; ``-inf``
+            is no sink, and a window without keys gives zeros whatever its sink.
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor dequantisation scales of fp8 K/V:
+            a finite float ``> 0``, or a one-element float tensor on ``q``'s device, read in the kernel
+            (its value is checked only by the debug guard).
+        out (torch.Tensor | None): `[B, HQ, Dv]` in ``q``'s dtype (last stride 1), written in place.
+        max_window (int | None): most tokens in any window (``W + 1`` for a sliding layer), sizes the
+            splits; defaults to ``kv_indices.numel()`` or ``max_pages * page_size``.
+        num_splits (int | None): override the split count (at most 64).
+        block_n (int | None): override the key tile (a power of two, at least 16).
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.runtime.guard`).
+
+    Returns:
+        torch.Tensor: `[B, HQ, Dv]` in ``q``'s dtype (``out`` when given).
+
+    Raises:
+        TypeError: naming the argument, before any launch, for a wrong type or dtype.
+        ValueError: naming the argument, before any launch, for wrong shapes, devices, strides,
+            head-count ratios, page sizes, index forms or scalar values (scales, caps, sizes), or a
+            grid past CUDA's limits. Indices themselves are not read on the host (the debug guard
+            does that): slots must lie inside the buffers and page-table rows must cover their
+            windows.
+    """
+    return _swa_decode_impl(
+        q, k_buffer, v_buffer, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,
+        window_starts=window_starts, seq_lens=seq_lens, page_size=page_size, sm_scale=sm_scale, logit_cap=logit_cap,
+        sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, max_window=max_window, num_splits=num_splits,
+        block_n=block_n,
+    )

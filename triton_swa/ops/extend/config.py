@@ -1,0 +1,146 @@
+"""Tiles, splits and grid of paged extend: named heuristics that say why (measured on the H200)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ...runtime.checks import check_grid
+from .._common.merge import MAX_SPLITS
+
+__all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs"]
+
+# Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and most programs counted as
+# running at once on one SM. Estimates to tune on the GPU (bench_extend.py --verify-splits).
+SPLIT_MIN_TILES = 1
+SPLIT_RESIDENT = 2
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """Tile shape and launch knobs of one extend launch.
+
+    ``block_m`` rows per program (``block_m // pack`` tokens x ``pack`` query heads of one KV head),
+    ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size),
+    ``edge_in_loop``: causal launches stream the window's lower-edge key tiles inside the main loop
+    (masked by a branch) rather than in a loop of their own.
+    """
+
+    block_m: int
+    block_n: int
+    pack: int
+    num_warps: int
+    num_stages: int
+    edge_in_loop: bool = False
+
+
+def _pow2_divisor(n: int) -> int:
+    return n & -n
+
+
+def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: int,
+                  dtype: torch.dtype = torch.bfloat16, interpret: bool = False) -> ExtendConfig:
+    """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
+
+    Why these numbers (Hopper-class budget: 227 KB shared memory, 255 registers per thread; every
+    default below compiles for sm_90 without register spills and with asynchronous wgmma, checked
+    with ptxas; ``bench/bench_extend.py --sweep`` times the alternatives):
+
+    - ``pack``: all query heads of a KV head that a power of two can hold share one tile, so a K/V
+      tile loaded from the pool serves the whole group (decode's GQA packing) and a tile spans fewer
+      tokens, which trims the masked diagonal and window-edge work of long prompts.
+    - Long prompts are compute bound. ``D <= 128``: 64 rows over 4 warps with 64-key tiles (the
+      H200 sweep of 2026-11-29 at N = 8192, W = 1023, 32/8 heads: 308 TFLOP/s against 287 for 128
+      rows over 8 warps; ``bench/results/extend-sweep-*``). ``D = 256``: ``block_m`` 128 rows over 8
+      warps (two warpgroups of 64 rows for wgmma) keeps the tensor cores fed; ``block_n`` halves so
+      that the fp32 accumulator (``block_m x Dv``) and the score tile stay in registers, with two
+      K/V stages in shared memory. ``D = 512`` drops to 32-row tiles: a 64-row wgmma tile spills.
+    - ``edge_in_loop`` on at ``D = 256`` only: streaming the window's lower edge inside the main
+      loop took the D 256 prefill from 316-317 to 341-348 TFLOP/s, and changed nothing measurable
+      at D 128 (283-291 against 272-290, alternated in one run;
+      ``bench/results/extend-sweep-edge-2026-11-29-NVIDIA_H200.log``), where it costs registers.
+    - Verify and short extends (few tokens per request): ``block_m`` shrinks to the request's rows
+      (tokens x packed heads) so that no program streams the window for padding rows; the window
+      is then read once per KV head, as in decode, with 4 warps (8 at ``D = 512``).
+    - fp32 inputs (tests, reference-grade runs) use smaller tiles: fp32 tiles take twice the space.
+    - Pointer loads, not TMA: loading the new-key tiles through Hopper tensor descriptors freed
+      address registers (ptxas for sm_90 at the D = 128 tiles: 244 instead of 255) but ran slower on
+      the H200 (N = 8192, W = 1023, D = 128: 194-210 TFLOP/s against 269-301; commit c5a2bd1 and
+      its sweep), so that path was removed again.
+    - Under Triton's interpreter, which pays per element rather than per instruction, the smallest
+      legal tiles.
+    """
+    d = max(head_dim, v_head_dim)
+    if interpret:
+        pack = min(_pow2_divisor(group), 16)
+        return ExtendConfig(16, 16, pack, 1, 1)
+    edge = False
+    if d <= 128:
+        block_m, block_n, warps, stages = 64, 64, 4, 3
+    elif d <= 256:
+        block_m, block_n, warps, stages, edge = 128, 32, 8, 2, True
+    else:
+        block_m, block_n, warps, stages = 32, 32, 8, 2
+    if dtype == torch.float32:
+        block_m, block_n, stages = max(16, block_m // 2), max(16, block_n // 2), min(stages, 2)
+    pack = min(_pow2_divisor(group), block_m)
+    rows = max(1, max_extend_len) * pack
+    if rows < block_m:
+        # a short request: one tile holds it whole; tiles below 16 rows do not map to tensor cores
+        block_m = max(16, triton.next_power_of_2(rows))
+        block_n = 64 if d <= 128 else 32
+        warps = 4 if d <= 256 else 8
+        stages = 3 if d <= 128 else 2
+    return ExtendConfig(block_m, block_n, pack, warps, stages, edge)
+
+
+def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int,
+                      resident: int = SPLIT_RESIDENT) -> int:
+    """Splits of each program's cached-prefix window, from host ints only (CUDA-graph capturable).
+
+    ``programs`` is the launch's unsplit grid (query tiles of the longest request x query-head groups
+    x requests), ``max_window`` a host bound on the cached prefix keys any request reads, ``block_n``
+    the key tile, ``num_sms`` the GPU's SM count and ``resident`` the programs one SM runs at once
+    (the launcher passes ``min(SPLIT_RESIDENT, what shared memory holds)``: one at 512-wide heads).
+
+    - Split only where the programs alone leave at least half the SMs idle (``2 * programs <=
+      num_sms``): speculative verify and short extends at small batch, which are latency bound (one
+      program streams its whole window serially: B 1, 8 drafts, W 1023, 32/8 heads, D 128 is 8
+      programs on 132 SMs, 30-38 us on the H200 against 7.2 us for decode over the same window).
+      Prefills and large batches keep the unsplit kernel, untouched.
+    - Then fill about ``resident`` programs per SM (two verify-sized tiles fit one SM's shared
+      memory and registers up to 256-wide heads), down to ``SPLIT_MIN_TILES`` (one) key tile per
+      split, at most ``MAX_SPLITS``. On 132 SMs, W 1023, D 128 (1024 keys, 16 tiles of 64): 16
+      splits at B 1 (8 programs), 4 at B 8 (64 programs), none at B 64.
+
+    Measured on the H200 (``bench/bench_extend.py --verify-splits 1,2,4,8,16 --quick``; B 1 and 8,
+    8 drafts, W 1023, 32/8 heads, D 128, CSR): B 1 takes 37.8 us unsplit, 25.0 / 17.4 / 14.2 / 12.3
+    us in 2 / 4 / 8 / 16 splits (one tile each is best: the call is latency bound); B 8 takes 40.2
+    us unsplit, 25.5 in 4 splits, 32.0 and 44.0 in 8 and 16 (two and four waves). A prefix-less
+    launch (a whole prompt) gains nothing from splits: pass ``max_window=0`` there.
+    """
+    if programs <= 0 or 2 * programs > num_sms or max_window <= 0:
+        return 1
+    most = triton.cdiv(max_window, block_n) // SPLIT_MIN_TILES
+    return max(1, min(MAX_SPLITS, most, (num_sms * max(1, resident)) // programs))
+
+
+def extend_resident_programs(block_m: int, block_n: int, num_stages: int, head_dim: int, v_head_dim: int,
+                             itemsize: int, smem_per_sm: int) -> int:
+    """Programs one SM holds for :func:`extend_num_splits`: as many as shared memory fits (the K/V
+    pipeline stages and the query tile), at most ``SPLIT_RESIDENT``."""
+    tile_bytes = itemsize * (num_stages * block_n * (head_dim + v_head_dim) + block_m * head_dim)
+    return max(1, min(SPLIT_RESIDENT, smem_per_sm // tile_bytes))
+
+
+def extend_grid(m_tiles: int, num_splits: int, head_groups: int, batch: int, merge_programs: int = 0) -> tuple:
+    """The main kernel's grid ``(query tiles x splits, query-head groups, requests)``, checked against
+    CUDA's limits (axis 0: 2**31 - 1, axes 1 and 2: 65535) before anything is launched: a batch of
+    more than 65535 requests raises ``ValueError`` (split it into several calls). ``merge_programs``
+    (tokens x query heads of the split path's merge, one axis) is checked too."""
+    check_grid("swa_extend", (merge_programs, 1, 1), ("tokens x query heads (split merge)", "", ""))
+    return check_grid("swa_extend", (m_tiles * num_splits, head_groups, batch),
+                      ("query tiles x splits", "query-head groups", "the batch (requests)"))
+

@@ -1,0 +1,501 @@
+"""Paged sliding-window extend: prefill, chunked prefill, draft extend and speculative verify.
+
+Request ``b`` brings ``E = qo_indptr[b+1] - qo_indptr[b]`` new tokens at positions ``P + i`` after a
+committed prefix of ``P = prefix_lens[b]`` tokens. The new tokens attend
+
+- the cached window prefix, positions ``[max(0, P - W), P)``, read from the KV pool through either a
+  CSR index list (``kv_indptr``/``kv_indices``, as built by ``extend_window_indices``) or a page table
+  (``page_table``/``window_starts``, as built by ``window_page_table``); a cached key at position ``k``
+  is seen by new token ``i`` when ``P + i - k <= W``;
+- each other, from the contiguous ``k``/``v`` of the step: causally (a prompt chunk, a draft chain),
+  all at once (``causal=False``: a draft block proposed together), or through a per-request ``[E, E]``
+  ``custom_mask`` (tree verify), always within the window by position.
+
+``reference.extend_attention`` is the meaning of this op.
+
+Work is proportional to ``tokens x min(W + 1, context)``: every program owns one query tile of one
+request and one group of query heads, and visits only the key tiles that intersect its rows' windows,
+in up to five loops: new-key tiles every row sees (no mask), prefix tiles every row sees (no mask),
+then the masked ones: prefix tiles on the window's lower edge, new-key tiles on the lower edge (or,
+with ``edge_in_loop``, inside the first loop behind a branch), and the causal diagonal, in tiles as
+narrow as the query tile's own tokens (16 keys at least). Index entries outside ``[max(0, P - W), P)``
+are never read.
+
+Split-KV (``num_splits``, chosen by ``extend_num_splits`` from host ints): where the programs alone
+leave most SMs idle (verify and short extends at small batch), each query tile's cached-prefix tiles
+are divided among ``num_splits`` programs (the split index rides on grid axis 0 with the query tile);
+the last split also takes the new keys. Splits write float32 partials with their log2-sum-exp2 in
+the shared layout of ``triton_swa.ops._common.merge``, whose merge kernel combines them and adds the
+sinks.
+Prefill and large batches keep one program per tile, which streams its whole window.
+
+GQA packing: a tile's rows are ``BLOCK_M // GP`` tokens times ``GP`` query heads of one KV head
+(``GP`` divides the group size), so each K/V tile loaded serves ``GP`` heads, as in decode; with one
+token per request (decode-like extend) or a few drafts (verify) a single tile holds the whole request
+and its window is streamed once per KV head.
+
+Check -> plan -> launch: :func:`_check_inputs` checks a signature of inputs (dtypes, shapes, strides,
+devices, options) once, :func:`_plan` picks tiles, splits and grids for it and the longest request;
+both are cached, so a repeated call checks its scalars, builds the signature and launches the
+compiled kernels directly (:class:`triton_swa.runtime.launch.Launcher`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from ...runtime import poison
+from ...runtime.checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_int,
+    check_kv_scale,
+    check_logit_cap,
+    check_pow2,
+    check_sinks,
+    check_sm_scale,
+    check_tensor,
+    check_window_left,
+)
+from ...runtime.device import device_sizes, interpreting
+from ...runtime.guard import check_swa_extend, guarded
+from ...runtime.launch import Launcher, PlanCache, tensor_key
+from .._common.merge import MAX_SPLITS, merge_launcher
+from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
+from .kernel import _swa_extend_kernel
+
+__all__ = ["swa_extend"]
+
+_MAX_HEAD_DIM = 512
+_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
+
+
+class _Inputs:
+    """What the checks of one input signature found: sizes, forms and flags, and the plans made for it
+    (one per longest-request length)."""
+
+    __slots__ = ("T", "HQ", "H", "D", "DV", "B", "flatten_pages", "fp8_view", "paged", "page_size", "has_mask",
+                 "bool_mask", "has_qpos", "has_sink", "softcap", "kv_scaled", "scale_ptr", "window_left", "causal",
+                 "max_window", "overrides", "stride_pt", "plans")
+
+
+class _Plan:
+    """Tiles, splits, grids and launchers of one checked signature and longest request."""
+
+    __slots__ = ("empty", "launch", "grid", "split", "num_splits", "lse_offset", "part_numel", "merge",
+                 "merge_grid", "default_scale")
+
+
+_CHECKED = PlanCache()
+# Launchers by constexprs and options, shared by every plan that compiles to the same kernel: a new
+# signature (a prefill of another length) still launches the compiled kernel directly.
+_LAUNCHERS: dict = {}
+
+
+def _signature(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table,
+               window_starts, page_size, causal, custom_mask, mask_indptr, q_positions, sinks, k_scale, v_scale,
+               out, window_left, max_window, overrides, softcap) -> tuple:
+    """What the checks depend on: every tensor's dtype, shape, strides and device, and the options'
+    types and values. (Scalars' values are checked on every call; scale tensors enter by kind.)"""
+    return (
+        tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(k_buffer), tensor_key(v_buffer),
+        tensor_key(qo_indptr), tensor_key(prefix_lens), tensor_key(kv_indptr), tensor_key(kv_indices),
+        tensor_key(page_table), tensor_key(window_starts), tensor_key(custom_mask), tensor_key(mask_indptr),
+        tensor_key(q_positions), tensor_key(sinks), tensor_key(out),
+        _scale_kind(k_scale), _scale_kind(v_scale), type(page_size), page_size, type(causal), causal,
+        type(window_left), window_left, type(max_window), max_window, overrides, softcap,
+    )
+
+
+def _scale_kind(scale):
+    """A scale's part of the signature: None, a number, or a tensor's dtype, shape and device."""
+    if scale is None:
+        return None
+    return (scale.dtype, scale.shape, scale.device) if isinstance(scale, torch.Tensor) else float
+
+
+def _check_inputs(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table,
+                  window_starts, page_size, causal, custom_mask, mask_indptr, q_positions, sinks, k_scale, v_scale,
+                  out, window_left, max_window, overrides, softcap) -> _Inputs:
+    """Check every tensor and option of a call (TypeError/ValueError naming the argument)."""
+    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
+    dev = q.device
+    T, HQ, D = q.shape
+    check_tensor("k", k, dtype=q.dtype, device=dev, ndim=3)
+    if k.shape[0] != T or k.shape[2] != D:
+        raise ValueError(f"k must have shape [{T}, H, {D}] (q is {list(q.shape)}), got {list(k.shape)}")
+    H = k.shape[1]
+    if H < 1 or HQ % H:
+        raise ValueError(f"query heads ({HQ}) must be a multiple of KV heads ({H})")
+    check_tensor("v", v, dtype=q.dtype, device=dev, ndim=3)
+    if v.shape[0] != T or v.shape[1] != H:
+        raise ValueError(f"v must have shape [{T}, {H}, Dv], got {list(v.shape)}")
+    DV = v.shape[2]
+    for name, d in (("head_dim", D), ("v head_dim", DV)):
+        if not 1 <= d <= _MAX_HEAD_DIM:
+            raise ValueError(f"{name} must be in [1, {_MAX_HEAD_DIM}], got {d}")
+    kv_dtypes = (q.dtype, torch.float8_e4m3fn, torch.uint8)
+    check_tensor("k_buffer", k_buffer, dtype=kv_dtypes, device=dev)
+    if k_buffer.dim() not in (3, 4) or k_buffer.shape[-2:] != (H, D):
+        raise ValueError(f"k_buffer must have shape [slots, {H}, {D}] or [pages, page_size, {H}, {D}], "
+                         f"got {list(k_buffer.shape)}")
+    check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
+    if v_buffer.shape[:-1] != k_buffer.shape[:-1] or v_buffer.shape[-1] != DV:
+        raise ValueError(f"v_buffer must have shape {list(k_buffer.shape[:-1]) + [DV]}, got {list(v_buffer.shape)}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous along its last dimension (strides {x.stride()})")
+    for name, buf in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if buf.dim() == 4 and buf.stride(0) != buf.shape[1] * buf.stride(1):
+            raise ValueError(f"a 4-D {name} must have its pages and in-page slots contiguous")
+    check_tensor("prefix_lens", prefix_lens, dtype=INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
+    B = prefix_lens.shape[0]
+    check_tensor("qo_indptr", qo_indptr, dtype=INDEX_DTYPES, device=dev, shape=(B + 1,), contiguous=True)
+    check_window_left(window_left)
+    slots = k_buffer.shape[0] * (k_buffer.shape[1] if k_buffer.dim() == 4 else 1)
+
+    paged = page_table is not None or window_starts is not None
+    if paged:
+        if kv_indptr is not None or kv_indices is not None:
+            raise ValueError("give either kv_indptr/kv_indices or page_table/window_starts, not both")
+        if page_table is None or window_starts is None:
+            raise ValueError("the page-table form needs both page_table and window_starts")
+        check_tensor("page_table", page_table, dtype=INDEX_DTYPES, device=dev, ndim=2)
+        if page_table.shape[0] != B:
+            raise ValueError(f"page_table must have {B} rows (one per request), got {page_table.shape[0]}")
+        if page_table.stride(1) != 1 and page_table.shape[1] > 1:
+            raise ValueError("page_table rows must be contiguous (stride 1 along pages)")
+        check_tensor("window_starts", window_starts, dtype=INDEX_DTYPES, device=dev, shape=(B,), contiguous=True)
+        check_int("page_size", page_size, minimum=1)
+        if slots % page_size:
+            raise ValueError(f"k_buffer has {slots} slots, not a whole number of pages of page_size={page_size}")
+    else:
+        if kv_indptr is None or kv_indices is None:
+            raise ValueError("the cached window is missing: give kv_indptr and kv_indices, or page_table and window_starts")
+        check_tensor("kv_indptr", kv_indptr, dtype=INDEX_DTYPES, device=dev, shape=(B + 1,), contiguous=True)
+        if isinstance(page_size, bool) or page_size != 1:
+            check_int("page_size", page_size, minimum=1)
+            raise ValueError(f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; "
+                             "pass a page_table for the paged form")
+        check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
+
+    if isinstance(causal, torch.Tensor) or not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if custom_mask is not None:
+        check_tensor("custom_mask", custom_mask, dtype=_MASK_DTYPES, device=dev, ndim=1, contiguous=True)
+        if mask_indptr is None:
+            raise ValueError("custom_mask needs mask_indptr (each request's offset into it)")
+        check_tensor("mask_indptr", mask_indptr, dtype=INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
+        if mask_indptr.shape[0] < B:
+            raise ValueError(f"mask_indptr must have at least {B} entries, got {mask_indptr.shape[0]}")
+    elif mask_indptr is not None:
+        raise ValueError("mask_indptr given without custom_mask")
+    if q_positions is not None:
+        check_tensor("q_positions", q_positions, dtype=INDEX_DTYPES, device=dev, shape=(T,), contiguous=True)
+    check_sinks("sinks", sinks, HQ, dev)
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(scale, torch.Tensor):
+            check_kv_scale(name, scale, dev)
+    if out is not None:
+        check_tensor("out", out, dtype=q.dtype, device=dev, shape=(T, HQ, DV))
+        if out.stride(2) != 1:
+            raise ValueError("out must be contiguous along its last dimension")
+
+    if max_window is None:
+        max_window = page_table.shape[1] * page_size if paged else kv_indices.numel()
+        if window_left >= 0:
+            max_window = min(max_window, window_left + 1)
+    check_int("max_window", max_window, minimum=0)
+    block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits = overrides
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value is not None:
+            check_pow2(name, value, 16)
+    for name, value in (("pack", pack), ("num_warps", num_warps), ("num_stages", num_stages)):
+        if value is not None:
+            check_int(name, value, minimum=1)
+    if edge_in_loop is not None and not isinstance(edge_in_loop, bool):
+        raise TypeError(f"edge_in_loop must be a bool, got {type(edge_in_loop).__name__}")
+    if num_splits is not None:
+        check_int("num_splits", num_splits, minimum=1)
+        if num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+
+    inputs = _Inputs()
+    inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B = T, HQ, H, D, DV, B
+    inputs.flatten_pages = k_buffer.dim() == 4
+    inputs.fp8_view = k_buffer.dtype == torch.uint8
+    inputs.paged, inputs.page_size = paged, page_size if paged else 1
+    inputs.has_mask, inputs.bool_mask = custom_mask is not None, custom_mask is not None and custom_mask.dtype == torch.bool
+    inputs.has_qpos, inputs.has_sink = q_positions is not None, sinks is not None
+    inputs.softcap, inputs.kv_scaled = softcap, k_scale is not None or v_scale is not None
+    inputs.scale_ptr = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
+    inputs.window_left, inputs.causal, inputs.max_window, inputs.overrides = window_left, causal, max_window, overrides
+    inputs.stride_pt = page_table.stride(0) if paged else 0
+    inputs.plans = {}
+    return inputs
+
+
+def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: int, device: torch.device) -> _Plan:
+    """Tiles (``extend_config`` unless overridden), splits (``extend_num_splits``), grids and launchers."""
+    T, HQ, H, D, DV, B = inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B
+    block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits = inputs.overrides
+    interpret = interpreting()
+    # bf16 dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
+    upcast = interpret and dtype == torch.bfloat16
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret)
+    bm = cfg.block_m if block_m is None else block_m
+    bn = cfg.block_n if block_n is None else block_n
+    gp = min(cfg.pack, bm) if pack is None else pack
+    if (HQ // H) % gp or bm % gp:
+        raise ValueError(f"pack ({gp}) must divide the GQA group size ({HQ // H}) and block_m ({bm})")
+    warps = cfg.num_warps if num_warps is None else num_warps
+    stages = cfg.num_stages if num_stages is None else num_stages
+    if edge_in_loop is None:
+        edge_in_loop = cfg.edge_in_loop
+    causal = inputs.causal and not inputs.has_mask
+    plain_causal = causal and not inputs.has_qpos
+    # a causal tile's diagonal spans its own bm // gp tokens: narrower key tiles there (16 keys at
+    # least, tensor cores' smallest); the other loops keep bn
+    bn_diag = max(16, min(bn, bm // gp)) if plain_causal else bn
+
+    m_tiles = triton.cdiv(max_extend_len, bm // gp)
+    if num_splits is None:
+        num_sms, smem = device_sizes(device)
+        resident = extend_resident_programs(bm, bn, stages, D, DV, itemsize, smem)
+        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, inputs.max_window, bn, num_sms, resident)
+    plan = _Plan()
+    plan.split = num_splits > 1
+    plan.num_splits = num_splits
+    plan.grid = extend_grid(m_tiles, num_splits, HQ // gp, B, T * HQ if plan.split else 0)
+    plan.empty = T == 0 or B == 0 or max_extend_len == 0
+    # split-KV partials [T, HQ, splits, Dv], then their log2-sum-exp2 [T, HQ, splits]
+    plan.lse_offset = T * HQ * num_splits * DV if plan.split else 0
+    plan.part_numel = plan.lse_offset + T * HQ * num_splits if plan.split else 0
+    constexprs = dict(
+        G=HQ // H, GP=gp, D=D, DV=DV,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_DIAG=bn_diag, PAGED=inputs.paged, PAGE=inputs.page_size,
+        WINDOW=inputs.window_left >= 0, CAUSAL=causal, HAS_MASK=inputs.has_mask,
+        HAS_QPOS=inputs.has_qpos, SOFTCAP=inputs.softcap, HAS_SINK=inputs.has_sink,
+        KV_SCALE=inputs.kv_scaled, SCALE_PTR=inputs.scale_ptr,
+        # float32 dots are exact (not tf32)
+        DOT_PREC="ieee" if dtype == torch.float32 or upcast else "tf32",
+        SPLIT=plan.split, EDGE_IN_LOOP=edge_in_loop and plain_causal, UPCAST_DOT=upcast,
+    )
+    plan.launch = _launcher(constexprs, warps, stages)
+    plan.default_scale = 1.0 / math.sqrt(D)
+    plan.merge = _merge_launcher(HQ, DV, num_splits, inputs.has_sink) if plan.split else None
+    plan.merge_grid = (T * HQ, 1, 1)
+    return plan
+
+
+def _launcher(constexprs: dict, num_warps: int, num_stages: int) -> Launcher:
+    key = (*constexprs.items(), num_warps, num_stages)
+    launch = _LAUNCHERS.get(key)
+    if launch is None:
+        launch = _LAUNCHERS[key] = Launcher(_swa_extend_kernel, None, constexprs, None, num_warps, num_stages)
+    return launch
+
+
+def _merge_launcher(heads: int, dv: int, num_splits: int, has_sink: bool) -> Launcher:
+    key = ("merge", dv, num_splits, has_sink)
+    launch = _LAUNCHERS.get(key)
+    if launch is None:
+        launch = _LAUNCHERS[key] = merge_launcher(None, heads, dv, num_splits, has_sink, skip_padding=True)
+    return launch
+
+
+def _max_extend_len(qo_indptr: torch.Tensor, total: int) -> int:
+    """Longest request of the batch: read from the device (one sync), or ``T`` while a CUDA graph
+    captures."""
+    if qo_indptr.shape[0] < 2:
+        return 0
+    if qo_indptr.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return total
+    return int((qo_indptr[1:] - qo_indptr[:-1]).max())
+
+
+@guarded(check_swa_extend)
+def swa_extend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    window_left: int,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    window_starts: torch.Tensor | None = None,
+    page_size: int = 1,
+    causal: bool = True,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    max_extend_len: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    pack: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    edge_in_loop: bool | None = None,
+    max_window: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Sliding-window attention of new tokens over their cached window prefix and each other.
+
+    Semantics are those of ``reference.extend_attention``: request ``b`` has ``E`` new tokens at
+    positions ``P + i`` (``P = prefix_lens[b]``); new token ``i`` sees cached position ``k`` when
+    ``P + i - k <= W`` and new token ``j`` when ``j <= i`` (``causal``), always (``causal=False``) or
+    where ``custom_mask`` says (which then replaces ``causal``), within the window by position. A
+    row that sees no key (and no sink) is all zeros.
+
+    Args:
+        q (torch.Tensor): new queries `[T, HQ, D]`, fp16, bf16 or fp32, packed by ``qo_indptr``.
+        k (torch.Tensor): new keys `[T, H, D]` in ``q``'s dtype (``HQ % H == 0``).
+        v (torch.Tensor): new values `[T, H, Dv]` in ``q``'s dtype.
+        k_buffer (torch.Tensor): the layer's key pool `[slots, H, D]` (or `[pages, page_size, H, D]`),
+            ``q``'s dtype or fp8 e4m3 (``float8_e4m3fn`` or its ``uint8`` storage).
+        v_buffer (torch.Tensor): the layer's value pool `[slots, H, Dv]`, same dtype as ``k_buffer``.
+        qo_indptr (torch.Tensor): int `[B + 1]`, request ``b``'s tokens are ``[qo_indptr[b], qo_indptr[b+1])``.
+        prefix_lens (torch.Tensor): int `[B]`, committed tokens before the new ones.
+        window_left (int): ``W``; ``-1`` is full attention.
+        kv_indptr, kv_indices (torch.Tensor): CSR form of the cached window: request ``b``'s slots
+            ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` hold positions ending at ``P - 1``, oldest first
+            (``extend_window_indices``); only the last ``min(len, W)`` entries are read.
+        page_table, window_starts (torch.Tensor): paged form instead: int32 `[B, max_pages]` and int
+            `[B]`; ``page_table[b, j]`` is the pool page of the ``j``-th page of a window that begins at
+            position ``window_starts[b]`` (``window_page_table``), so position ``t`` sits at slot
+            ``page_table[b, t // page_size - window_starts[b] // page_size] * page_size + t % page_size``.
+        page_size (int): tokens per page of the paged form.
+        causal (bool): new tokens see earlier new tokens only (prefill, chunk, chain verify);
+            ``False`` lets a draft block see all of itself.
+        custom_mask (torch.Tensor | None): flat bool/uint8, request ``b``'s row-major `[E, E]` block
+            (query row, new-key column) at ``mask_indptr[b]`` (tree verify).
+        mask_indptr (torch.Tensor | None): int `[B]` (or `[B + 1]`) offsets into ``custom_mask``.
+        q_positions (torch.Tensor | None): int `[T]` absolute positions of the new tokens for the
+            window test (tree drafts sit at ``P + depth``); default ``P + i``.
+        sm_scale (float | None): score scale, finite and ``> 0``; default ``1 / sqrt(D)``.
+        logit_cap (float): soft cap ``cap * tanh(s / cap)`` when ``> 0`` (finite; 0 or None: off).
+        sinks (torch.Tensor | None): `[HQ]` one logit per query head, joins the softmax denominator
+            (``-inf``: no sink; a row without visible keys gives zeros whatever its sink).
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales of the cached K/V (fp8
+            pools store ``value / scale``): a finite number ``> 0``, or a one-element float device
+            tensor read in the kernel (CUDA-graph friendly; its value is checked only by the debug
+            guard). The step's new ``k``/``v`` are never scaled.
+        out (torch.Tensor | None): `[T, HQ, Dv]` in ``q``'s dtype, written in place; rows of
+            requests (tokens ``[qo_indptr[0], qo_indptr[B])``) are written, nothing else. Without
+            ``out`` the other rows of the returned tensor are unset (NaN under
+            ``TRITON_SWA_POISON=1``).
+
+    The 1-D index tensors (``qo_indptr``, ``prefix_lens``, ``kv_indptr``, ``kv_indices``,
+    ``window_starts``, ``q_positions``, ``mask_indptr``, ``custom_mask``) must be contiguous: the
+    kernel reads them with unit strides. At most 65535 requests per call (CUDA's grid axis 2).
+        max_extend_len (int | None): host bound on ``E`` that sizes the grid. Without it the bound is
+            computed from ``qo_indptr`` (one device sync), or is ``T`` while a CUDA graph is captured.
+        block_m, block_n, pack, num_warps, num_stages (int | None): override ``extend_config``
+            (tests use small blocks to walk multi-tile paths).
+        edge_in_loop (bool | None): override ``extend_config``'s choice of streaming a causal
+            window's lower edge inside the main key loop.
+        max_window (int | None): host bound on the cached prefix keys any request reads, which sizes
+            the splits (never read from the device). Default: ``W + 1`` for a sliding window, capped by
+            ``kv_indices.numel()`` or ``page_table.shape[1] * page_size``, which alone bound it at
+            ``W = -1``. ``0`` (no request has a cached prefix) turns the automatic splits off.
+        num_splits (int | None): splits of each query tile's cached prefix (split-KV, at most 64):
+            each split streams its share of the prefix tiles and writes float32 partials that a
+            second kernel merges (adding the sinks). ``None``: ``extend_num_splits``, which splits
+            only launches that leave most SMs idle (verify and short extends at small batch); ``1``
+            disables; tests force more to walk the split path on tiny shapes.
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.runtime.guard`).
+
+    Returns:
+        torch.Tensor: `[T, HQ, Dv]` in ``q``'s dtype (``out`` when given).
+
+    Raises:
+        TypeError: naming the argument, before anything is launched, for a wrong type or dtype.
+        ValueError: naming the argument, before anything is launched, for a wrong shape, device,
+            stride, window, page size, head ratio or scalar value, or a grid past CUDA's limits.
+    """
+    # Scalars: checked on every call (the signature holds their types, not their values), before any
+    # tensor is allocated or launched on.
+    check_window_left(window_left)
+    logit_cap = check_logit_cap(logit_cap)
+    sm_scale = check_sm_scale(sm_scale, None)
+    ks, ks_t = check_kv_scale("k_scale", k_scale, None) if not isinstance(k_scale, torch.Tensor) else (1.0, k_scale)
+    vs, vs_t = check_kv_scale("v_scale", v_scale, None) if not isinstance(v_scale, torch.Tensor) else (1.0, v_scale)
+    overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits)
+    args = (q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts,
+            page_size, causal, custom_mask, mask_indptr, q_positions, sinks, k_scale, v_scale, out, window_left,
+            max_window, overrides, logit_cap > 0)
+    try:
+        key = _signature(*args)
+        inputs = _CHECKED.get(key)
+    except (AttributeError, TypeError):
+        # Not tensors, or unhashable options: the checks below name the culprit.
+        key, inputs = None, None
+    if inputs is None:
+        inputs = _check_inputs(*args)
+        if key is not None:
+            _CHECKED.put(key, inputs)
+
+    if max_extend_len is None:
+        max_extend_len = _max_extend_len(qo_indptr, inputs.T)
+    check_int("max_extend_len", max_extend_len, minimum=0)
+    plan = inputs.plans.get(max_extend_len)
+    if plan is None:
+        plan = inputs.plans[max_extend_len] = _plan(inputs, max_extend_len, q.dtype, q.element_size(), q.device)
+
+    dev = q.device
+    if out is None:
+        out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=dev)
+    if plan.empty:
+        return out
+    if inputs.flatten_pages:
+        k_buffer = k_buffer.view(-1, *k_buffer.shape[2:])
+        v_buffer = v_buffer.view(-1, *v_buffer.shape[2:])
+    if inputs.fp8_view:
+        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
+    if inputs.scale_ptr:
+        # both scales through pointers (one constexpr): a number becomes a one-element tensor
+        ks = ks_t if ks_t is not None else torch.full((1,), ks, dtype=torch.float32, device=dev)
+        vs = vs_t if vs_t is not None else torch.full((1,), vs, dtype=torch.float32, device=dev)
+    part = poison.empty(plan.part_numel, dtype=torch.float32, device=dev) if plan.split else out
+    if inputs.has_mask:
+        mask_arg = custom_mask.view(torch.uint8) if inputs.bool_mask else custom_mask
+    else:
+        mask_arg = mask_indptr = prefix_lens
+    if not inputs.paged:
+        page_table = window_starts = prefix_lens
+    else:
+        kv_indptr = kv_indices = prefix_lens
+    sinks_arg = sinks if sinks is not None else q
+    args = (
+        q, k, v, k_buffer, v_buffer, out, part,
+        qo_indptr, prefix_lens,
+        kv_indptr, kv_indices, page_table, window_starts,
+        mask_arg, mask_indptr, q_positions if q_positions is not None else prefix_lens, sinks_arg,
+        ks, vs, plan.default_scale if sm_scale is None else sm_scale, logit_cap, window_left,
+        plan.num_splits, plan.lse_offset, inputs.HQ,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        out.stride(0), out.stride(1), inputs.stride_pt,
+    )
+    plan.launch(args, plan.grid)
+    if plan.split:
+        plan.merge((part, sinks_arg, out, qo_indptr, plan.num_splits, plan.lse_offset, out.stride(0), out.stride(1),
+                    inputs.HQ, inputs.B), plan.merge_grid)
+    return out

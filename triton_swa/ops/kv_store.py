@@ -1,0 +1,245 @@
+"""K/V stores: a layer's new K/V written at its slots, translated to SWA slots in the same kernel.
+
+:func:`store_kv` equals ``triton_swa_reference.store_kv`` bit for bit: the encoders to bfloat16 and
+float8 e4m3fn are written out by hand (Triton 3.6's interpreter rounds both wrongly), and the
+division by a scale is correctly rounded, as torch's.
+
+Scale convention (the pools' and SGLang's): an fp8 pool stores ``value / scale``; readers multiply
+by the same per-tensor ``k_scale`` / ``v_scale``. A scale is a finite number ``> 0`` (passed by
+value) or a one-element float tensor on the buffers' device (read in the kernel, so that a CUDA graph
+replays with its current value).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime.checks import INDEX_DTYPES, KV_DTYPES, check_kv_scale, check_tensor
+from ..runtime.guard import check_store_kv, guarded
+from .indices import check_mapping
+
+__all__ = ["store_kv"]
+
+
+@triton.jit
+def _fp8_e4m3_bits(x):
+    """Bits (uint8) of the float8 e4m3fn value nearest to ``x`` (float32): ties to even, saturating at
+    448 as torch does (inf too), NaN as 0x7F; the sign is kept (-0.0 gives 0x80).
+
+    Encoded by hand because triton 3.6's interpreter converts float32 -> e4m3 wrongly (ties away from
+    even, a carry into the next binade drops a power of two: 7.99 -> 4.0, and -0.0 loses its sign).
+    The GPU's own conversion agrees with this one; it costs a few integer ops in a memory-bound kernel.
+    """
+    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
+    a = tl.where(tl.abs(x) < 464.0, tl.abs(x), 464.0)  # NaN -> 464, fixed below
+    # Binade exponent, clamped to -6 (the normal minimum; below it the subnormal step 2**-9).
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    y = a * ((127 + 3 - e) << 23).to(tl.float32, bitcast=True)  # a * 2**(3 - e): [8, 16) or subnormal [0, 8)
+    t = y.to(tl.int32)
+    frac = y - t.to(tl.float32)
+    n = t + ((frac > 0.5) | ((frac == 0.5) & ((t & 1) == 1))).to(tl.int32)
+    carry = n >> 4  # 16: the rounding reached the next binade
+    e += carry
+    n = tl.where(carry == 1, 8, n)
+    bits = tl.where(n >= 8, ((e + 7) << 3) | (n - 8), n)
+    bits = tl.where(x != x, 0x7F, tl.minimum(bits, 0x7E))
+    return (bits | sign).to(tl.uint8)
+
+
+@triton.jit
+def _bf16_bits(x):
+    """Bits (int16) of ``x`` (float32) rounded to bfloat16, ties to even; NaN as 0x7FC0 (torch's).
+
+    By hand because triton 3.6's interpreter truncates float32 -> bfloat16 instead of rounding.
+    """
+    b = x.to(tl.int32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).to(tl.int16)
+    return tl.where(x != x, 0x7FC0, r).to(tl.int16)
+
+
+@triton.jit
+def _swa_store_rows(buf, stride_buf_s, stride_buf_h, stride_buf_d, slot, num_slots,
+                    x, stride_x_n, stride_x_h, stride_x_d, i_n,
+                    scale, scale_ptr, H, D, i_h,
+                    SCALE: tl.constexpr, ENC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``,
+    unless ``slot`` lies outside ``[0, num_slots)`` (then nothing is written: no store can land past
+    the buffer, whatever the indices hold).
+
+    ``ENC``: 0 a plain cast to ``buf``'s dtype; 1 ``buf`` is int16 storage of bfloat16; 2 ``buf`` is
+    uint8 storage of float8 e4m3fn (both rounded by hand, exactly as torch rounds).
+    """
+    o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    o_d = tl.arange(0, BLOCK_D)
+    m_hd = (o_h < H)[:, None] & (o_d < D)[None, :] & ((slot >= 0) & (slot < num_slots))
+    # [BLOCK_H, BLOCK_D]
+    b_x = tl.load(x + i_n * stride_x_n + o_h[:, None] * stride_x_h + o_d[None, :] * stride_x_d,
+                  mask=m_hd, other=0.0).to(tl.float32)
+    # Correctly rounded division, as torch's x / scale (Triton's `/` on fp32 is approximate).
+    # (div_rn does not broadcast: the scale is spread over the tile first.)
+    if SCALE == 1:
+        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * scale)
+    elif SCALE == 2:
+        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * tl.load(scale_ptr).to(tl.float32))
+    p_dst = buf + slot * stride_buf_s + o_h[:, None] * stride_buf_h + o_d[None, :] * stride_buf_d
+    if ENC == 2:
+        tl.store(p_dst, _fp8_e4m3_bits(b_x), mask=m_hd)
+    elif ENC == 1:
+        tl.store(p_dst, _bf16_bits(b_x), mask=m_hd)
+    else:
+        tl.store(p_dst, b_x.to(buf.dtype.element_ty), mask=m_hd)
+
+
+@triton.jit(do_not_specialize=["n_mapping", "num_slots_k", "num_slots_v"])
+def _swa_store_kv_kernel(
+    k_buffer, stride_kb_s, stride_kb_h, stride_kb_d,
+    v_buffer, stride_vb_s, stride_vb_h, stride_vb_d,
+    k, stride_k_n, stride_k_h, stride_k_d,
+    v, stride_v_n, stride_v_h, stride_v_d,
+    loc, stride_loc, mapping, n_mapping, num_slots_k, num_slots_v,
+    k_scale, k_scale_ptr, v_scale, v_scale_ptr,
+    H, D, HV, DV,
+    HAS_MAPPING: tl.constexpr,
+    K_SCALE: tl.constexpr,
+    V_SCALE: tl.constexpr,
+    K_ENC: tl.constexpr,
+    V_ENC: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """One program per (token, block of heads): translate the slot once, write its K and V rows.
+
+    ``K_SCALE``/``V_SCALE``: 0 no scale, 1 scale passed by value, 2 scale read from a 1-element tensor.
+    Out-of-range indices are dropped, never followed (see :func:`store_kv`): a ``loc`` outside
+    ``[-n_mapping, n_mapping)`` reads no mapping entry and writes nothing, and a row is written only
+    where its (wrapped) slot lies inside its buffer.
+    """
+    i_n = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    slot = tl.load(loc + i_n * stride_loc).to(tl.int64)
+    if HAS_MAPPING:
+        slot = tl.where(slot < 0, slot + n_mapping, slot)
+        m_map = (slot >= 0) & (slot < n_mapping)
+        # a dropped loc gets slot -(2**62): outside both buffers after the wrap below
+        slot = tl.load(mapping + slot, mask=m_map, other=0).to(tl.int64)
+        slot = tl.where(m_map, slot, -4611686018427387904)
+    slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
+    slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
+    _swa_store_rows(k_buffer, stride_kb_s, stride_kb_h, stride_kb_d, slot_k, num_slots_k,
+                    k, stride_k_n, stride_k_h, stride_k_d, i_n, k_scale, k_scale_ptr, H, D, i_h,
+                    K_SCALE, K_ENC, BLOCK_H, BLOCK_D)
+    _swa_store_rows(v_buffer, stride_vb_s, stride_vb_h, stride_vb_d, slot_v, num_slots_v,
+                    v, stride_v_n, stride_v_h, stride_v_d, i_n, v_scale, v_scale_ptr, HV, DV, i_h,
+                    V_SCALE, V_ENC, BLOCK_H, BLOCK_DV)
+
+
+def _store_blocks(H: int, D: int, DV: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_D, BLOCK_DV): head dims padded to powers of two; heads grouped so that a
+    program moves about 4k elements of K plus V (enough bytes per program, few programs per token)."""
+    block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(DV)
+    block_h = max(1, min(triton.next_power_of_2(H), 4096 // max(block_d, block_dv)))
+    return block_h, block_d, block_dv
+
+
+def _scale_arg(name: str, scale, device):
+    """(mode, value, pointer) of a scale checked by ``check_kv_scale``: None -> 0; a number -> 1 (by
+    value); a tensor -> 2 (read in-kernel, so that a graph replays with the tensor's current value)."""
+    value, tensor = check_kv_scale(name, scale, device)
+    if tensor is not None:
+        return 2, 1.0, tensor
+    return (0 if scale is None else 1), value, None
+
+
+def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The buffer as the kernel writes it, and its ``ENC``: bfloat16 as int16 bits (1), float8 e4m3fn
+    (typed, or the pools' uint8 storage) as uint8 bits (2), others as themselves (0)."""
+    if buf.dtype == torch.bfloat16:
+        return buf.view(torch.int16), 1
+    if buf.dtype in (torch.uint8, torch.float8_e4m3fn):
+        return buf.view(torch.uint8), 2
+    return buf, 0
+
+
+@guarded(check_store_kv)
+def store_kv(
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mapping: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+) -> None:
+    """Write a layer's new K/V rows at full slots ``loc``, translated to SWA slots in the same kernel.
+
+    ``k_buffer[slot] = (k / k_scale).to(k_buffer.dtype)`` (division only when a scale is given, in
+    float32, correctly rounded), likewise for V, with ``slot = mapping[loc]`` for a sliding layer and
+    ``loc`` for a full layer. Equals ``triton_swa_reference.store_kv`` bit for bit.
+
+    Args:
+        k_buffer (torch.Tensor): `[num_slots, H, D]` float16/bfloat16/float32/float8_e4m3fn, or uint8
+            storage of float8_e4m3fn (as the pools keep fp8); written in place.
+        v_buffer (torch.Tensor): `[num_slots_v, HV, DV]`, same dtype rules.
+        loc (torch.Tensor): int32/int64 `[n]` full slots (negative slots index from the end, like torch).
+        k (torch.Tensor): `[n, H, D]` floating; ``v`` `[n, HV, DV]`. Any strides.
+        mapping (torch.Tensor | None): ``full_to_swa_index_mapping`` for a sliding layer.
+        k_scale, v_scale (float | torch.Tensor | None): per-tensor scales: a finite number > 0, or a
+            one-element float tensor on the buffers' device (read in the kernel, so CUDA-graph replays
+            see its current value; its value is checked only by the debug guard).
+        debug (bool | None): check every index this call reads or writes before launching (a host
+            sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
+            (see :mod:`triton_swa.runtime.guard`).
+
+    Out-of-range slots are dropped, not written (the kernel cannot read ``loc`` on the host, and
+    a store past a buffer would land in a neighbouring tensor). Exactly: with ``mapping``, a ``loc``
+    ``l`` is first wrapped (``l + len(mapping)`` when ``l < 0``) and dropped unless ``0 <= l <
+    len(mapping)``; then the slot ``s`` (``mapping[l]``, or ``loc`` itself without a mapping) is
+    wrapped per buffer (``s + rows`` when ``s < 0``, ``rows = k_buffer.shape[0]`` for K,
+    ``v_buffer.shape[0]`` for V) and that buffer's row is written only when ``0 <= s < rows``. The
+    debug guard (``TRITON_SWA_DEBUG=1``) turns the same condition into a ValueError.
+
+    fp8 e4m3 buffers saturate: a value beyond the format's range, ``inf`` included, is stored as
+    ``±448`` (bytes ``0x7E``/``0xFE``), as torch's cast does, so a finite or infinite input never
+    becomes a NaN byte; only a NaN input is stored as NaN (``0x7F``/``0xFF``).
+
+    Raises:
+        TypeError, ValueError: on a wrong dtype, device, shape or scale, before any launch.
+    """
+    allowed = KV_DTYPES + (torch.uint8,)
+    check_tensor("k_buffer", k_buffer, dtype=allowed, ndim=3)
+    device = k_buffer.device
+    check_tensor("v_buffer", v_buffer, dtype=allowed, device=device, ndim=3)
+    check_tensor("loc", loc, dtype=INDEX_DTYPES, device=device, ndim=1)
+    n = loc.shape[0]
+    _, H, D = k_buffer.shape
+    _, HV, DV = v_buffer.shape
+    check_tensor("k", k, device=device, shape=(n, H, D))
+    check_tensor("v", v, device=device, shape=(n, HV, DV))
+    for name, x in (("k", k), ("v", v)):
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must be floating, got {x.dtype}")
+    if mapping is not None:
+        check_mapping(mapping, device, None)
+    k_mode, k_val, k_ptr = _scale_arg("k_scale", k_scale, device)
+    v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
+    if n == 0:
+        return
+    kb, k_enc = _store_view(k_buffer)
+    vb, v_enc = _store_view(v_buffer)
+    block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
+    grid = (n, triton.cdiv(max(H, HV), block_h))
+    _swa_store_kv_kernel[grid](
+        kb, *kb.stride(), vb, *vb.stride(), k, *k.stride(), v, *v.stride(),
+        loc, loc.stride(0), mapping if mapping is not None else loc, mapping.numel() if mapping is not None else 0,
+        kb.shape[0], vb.shape[0],
+        k_val, k_ptr if k_ptr is not None else kb, v_val, v_ptr if v_ptr is not None else vb,
+        H, D, HV, DV,
+        HAS_MAPPING=mapping is not None, K_SCALE=k_mode, V_SCALE=v_mode,
+        K_ENC=k_enc, V_ENC=v_enc,
+        BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
+    )

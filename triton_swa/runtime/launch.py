@@ -1,0 +1,152 @@
+"""Launching compiled kernels with little host cost, and caching what a checked call decides.
+
+- :class:`Launcher`: one kernel with fixed constexprs and options. The first call per device and
+  specialisation key goes through Triton's JIT (which compiles, or finds the compiled kernel); later
+  calls launch that compiled kernel directly, skipping the JIT's per-call argument binding (about
+  half of a short call's host time on the H200's host: ``bench/probe_extend_launch.py``). The direct
+  call uses the launcher signature of Triton 3.6's compiled kernels (CUDA and HIP alike); other Triton
+  versions, the interpreter, or ``TRITON_SWA_FAST_LAUNCH=0`` (read at import; or
+  :func:`set_fast_launch`) take the JIT every time.
+- :class:`PlanCache`: what an op's checks and heuristics decided for one input signature (dtypes,
+  shapes, strides, devices, options), so that a repeated call skips them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton import knobs
+
+from .device import interpreting
+
+__all__ = ["Launcher", "PlanCache", "current_stream", "fast_launch_enabled", "scale_key", "set_fast_launch",
+           "tensor_key"]
+
+try:  # Triton's argument specialisation (3.6's native binder), for keys over varying integers
+    from triton._C.libtriton import native_specialize_impl as _SPECIALIZE
+except ImportError:  # pragma: no cover - other Triton versions take the JIT path
+    _SPECIALIZE = None
+
+_FAST = triton.__version__.startswith("3.6.") and os.environ.get("TRITON_SWA_FAST_LAUNCH", "1") != "0"
+_DRIVER: list = []
+
+
+def set_fast_launch(enabled: bool) -> None:
+    """Turn the direct launch of compiled kernels on or off (benchmarks compare the two)."""
+    global _FAST
+    _FAST = bool(enabled) and triton.__version__.startswith("3.6.")
+
+
+def fast_launch_enabled() -> bool:
+    return _FAST
+
+
+def _driver_fns():
+    if not _DRIVER:
+        from triton.runtime import driver
+
+        _DRIVER.extend([driver.active.get_current_device, driver.active.get_current_stream])
+    return _DRIVER
+
+
+def current_stream(device_index: int | None):
+    """The driver's current stream handle on ``device_index``."""
+    return _driver_fns()[1](device_index)
+
+
+class Launcher:
+    """One kernel with fixed constexprs and options; call it with the runtime arguments and a grid.
+
+    The direct-launch key is what Triton specialises a kernel on beyond the constexprs and options.
+    With ``n_ptr`` (launches whose argument dtypes and integers are fixed, as decode's plans) it is the
+    16-byte alignment of the first ``n_ptr`` arguments (pointers); with ``n_ptr=None`` (integers that
+    vary between calls, as extend's) it is Triton's own specialisation of every argument (dtype,
+    16-divisibility, an integer's width and whether it is 1). The grid is fixed (``grid``) or given
+    per call.
+    """
+
+    __slots__ = ("fn", "grid", "constexprs", "tail", "options", "n_ptr", "compiled", "interpret")
+
+    def __init__(self, fn, grid, constexprs: dict, n_ptr: int | None, num_warps: int, num_stages: int | None = None):
+        self.fn, self.grid, self.constexprs, self.n_ptr = fn, grid, constexprs, n_ptr
+        self.interpret = interpreting()
+        self.tail = ()
+        self.options = {"num_warps": num_warps}
+        if num_stages is not None:
+            self.options["num_stages"] = num_stages
+        self.compiled: dict = {}
+
+    def __call__(self, args: tuple, grid: tuple | None = None) -> None:
+        grid = self.grid if grid is None else grid
+        if not _FAST or self.interpret or (self.n_ptr is None and _SPECIALIZE is None):
+            self.fn[grid](*args, **self.constexprs, **self.options)
+            return
+        get_device, get_stream = _driver_fns()
+        device = get_device()
+        if self.n_ptr is None:
+            # the JIT's own backend for this device, as its binder uses (device_caches: 3.6's layout)
+            backend = self.fn.device_caches[device][3]
+            key = (device, *[_SPECIALIZE(backend, a, False, True, True) for a in args])
+        else:
+            key = (device, *[a.data_ptr() & 15 == 0 for a in args[: self.n_ptr]])
+        kernel = self.compiled.get(key)
+        if kernel is None:
+            kernel = self.fn[grid](*args, **self.constexprs, **self.options)
+            if all(hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
+                # The launcher takes every parameter in order, the constexprs (the last ones) included.
+                self.tail = tuple(self.constexprs[name] for name in self.fn.arg_names[len(args):])
+                self.compiled[key] = kernel
+            return
+        stream = get_stream(device)
+        full = (*args, *self.tail)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if enter is None or not getattr(enter, "calls", True):
+            # No launch hooks (profilers) registered: the launcher skips them and their metadata.
+            meta = enter = leave = None
+        else:
+            meta = kernel.launch_metadata(grid, stream, *full)
+        kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, meta, enter, leave,
+                   *full)
+
+
+def tensor_key(t):
+    """What a plan may depend on of a tensor: dtype, shape, strides and device (None for None)."""
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
+
+
+def scale_key(s):
+    """A scale's part of a signature: a tensor's dtype, shape and device, or a number's type."""
+    return (s.dtype, s.shape, s.device) if isinstance(s, torch.Tensor) else type(s)
+
+
+class PlanCache:
+    """Plans by signature, at most ``max_size`` of them (cleared when full: signatures are few in a
+    serving loop, so a full cache means shapes that do not repeat)."""
+
+    __slots__ = ("plans", "max_size")
+
+    def __init__(self, max_size: int = 4096):
+        self.plans: dict = {}
+        self.max_size = max_size
+
+    def get(self, key):
+        return self.plans.get(key)
+
+    def put(self, key, plan) -> None:
+        if len(self.plans) >= self.max_size:
+            self.plans.clear()
+        self.plans[key] = plan
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+    def values(self):
+        return self.plans.values()
+
+    def items(self):
+        return self.plans.items()
+
+    def __len__(self) -> int:
+        return len(self.plans)
