@@ -73,8 +73,7 @@ FP8_SCALE = 0.5
 KILL_GRACE_S = 120  # a worker still running this long after the budget is killed
 DTYPE = torch.bfloat16
 RESULTS = Path(__file__).resolve().parent / "results"
-CSV_COLUMNS = ["case", "tree", "round", "us_p50", "us_p20", "us_p80", "max_abs_err", "status", "gpu", "torch", "triton",
-               "git_sha", "date"]
+CSV_COLUMNS = ["case", "tree", "round", "us_p50", "us_p20", "us_p80", "max_abs_err", "status", "gpu", "torch", "triton", "git_sha", "date"]
 
 
 @dataclass(frozen=True)
@@ -93,18 +92,21 @@ class Model:
         return 1.0 / math.sqrt(self.d)
 
 
-MODELS = {m.name: m for m in (
-    Model("g3", 32, 16, 128, 1023),
-    Model("g4swa", 32, 16, 256, 1023),
-    Model("g4full", 32, 4, 512, -1),
-    Model("mistral", 32, 8, 128, 4095),
-    Model("gptoss", 64, 8, 64, 127, sinks=True),
-    # --smoke only: small enough for Triton's interpreter on a CPU
-    Model("tswa", 4, 2, 32, 15),
-    Model("twide", 4, 2, 64, 23),
-    Model("tfull", 4, 1, 64, -1),
-    Model("tsink", 8, 2, 32, 7, sinks=True),
-)}
+MODELS = {
+    m.name: m
+    for m in (
+        Model("g3", 32, 16, 128, 1023),
+        Model("g4swa", 32, 16, 256, 1023),
+        Model("g4full", 32, 4, 512, -1),
+        Model("mistral", 32, 8, 128, 4095),
+        Model("gptoss", 64, 8, 64, 127, sinks=True),
+        # --smoke only: small enough for Triton's interpreter on a CPU
+        Model("tswa", 4, 2, 32, 15),
+        Model("twide", 4, 2, 64, 23),
+        Model("tfull", 4, 1, 64, -1),
+        Model("tsink", 8, 2, 32, 7, sinks=True),
+    )
+}
 
 
 def _tokens(n: int) -> str:
@@ -165,8 +167,9 @@ class DecodeCase:
     @property
     def id(self) -> str:
         m = self.model
-        return (f"decode-{m.name}-B{self.batch}-L{_tokens(self.context)}-W{m.window_left}-D{m.d}-P{self.page_size}"
-                + ("-fp8" if self.fp8 else ""))
+        return f"decode-{m.name}-B{self.batch}-L{_tokens(self.context)}-W{m.window_left}-D{m.d}-P{self.page_size}" + (
+            "-fp8" if self.fp8 else ""
+        )
 
     @property
     def window(self) -> int:
@@ -197,15 +200,31 @@ class DecodeCase:
         if self.page_size == 1:
             where = dict(kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"])
         else:
-            where = dict(page_table=s["page_table"], window_starts=s["window_starts"], seq_lens=s["seq_lens"],
-                         page_size=self.page_size)
-        lib.swa_decode(s["q"], s["k_buffer"], s["v_buffer"], **where, sm_scale=self.model.sm_scale, sinks=s["sinks"],
-                       out=s["out"], max_window=self.window, **self._scales())
+            where = dict(page_table=s["page_table"], window_starts=s["window_starts"], seq_lens=s["seq_lens"], page_size=self.page_size)
+        lib.swa_decode(
+            s["q"],
+            s["k_buffer"],
+            s["v_buffer"],
+            **where,
+            sm_scale=self.model.sm_scale,
+            sinks=s["sinks"],
+            out=s["out"],
+            max_window=self.window,
+            **self._scales(),
+        )
 
     def reference(self, ref, s: dict) -> torch.Tensor:
         """Every request, over the slots the inputs were built with (the page-table form's too)."""
-        return ref.decode_attention(s["q"], s["k_buffer"], s["v_buffer"], s["kv_indptr"], s["kv_indices"],
-                                    sm_scale=self.model.sm_scale, sinks=s["sinks"], **self._scales())
+        return ref.decode_attention(
+            s["q"],
+            s["k_buffer"],
+            s["v_buffer"],
+            s["kv_indptr"],
+            s["kv_indices"],
+            sm_scale=self.model.sm_scale,
+            sinks=s["sinks"],
+            **self._scales(),
+        )
 
     def error(self, s: dict, expected: torch.Tensor) -> float:
         return _float_error(s["out"], None, expected)
@@ -249,10 +268,23 @@ class ExtendCase:
         )
 
     def run(self, lib, s: dict) -> None:
-        lib.swa_extend(s["q"], s["k"], s["v"], s["k_buffer"], s["v_buffer"], s["qo_indptr"], s["prefix_lens"],
-                       window_left=self.model.window_left, kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"],
-                       causal=True, sm_scale=self.model.sm_scale, sinks=s["sinks"], out=s["out"],
-                       max_extend_len=self.new_tokens)
+        lib.swa_extend(
+            s["q"],
+            s["k"],
+            s["v"],
+            s["k_buffer"],
+            s["v_buffer"],
+            s["qo_indptr"],
+            s["prefix_lens"],
+            window_left=self.model.window_left,
+            kv_indptr=s["kv_indptr"],
+            kv_indices=s["kv_indices"],
+            causal=True,
+            sm_scale=self.model.sm_scale,
+            sinks=s["sinks"],
+            out=s["out"],
+            max_extend_len=self.new_tokens,
+        )
 
     def reference(self, ref, s: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, float64 values) of the last ``check_rows`` new tokens of each request.
@@ -269,16 +301,29 @@ class ExtendCase:
         rows, values = [], []
         for b in range(self.batch):
             q0 = b * E
-            pool_slots = s["kv_indices"][b * cached:(b + 1) * cached].long()[ref_start - start:]
+            pool_slots = s["kv_indices"][b * cached : (b + 1) * cached].long()[ref_start - start :]
             new_from, new_to = q0 + max(0, ref_start - P), q0 + cut
             k_win = torch.cat([s["k_buffer"][pool_slots], s["k"][new_from:new_to]])
             v_win = torch.cat([s["v_buffer"][pool_slots], s["v"][new_from:new_to]])
             n = k_win.shape[0]
             t = slice(q0 + cut, q0 + E)
-            values.append(ref.extend_attention(
-                s["q"][t], s["k"][t], s["v"][t], k_win, v_win, torch.tensor([0, tail]), torch.tensor([0, n]),
-                torch.arange(n), torch.tensor([P + cut]), window_left=m.window_left, sm_scale=m.sm_scale, causal=True,
-                sinks=s["sinks"]))
+            values.append(
+                ref.extend_attention(
+                    s["q"][t],
+                    s["k"][t],
+                    s["v"][t],
+                    k_win,
+                    v_win,
+                    torch.tensor([0, tail]),
+                    torch.tensor([0, n]),
+                    torch.arange(n),
+                    torch.tensor([P + cut]),
+                    window_left=m.window_left,
+                    sm_scale=m.sm_scale,
+                    causal=True,
+                    sinks=s["sinks"],
+                )
+            )
             rows.append(torch.arange(q0 + cut, q0 + E))
         return torch.cat(rows), torch.cat(values)
 
@@ -305,24 +350,33 @@ class IndicesCase:
         B, L = self.batch, self.context
         full = max(self.full_slots, 2 * B * L)
         req_to_token = torch.zeros(B + 1, L, dtype=torch.int32, device=device)
-        req_to_token[1:] = (torch.randperm(full, generator=gen, device=device)[:B * L] + 1).view(B, L).to(torch.int32)
+        req_to_token[1:] = (torch.randperm(full, generator=gen, device=device)[: B * L] + 1).view(B, L).to(torch.int32)
         # full_to_swa_index_mapping: [full + page_size + 1] entries, 0 -> 0 (none), the last -1 -> -1
         mapping = torch.randint(1, 2 * B * (self.window_left + 1) + 1, (full + 2,), generator=gen, device=device)
         mapping[0], mapping[-1] = 0, -1
         n = min(L, self.window_left + 1)
         poison = lambda size: torch.full((size,), -7, dtype=torch.int32, device=device)
-        return dict(req_to_token=req_to_token, mapping=mapping,
-                    req_pool_indices=torch.arange(1, B + 1, dtype=torch.int32, device=device),
-                    seq_lens=torch.full((B,), L, dtype=torch.int32, device=device),
-                    out=(poison(B + 1), poison(B * n), poison(B)))
+        return dict(
+            req_to_token=req_to_token,
+            mapping=mapping,
+            req_pool_indices=torch.arange(1, B + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.full((B,), L, dtype=torch.int32, device=device),
+            out=(poison(B + 1), poison(B * n), poison(B)),
+        )
 
     def run(self, lib, s: dict) -> None:
-        lib.build_window_indices(s["req_to_token"], s["req_pool_indices"], s["seq_lens"], window_left=self.window_left,
-                                 mapping=s["mapping"], page_size=1, out=lib.WindowIndices(*s["out"]))
+        lib.build_window_indices(
+            s["req_to_token"],
+            s["req_pool_indices"],
+            s["seq_lens"],
+            window_left=self.window_left,
+            mapping=s["mapping"],
+            page_size=1,
+            out=lib.WindowIndices(*s["out"]),
+        )
 
     def reference(self, ref, s: dict) -> tuple[torch.Tensor, ...]:
-        return ref.decode_window_indices(s["req_to_token"], s["req_pool_indices"], s["seq_lens"], self.window_left,
-                                         s["mapping"])
+        return ref.decode_window_indices(s["req_to_token"], s["req_pool_indices"], s["seq_lens"], self.window_left, s["mapping"])
 
     def error(self, s: dict, expected: tuple[torch.Tensor, ...]) -> float:
         """Entries that differ from the reference (kv_indptr, kv_indices, window_starts)."""
@@ -340,11 +394,19 @@ def _catalog() -> dict[str, list]:
     extend += [ExtendCase("chunk", M["g3"], 4, 1024, 4096)]
     extend += [ExtendCase("verify", M[name], B, 8, 4096) for name in ("g3", "g4swa") for B in (1, 8)]
     full = decode + extend + [IndicesCase(64, 8192, 1023)]
-    quick_ids = {"decode-g3-B1-L8k-W1023-D128-P1", "decode-g3-B64-L8k-W1023-D128-P1", "decode-g4swa-B64-L8k-W1023-D256-P1",
-                 "decode-g4full-B1-L32k-W-1-D512-P1", "decode-mistral-B64-L8k-W4095-D128-P1",
-                 "decode-gptoss-B8-L8k-W127-D64-P1", "decode-g3-B64-L8k-W1023-D128-P16",
-                 "decode-g3-B64-L8k-W1023-D128-P1-fp8", "extend-prefill-g3-B1-E8192-pre0-W1023-D128",
-                 "extend-chunk-g3-B4-E1024-pre4096-W1023-D128", "extend-verify-g3-B8-E8-pre4096-W1023-D128"}
+    quick_ids = {
+        "decode-g3-B1-L8k-W1023-D128-P1",
+        "decode-g3-B64-L8k-W1023-D128-P1",
+        "decode-g4swa-B64-L8k-W1023-D256-P1",
+        "decode-g4full-B1-L32k-W-1-D512-P1",
+        "decode-mistral-B64-L8k-W4095-D128-P1",
+        "decode-gptoss-B8-L8k-W127-D64-P1",
+        "decode-g3-B64-L8k-W1023-D128-P16",
+        "decode-g3-B64-L8k-W1023-D128-P1-fp8",
+        "extend-prefill-g3-B1-E8192-pre0-W1023-D128",
+        "extend-chunk-g3-B4-E1024-pre4096-W1023-D128",
+        "extend-verify-g3-B8-E8-pre4096-W1023-D128",
+    }
     smoke = [
         DecodeCase(M["tswa"], 2, 40),
         DecodeCase(M["twide"], 2, 40, page_size=4),
@@ -372,8 +434,9 @@ def _import_tree(tree_dir: Path):
     ``DIR/reference`` under its package name, else (a tree laid out otherwise) from ``PYTHONPATH``."""
     folder = tree_dir / "reference"
     if (folder / "__init__.py").is_file():  # a source tree: never a triton_swa_reference installed elsewhere
-        spec = importlib.util.spec_from_file_location("triton_swa_reference", folder / "__init__.py",
-                                                      submodule_search_locations=[str(folder)])
+        spec = importlib.util.spec_from_file_location(
+            "triton_swa_reference", folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
         ref = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = ref
         spec.loader.exec_module(ref)
@@ -492,8 +555,16 @@ def worker(args) -> int:
     if device == "cpu" and any(c.id not in smoke_ids for c in cases):
         print("no CUDA device: only the --smoke cases run on the CPU", file=sys.stderr)
         return 2
-    _emit(dict(kind="env", triton_swa=lib.__file__, reference=ref.__file__, triton=triton.__version__,
-               torch=torch.__version__, gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu"))
+    _emit(
+        dict(
+            kind="env",
+            triton_swa=lib.__file__,
+            reference=ref.__file__,
+            triton=triton.__version__,
+            torch=torch.__version__,
+            gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        )
+    )
     for case in cases:
         if time.time() >= args.stop_at:
             break
@@ -507,8 +578,19 @@ def worker(args) -> int:
 def _run_worker(name: str, tree_dir: Path, case_ids: list[str], args, deadline: float, env_info: dict):
     """One worker over ``case_ids``: (rows it reported, exit status, whether it was killed past the deadline,
     whether it got as far as its cases)."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--tree-dir", str(tree_dir),
-               "--cases", ",".join(case_ids), "--stop-at", str(deadline), "--reps", str(args.reps)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--tree-dir",
+        str(tree_dir),
+        "--cases",
+        ",".join(case_ids),
+        "--stop-at",
+        str(deadline),
+        "--reps",
+        str(args.reps),
+    ]
     env = dict(os.environ, PYTHONPATH=str(tree_dir), PYTHONUNBUFFERED="1")
     env.pop("TRITON_SWA_DEBUG", None)  # the debug guard syncs with the host: no graph capture
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
@@ -529,15 +611,20 @@ def _run_worker(name: str, tree_dir: Path, case_ids: list[str], args, deadline: 
         if record.pop("kind") == "env":
             started = True
             env_info[name] = record
-            print(f"  {name}: triton_swa {record['triton_swa']}, reference {record['reference']}, "
-                  f"{record['gpu']}, torch {record['torch']}, triton {record['triton']}", flush=True)
+            print(
+                f"  {name}: triton_swa {record['triton_swa']}, reference {record['reference']}, "
+                f"{record['gpu']}, torch {record['torch']}, triton {record['triton']}",
+                flush=True,
+            )
             continue
         rows.append(record)
         us = "-" if record["us_p50"] is None else f"{record['us_p50']:.2f} us"
         err = "-" if record["max_abs_err"] is None else f"{record['max_abs_err']:.1e}"
         sets = f"{record['sets']} sets" if "sets" in record else ""
-        print(f"  {name:<8} {record['case']:<48} {us:>12}  err {err:>8}  {sets:>8}  {record['seconds']:>6.1f} s  "
-              f"{record['status']}", flush=True)
+        print(
+            f"  {name:<8} {record['case']:<48} {us:>12}  err {err:>8}  {sets:>8}  {record['seconds']:>6.1f} s  {record['status']}",
+            flush=True,
+        )
     rc = proc.wait()
     killer.cancel()
     return rows, rc, killed.is_set(), started
@@ -576,8 +663,10 @@ def _median_us(rows: list[dict]) -> float | None:
 def _summary(rows: list[dict], cases: list, trees: list[str]) -> tuple[str, bool]:
     """The markdown table (median over rounds per tree), the per-op geomeans, and whether all was ok."""
     base, cand = trees
-    lines = [f"| case | {base} us | {cand} us | {cand}/{base} time | speedup {base}/{cand} | status |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        f"| case | {base} us | {cand} us | {cand}/{base} time | speedup {base}/{cand} | status |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
     speedups: dict[str, list[tuple[float, str]]] = {}
     all_ok = True
     for case in cases:
@@ -586,8 +675,11 @@ def _summary(rows: list[dict], cases: list, trees: list[str]) -> tuple[str, bool
             lines.append(f"| {case.id} | | | | | not run |")
             continue
         us = {t: _median_us([r for r in mine if r["tree"] == t]) for t in trees}
-        bad = [f"{r['tree']} r{r['round']}: {r['status'][:60]}" + (f" (err {r['max_abs_err']:.1e})" if "WRONG" in r["status"] else "")
-               for r in mine if r["status"] != "ok"]
+        bad = [
+            f"{r['tree']} r{r['round']}: {r['status'][:60]}" + (f" (err {r['max_abs_err']:.1e})" if "WRONG" in r["status"] else "")
+            for r in mine
+            if r["status"] != "ok"
+        ]
         missing = [t for t in trees if not any(r["tree"] == t for r in mine)]
         status = "; ".join(bad + [f"{t}: not run" for t in missing]) or "ok"
         all_ok &= status == "ok"
@@ -602,8 +694,10 @@ def _summary(rows: list[dict], cases: list, trees: list[str]) -> tuple[str, bool
     for op, values in speedups.items():
         geomean = math.exp(statistics.fmean(math.log(v) for v, _ in values))
         (lo, lo_case), (hi, hi_case) = min(values), max(values)
-        lines.append(f"{op}: geomean speedup {base}/{cand} {geomean:.3f}x over {len(values)} cases; "
-                     f"min {lo:.3f}x ({lo_case}), max {hi:.3f}x ({hi_case})")
+        lines.append(
+            f"{op}: geomean speedup {base}/{cand} {geomean:.3f}x over {len(values)} cases; "
+            f"min {lo:.3f}x ({lo_case}), max {hi:.3f}x ({hi_case})"
+        )
     return "\n".join(lines), all_ok
 
 
@@ -622,8 +716,11 @@ def _write_csv(rows: list[dict], env_info: dict, args) -> None:
             writer.writeheader()
         for r in rows:
             info = env_info.get(r["tree"], {})
-            writer.writerow(dict(r, gpu=info.get("gpu", ""), torch=info.get("torch", ""), triton=info.get("triton", ""),
-                                 git_sha=args.git_sha, date=today))
+            writer.writerow(
+                dict(
+                    r, gpu=info.get("gpu", ""), torch=info.get("torch", ""), triton=info.get("triton", ""), git_sha=args.git_sha, date=today
+                )
+            )
     print(f"wrote {len(rows)} rows to {path}")
 
 
@@ -655,8 +752,7 @@ def driver(args) -> int:
     rows, env_info = [], {}
     for done, (rnd, (name, tree_dir)) in enumerate(jobs):
         if time.time() >= deadline:
-            print(f"budget of {args.budget_s:.0f} s spent: {len(jobs) - done} of {len(jobs)} worker runs not started",
-                  flush=True)
+            print(f"budget of {args.budget_s:.0f} s spent: {len(jobs) - done} of {len(jobs)} worker runs not started", flush=True)
             break
         print(f"round {rnd}/{args.rounds}: {name} ({tree_dir})", flush=True)
         rows += _run_tree(name, tree_dir, [c.id for c in cases], rnd, args, deadline, env_info)

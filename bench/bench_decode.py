@@ -115,9 +115,13 @@ def make_set(m: Model, B: int, L: int, page: int, seed: int, contiguous: bool) -
     k = torch.randn(total * page, m.h, m.d, dtype=DTYPE, device=dev)
     v = torch.randn(total * page, m.h, m.d, dtype=DTYPE, device=dev)
     s = Set(
-        q=torch.randn(B, m.hq, m.d, dtype=DTYPE, device=dev), k=k, v=v, slots=slots,
+        q=torch.randn(B, m.hq, m.d, dtype=DTYPE, device=dev),
+        k=k,
+        v=v,
+        slots=slots,
         kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32),
-        kv_indices=slots.reshape(-1).to(torch.int32), page_table=pages,
+        kv_indices=slots.reshape(-1).to(torch.int32),
+        page_table=pages,
         window_starts=torch.full((B,), start, dtype=torch.int32, device=dev),
         seq_lens=torch.full((B,), L, dtype=torch.int32, device=dev),
         sinks=torch.randn(m.hq, device=dev) if m.sinks else None,
@@ -168,14 +172,22 @@ class Providers:
         if self.page == 1:
             where = dict(kv_indptr=s.kv_indptr, kv_indices=s.kv_indices)
         else:
-            where = dict(page_table=s.page_table, window_starts=s.window_starts, seq_lens=s.seq_lens,
-                         page_size=self.page)
+            where = dict(page_table=s.page_table, window_starts=s.window_starts, seq_lens=s.seq_lens, page_size=self.page)
         if block_n is not None or num_splits is not None or tune:
-            return _swa_decode_impl(s.q, s.k, s.v, **where, sm_scale=self.sm_scale, sinks=s.sinks, out=self.out,
-                                    max_window=self.max_window, block_n=block_n, num_splits=num_splits,
-                                    tune=_Tune(**tune))
-        return swa_decode(s.q, s.k, s.v, **where, sm_scale=self.sm_scale, sinks=s.sinks, out=self.out,
-                          max_window=self.max_window)
+            return _swa_decode_impl(
+                s.q,
+                s.k,
+                s.v,
+                **where,
+                sm_scale=self.sm_scale,
+                sinks=s.sinks,
+                out=self.out,
+                max_window=self.max_window,
+                block_n=block_n,
+                num_splits=num_splits,
+                tune=_Tune(**tune),
+            )
+        return swa_decode(s.q, s.k, s.v, **where, sm_scale=self.sm_scale, sinks=s.sinks, out=self.out, max_window=self.max_window)
 
     @classmethod
     def _flex(cls):
@@ -225,8 +237,9 @@ class Providers:
         self.v_pool = s.v.unsqueeze(0).permute(0, 2, 1, 3)
 
     def flex_paged(self):
-        return self._flex()(self.s.q.unsqueeze(2), self.k_pool, self.v_pool, block_mask=self.block_mask,
-                            scale=self.sm_scale, enable_gqa=True)
+        return self._flex()(
+            self.s.q.unsqueeze(2), self.k_pool, self.v_pool, block_mask=self.block_mask, scale=self.sm_scale, enable_gqa=True
+        )
 
     def gather_sdpa(self):
         """Gather the window, then SDPA with each KV head's query group as its query rows (no GQA
@@ -300,8 +313,13 @@ def run_case(rec: Recorder, m: Model, B: int, L: int, page: int, args, failures:
         # at these sizes even a copy is far from the ceiling (launch, ramp-up, drain).
         # Halves of whole 128-byte lines: a misaligned second half would take a slower copy kernel.
         bufs = [torch.empty(2, nbytes // 256 * 64, dtype=torch.int16, device=DEVICE) for _ in range(n_sets)]
-        rec.add(case, "copy_same_bytes_graph",
-                time_rotated([lambda b=b: b[1].copy_(b[0]) for b in bufs], reps=args.reps, use_graph=True), nbytes, 0)
+        rec.add(
+            case,
+            "copy_same_bytes_graph",
+            time_rotated([lambda b=b: b[1].copy_(b[0]) for b in bufs], reps=args.reps, use_graph=True),
+            nbytes,
+            0,
+        )
         del bufs
     print(f"  {case}: {n_sets} set(s) of {set_bytes / 2**20:.1f} MiB, {len(names)} providers", flush=True)
 
@@ -321,16 +339,20 @@ def host_us(fns, calls: int = 200) -> float:
 
 
 def _parse_list(text: str, cast=int) -> list:
-    """"a,b,c" with "auto" for None (the heuristic's choice)."""
+    """ "a,b,c" with "auto" for None (the heuristic's choice)."""
     return [None if x == "auto" else cast(x) for x in text.split(",") if x]
 
 
 def sweep_overrides(m: Model, args) -> list[dict]:
     """The sweep's grid: tiles, warps, stages, splits and merge kind (``auto``: the heuristic's)."""
     merge = {"auto": None, "fused": True, "kernel": False}
-    grid = itertools.product(_parse_list(args.sweep_block_n), _parse_list(args.sweep_warps),
-                             _parse_list(args.sweep_stages), _parse_list(args.sweep_splits),
-                             [merge[x] for x in args.sweep_merge.split(",")])
+    grid = itertools.product(
+        _parse_list(args.sweep_block_n),
+        _parse_list(args.sweep_warps),
+        _parse_list(args.sweep_stages),
+        _parse_list(args.sweep_splits),
+        [merge[x] for x in args.sweep_merge.split(",")],
+    )
     out = []
     for block_n, warps, stages, splits, fused in grid:
         o = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits, fused_merge=fused)
@@ -350,8 +372,7 @@ def _precompile_one(job) -> str:
         if key not in _WORKER_SETS:
             _WORKER_SETS.clear()
             m = MODELS[name]
-            _WORKER_SETS[key] = Providers(m, make_set(m, B, L, page, seed=0, contiguous=False), page, L,
-                                          False, False, False)
+            _WORKER_SETS[key] = Providers(m, make_set(m, B, L, page, seed=0, contiguous=False), page, L, False, False, False)
         _WORKER_SETS[key].triton_swa(**override)
         torch.cuda.synchronize()
         return ""
@@ -388,8 +409,7 @@ def sweep(case: str, m: Model, B: int, L: int, page: int, provs, nbytes: int, ar
     results.sort(key=lambda r: r[0])
     plan = [pl for key, pl in decode_mod._PLANS.items() if key[-1] is None and key[0][1][0] == B]
     auto = f"splits {plan[-1].ints[0]}, fused {plan[-1].fused}" if plan else ""
-    print(f"SWEEP {case} {nbytes / 1e6:.1f} MB: default {default:.2f} us ({nbytes / default / 1e6:.2f} TB/s) "
-          f"[{auto}]", flush=True)
+    print(f"SWEEP {case} {nbytes / 1e6:.1f} MB: default {default:.2f} us ({nbytes / default / 1e6:.2f} TB/s) [{auto}]", flush=True)
     for us, override in results[: args.sweep_top]:
         print(f"    {us:8.2f} us {nbytes / us / 1e6:6.2f} TB/s  {override}", flush=True)
 
@@ -424,8 +444,7 @@ def host_report() -> None:
             host_us(fns, 50)
             times[fast] = min(host_us(fns) for _ in range(3))
         set_fast_launch(True)
-        print(f"HOST {name}-B{B}-P{page}: {times[True]:.1f} us per call (direct launch), "
-              f"{times[False]:.1f} us (JIT binder)", flush=True)
+        print(f"HOST {name}-B{B}-P{page}: {times[True]:.1f} us per call (direct launch), {times[False]:.1f} us (JIT binder)", flush=True)
 
 
 def tune_args(args, lists: dict) -> argparse.Namespace:
@@ -444,8 +463,7 @@ def target_summary(rows: list) -> str:
     by_case: dict = {}
     for r in rows:
         by_case.setdefault(r["case"], {})[r["provider"]] = r
-    lines = [f"{'case':<34} {'MB':>8} {'%copy':>6} {'%graph':>6} {'us':>8} {'graph us':>8} {'host us':>7}  "
-             "speed-up over peers"]
+    lines = [f"{'case':<34} {'MB':>8} {'%copy':>6} {'%graph':>6} {'us':>8} {'graph us':>8} {'host us':>7}  speed-up over peers"]
     for case, prov in by_case.items():
         ours = prov.get("triton_swa")
         if ours is None:
@@ -474,8 +492,11 @@ def target_summary(rows: list) -> str:
         g = f"{graph['pct_copy']:6.1f} " if graph is not None else f"{'-':>6} "
         g = g + (f"{ours['us_p50']:8.2f} " + (f"{graph['us_p50']:8.2f}" if graph is not None else f"{'-':>8}"))
         h = f"{HOST_US[case]:7.1f}" if case in HOST_US else f"{'-':>7}"
-        lines.append(f"{case:<34} {mb:8.1f} {ours['pct_copy']:6.1f} {g} {h}  "
-                     + ", ".join(ratios) + (f"  MISS: {', '.join(misses)}" if misses else ""))
+        lines.append(
+            f"{case:<34} {mb:8.1f} {ours['pct_copy']:6.1f} {g} {h}  "
+            + ", ".join(ratios)
+            + (f"  MISS: {', '.join(misses)}" if misses else "")
+        )
     return "\n".join(lines)
 
 
@@ -501,8 +522,7 @@ def main() -> int:
     parser.add_argument("--sweep-warps", default="auto")
     parser.add_argument("--sweep-stages", default="auto")
     parser.add_argument("--sweep-splits", default="auto")
-    parser.add_argument("--sweep-merge", default="auto",
-                        help="auto,fused,kernel (a CUDA-graph capture always merges by kernel)")
+    parser.add_argument("--sweep-merge", default="auto", help="auto,fused,kernel (a CUDA-graph capture always merges by kernel)")
     parser.add_argument("--sweep-top", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=0, help="processes that precompile the sweep's variants")
     parser.add_argument("--tune", action="store_true", help="the sweeps of TUNE_SPECS (the heuristics' evidence)")
@@ -517,9 +537,13 @@ def main() -> int:
     print(f"copy ceiling {rec.copy_tbps:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     failures, skipped = [], []
     # Context-major, so that a run cut short by the budget still covers every model at the first context.
-    grid = [(MODELS[name], int(b), int(c.rstrip("k")) * 1024, int(p))
-            for c in args.ctx.split(",") for p in args.pages.split(",")
-            for name in args.models.split(",") for b in args.batch.split(",")]
+    grid = [
+        (MODELS[name], int(b), int(c.rstrip("k")) * 1024, int(p))
+        for c in args.ctx.split(",")
+        for p in args.pages.split(",")
+        for name in args.models.split(",")
+        for b in args.batch.split(",")
+    ]
     if args.tune:
         specs = [(MODELS[n], b, c * 1024, p, tune_args(args, lists)) for n, b, c, p, lists in TUNE_SPECS]
         jobs = [(m.name, B, L, page, o) for m, B, L, page, ns in specs for o in [{}] + sweep_overrides(m, ns)]
@@ -534,8 +558,7 @@ def main() -> int:
         print(f"total {time.time() - t0:.0f} s")
         return 0
     if args.sweep and args.jobs > 1:
-        precompile([(m.name, B, L, page, o) for m, B, L, page in grid
-                    for o in sweep_overrides(m, args)], args.jobs)
+        precompile([(m.name, B, L, page, o) for m, B, L, page in grid for o in sweep_overrides(m, args)], args.jobs)
     try:
         for m, B, L, page in grid:
             case = f"{m.name}-B{B}-L{L // 1024}k-P{page}"

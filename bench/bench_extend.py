@@ -37,8 +37,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
-from triton_swa.runtime.device import device_sizes  # noqa: E402
 from triton_swa.ops.extend import extend_config, extend_num_splits, extend_resident_programs, swa_extend  # noqa: E402
+from triton_swa.runtime.device import device_sizes  # noqa: E402
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
@@ -69,9 +69,9 @@ def build_set(prefixes, news, hq, h, d, dv, page_size, gen, *, drafts_tree=False
     indices = []
     used = 0
     for i, (p, s) in enumerate(zip(prefixes, starts)):
-        pages = perm[used:used + n_pages[i]]
+        pages = perm[used : used + n_pages[i]]
         used += n_pages[i]
-        table[i, :n_pages[i]] = pages.to(torch.int32)
+        table[i, : n_pages[i]] = pages.to(torch.int32)
         pos = torch.arange(s, p)
         indices.append(pages[pos // page_size - first[i]] * page_size + pos % page_size)
         indptr.append(indptr[-1] + p - s)
@@ -80,13 +80,17 @@ def build_set(prefixes, news, hq, h, d, dv, page_size, gen, *, drafts_tree=False
     v_buf = torch.randn(slots, h, dv, device=DEV, dtype=DTYPE)
     qo = torch.tensor([0] + list(torch.tensor(news).cumsum(0)), dtype=torch.int32, device=DEV)
     s = dict(
-        q=torch.randn(t, hq, d, device=DEV, dtype=DTYPE), k=torch.randn(t, h, d, device=DEV, dtype=DTYPE),
-        v=torch.randn(t, h, dv, device=DEV, dtype=DTYPE), k_buffer=k_buf, v_buffer=v_buf, qo_indptr=qo,
+        q=torch.randn(t, hq, d, device=DEV, dtype=DTYPE),
+        k=torch.randn(t, h, d, device=DEV, dtype=DTYPE),
+        v=torch.randn(t, h, dv, device=DEV, dtype=DTYPE),
+        k_buffer=k_buf,
+        v_buffer=v_buf,
+        qo_indptr=qo,
         prefix_lens=torch.tensor(prefixes, dtype=torch.int32, device=DEV),
         kv_indptr=torch.tensor(indptr, dtype=torch.int32, device=DEV),
-        kv_indices=torch.cat(indices).to(torch.int32).to(DEV) if indices else torch.zeros(0, dtype=torch.int32,
-                                                                                           device=DEV),
-        page_table=table.to(DEV), window_starts=torch.tensor(starts, dtype=torch.int32, device=DEV),
+        kv_indices=torch.cat(indices).to(torch.int32).to(DEV) if indices else torch.zeros(0, dtype=torch.int32, device=DEV),
+        page_table=table.to(DEV),
+        window_starts=torch.tensor(starts, dtype=torch.int32, device=DEV),
         out=torch.empty(t, hq, dv, device=DEV, dtype=DTYPE),
     )
     if drafts_tree:
@@ -101,8 +105,7 @@ def build_set(prefixes, news, hq, h, d, dv, page_size, gen, *, drafts_tree=False
             offs.append(offs[-1] + n * n)
         s["custom_mask"] = torch.cat(masks).to(DEV)
         s["mask_indptr"] = torch.tensor(offs[:-1], dtype=torch.int32, device=DEV)
-        depth = torch.cat([torch.tensor([int(math.log2(i + 1)) for i in range(n)]) + p
-                           for p, n in zip(prefixes, news)])
+        depth = torch.cat([torch.tensor([int(math.log2(i + 1)) for i in range(n)]) + p for p, n in zip(prefixes, news)])
         s["q_positions"] = depth.to(torch.int32).to(DEV)
     return s
 
@@ -115,12 +118,14 @@ def nbytes_of(prefixes, news, hq, h, d, dv, page_size, itemsize=2) -> int:
 
 
 def extend_call(s, page_size, max_len, **over):
-    index = (dict(kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"]) if page_size == 1 else
-             dict(page_table=s["page_table"], window_starts=s["window_starts"], page_size=page_size))
+    index = (
+        dict(kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"])
+        if page_size == 1
+        else dict(page_table=s["page_table"], window_starts=s["window_starts"], page_size=page_size)
+    )
     extra = {k: s[k] for k in ("custom_mask", "mask_indptr", "q_positions") if k in s}
     args = [s[k] for k in ("q", "k", "v", "k_buffer", "v_buffer", "qo_indptr", "prefix_lens")]
-    return lambda: swa_extend(*args, **index, **extra, window_left=W, out=s["out"], max_extend_len=max_len,
-                              **over)
+    return lambda: swa_extend(*args, **index, **extra, window_left=W, out=s["out"], max_extend_len=max_len, **over)
 
 
 def bench_prefill(rec, summary, flex_ok, n, d, hq, h, page_size, prefix):
@@ -139,8 +144,7 @@ def bench_prefill(rec, summary, flex_ok, n, d, hq, h, page_size, prefix):
             row, flex_fns = got
             summary[("prefill", n, d, hq, h, prefix)][("flex", 0)] = row
             if n == 8192 and hq == 32 and h == 8:
-                summary[("prefill", n, d, hq, h, prefix)]["rounds"] = head_to_head(
-                    rec, case.replace("-P1", ""), ours, flex_fns, nb, flops)
+                summary[("prefill", n, d, hq, h, prefix)]["rounds"] = head_to_head(rec, case.replace("-P1", ""), ours, flex_fns, nb, flops)
     del sets
 
 
@@ -176,14 +180,18 @@ def bench_flex(rec, case, sets, n, d, hq, h, nb, flops):
     def sliding_causal(b, hh, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx <= W)
 
-    block_mask = create_block_mask(sliding_causal, B=None, H=None, Q_LEN=n, KV_LEN=n, device=DEV,
-                                   _compile=n > 8192)
-    fsets = [(s["q"].transpose(0, 1).unsqueeze(0).contiguous(), s["k"].transpose(0, 1).unsqueeze(0).contiguous(),
-              s["v"].transpose(0, 1).unsqueeze(0).contiguous()) for s in sets]
+    block_mask = create_block_mask(sliding_causal, B=None, H=None, Q_LEN=n, KV_LEN=n, device=DEV, _compile=n > 8192)
+    fsets = [
+        (
+            s["q"].transpose(0, 1).unsqueeze(0).contiguous(),
+            s["k"].transpose(0, 1).unsqueeze(0).contiguous(),
+            s["v"].transpose(0, 1).unsqueeze(0).contiguous(),
+        )
+        for s in sets
+    ]
     fn = _FLEX["fn"]
     scale = 1.0 / math.sqrt(d)
-    fns = [lambda q=q, k=k, v=v: fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=hq != h)
-           for q, k, v in fsets]
+    fns = [lambda q=q, k=k, v=v: fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=hq != h) for q, k, v in fsets]
     # correctness guard: the peer must compute the same thing
     ref_out = fns[0]()[0].transpose(0, 1)
     ours = extend_call(sets[0], 1, n)()
@@ -203,12 +211,10 @@ def bench_verify(rec, summary, b, drafts, page_size, tree=False, d=128, hq=32, h
     pairs = sum(attended_pairs(p, drafts, W) for p in prefixes)
     flops = 2 * (d + d) * hq * pairs
     case = f"verify{'-tree' if tree else ''}-B{b}-E{drafts}-W{W}-HQ{hq}-H{h}-D{d}-P{page_size}"
-    row = rec.add(case, "triton_swa", time_rotated([extend_call(s, page_size, drafts) for s in sets],
-                                                    use_graph=True), nb, flops)
+    row = rec.add(case, "triton_swa", time_rotated([extend_call(s, page_size, drafts) for s in sets], use_graph=True), nb, flops)
     summary.setdefault(("verify", b, drafts, page_size, tree), {})["triton_swa"] = row
     if drafts == 8 and not tree:
-        row = bench_decode(rec, case.replace("verify", "decode-same-window").replace("-E8", ""), sets, prefixes,
-                           page_size, d, hq, h)
+        row = bench_decode(rec, case.replace("verify", "decode-same-window").replace("-E8", ""), sets, prefixes, page_size, d, hq, h)
         if row:
             summary[("verify", b, drafts, page_size, tree)]["decode"] = row
 
@@ -234,10 +240,8 @@ def verify_splits(counts, d=128, hq=32, h=8, drafts=8):
             cols = []
             for n in [None] + counts:
                 fns = [extend_call(s, page_size, drafts, num_splits=n) for s in sets]
-                cols.append(f"{n or 'auto=' + str(auto_splits(b, drafts, d, hq, h))}: "
-                            f"{time_rotated(fns, use_graph=True)[1]:.1f}")
-            print(f"verify-B{b}-E{drafts}-W{W}-HQ{hq}-H{h}-D{d}-P{page_size} us by num_splits: {', '.join(cols)}",
-                  flush=True)
+                cols.append(f"{n or 'auto=' + str(auto_splits(b, drafts, d, hq, h))}: {time_rotated(fns, use_graph=True)[1]:.1f}")
+            print(f"verify-B{b}-E{drafts}-W{W}-HQ{hq}-H{h}-D{d}-P{page_size} us by num_splits: {', '.join(cols)}", flush=True)
             del sets
 
 
@@ -256,10 +260,8 @@ def bench_decode(rec, case, sets, prefixes, page_size, d, hq, h):
         if page_size == 1:
             index = dict(kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"])
         else:
-            index = dict(page_table=s["page_table"], window_starts=s["window_starts"], seq_lens=s["prefix_lens"],
-                         page_size=page_size)
-        fns.append(lambda q=q, s=s, out=out, index=index: swa_decode(q, s["k_buffer"], s["v_buffer"], **index,
-                                                                     out=out, max_window=W + 1))
+            index = dict(page_table=s["page_table"], window_starts=s["window_starts"], seq_lens=s["prefix_lens"], page_size=page_size)
+        fns.append(lambda q=q, s=s, out=out, index=index: swa_decode(q, s["k_buffer"], s["v_buffer"], **index, out=out, max_window=W + 1))
     window = sum(p - max(0, p - W) for p in prefixes)
     nb = 2 * (2 * b * hq * d + window * h * 2 * d) + 4 * window
     flops = 2 * 2 * d * hq * window
@@ -272,10 +274,27 @@ def sweep(rec, dims=(128, 256), only=None):
     the lists below (repeat entries to alternate two configs)."""
     # (block_m, block_n, num_warps, num_stages, pack); the first of each is extend_config's default
     configs = {
-        128: [(64, 64, 4, 3, 4), (128, 64, 8, 3, 4), (128, 64, 8, 2, 4), (128, 64, 8, 4, 4), (128, 32, 8, 3, 4), (128, 128, 8, 2, 4),
-              (128, 128, 8, 3, 4), (128, 64, 4, 3, 4), (128, 64, 8, 3, 2)],
-        256: [(128, 32, 8, 2, 4), (128, 32, 8, 3, 4), (128, 64, 8, 2, 4), (128, 32, 8, 2, 2), (128, 32, 8, 2, 1),
-              (64, 64, 4, 2, 4), (64, 32, 4, 3, 4), (128, 16, 8, 3, 4)],
+        128: [
+            (64, 64, 4, 3, 4),
+            (128, 64, 8, 3, 4),
+            (128, 64, 8, 2, 4),
+            (128, 64, 8, 4, 4),
+            (128, 32, 8, 3, 4),
+            (128, 128, 8, 2, 4),
+            (128, 128, 8, 3, 4),
+            (128, 64, 4, 3, 4),
+            (128, 64, 8, 3, 2),
+        ],
+        256: [
+            (128, 32, 8, 2, 4),
+            (128, 32, 8, 3, 4),
+            (128, 64, 8, 2, 4),
+            (128, 32, 8, 2, 2),
+            (128, 32, 8, 2, 1),
+            (64, 64, 4, 2, 4),
+            (64, 32, 4, 3, 4),
+            (128, 16, 8, 3, 4),
+        ],
     }
     if only:
         configs = {d: only for d in dims}
@@ -307,14 +326,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="tile configs at N = 8192 instead of the grid")
     parser.add_argument("--sweep-dims", default="128,256", help="head dims the sweep covers")
-    parser.add_argument("--sweep-configs", default="",
-                        help="bm:bn:warps:stages:pack[:edge_in_loop] tuples, comma-separated, instead of the "
-                             "built-in lists")
+    parser.add_argument(
+        "--sweep-configs", default="", help="bm:bn:warps:stages:pack[:edge_in_loop] tuples, comma-separated, instead of the built-in lists"
+    )
     parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention peer")
     parser.add_argument("--quick", action="store_true", help="N = 8192 prefill and B = 64 verify only")
-    parser.add_argument("--verify-splits", default="",
-                        help="forced num_splits, comma-separated, to time against the automatic count for the "
-                             "B 1 and 8 verify (E 8, page sizes 1 and 16) before the grid; prints only")
+    parser.add_argument(
+        "--verify-splits",
+        default="",
+        help="forced num_splits, comma-separated, to time against the automatic count for the "
+        "B 1 and 8 verify (E 8, page sizes 1 and 16) before the grid; prints only",
+    )
     args = parser.parse_args()
     split_counts = [int(x) for x in args.verify_splits.split(",") if x]
     only = [tuple(int(v) for v in c.split(":")) for c in args.sweep_configs.split(",") if c]
@@ -384,20 +406,26 @@ def report_targets(summary):
         ours, flex = entry.get(("triton_swa", 1)), entry.get(("flex", 0))
         if ours and flex:
             ratio = flex["us_p50"] / ours["us_p50"]
-            print(f"prefill N=8192 D={d}: {ours['tflops']:.0f} TFLOP/s vs flex {flex['tflops']:.0f} "
-                  f"(last measured {flex_ref}): {ratio:.2f}x [{'PASS' if ratio >= 1.1 else 'MISS'} >= 1.1x]")
+            print(
+                f"prefill N=8192 D={d}: {ours['tflops']:.0f} TFLOP/s vs flex {flex['tflops']:.0f} "
+                f"(last measured {flex_ref}): {ratio:.2f}x [{'PASS' if ratio >= 1.1 else 'MISS'} >= 1.1x]"
+            )
         rounds = entry.get("rounds")
         if rounds:
             ratios = sorted(rounds)
             mid = ratios[len(ratios) // 2]
-            print(f"  alternating {len(ratios)} rounds: flex/ours {', '.join(f'{r:.2f}' for r in rounds)}; "
-                  f"median {mid:.2f}x [{'PASS' if mid >= 1.1 else 'MISS'} >= 1.1x]")
+            print(
+                f"  alternating {len(ratios)} rounds: flex/ours {', '.join(f'{r:.2f}' for r in rounds)}; "
+                f"median {mid:.2f}x [{'PASS' if mid >= 1.1 else 'MISS'} >= 1.1x]"
+            )
     for page_size in (1, 16):
         entry = summary.get(("verify", 64, 8, page_size, False), {})
         if "decode" in entry:
             ratio = entry["triton_swa"]["us_p50"] / entry["decode"]["us_p50"]
-            print(f"verify B=64 E=8 P{page_size}: {entry['triton_swa']['us_p50']:.1f} us vs decode "
-                  f"{entry['decode']['us_p50']:.1f} us: {ratio:.2f}x [{'PASS' if ratio <= 1.5 else 'MISS'} <= 1.5x]")
+            print(
+                f"verify B=64 E=8 P{page_size}: {entry['triton_swa']['us_p50']:.1f} us vs decode "
+                f"{entry['decode']['us_p50']:.1f} us: {ratio:.2f}x [{'PASS' if ratio <= 1.5 else 'MISS'} <= 1.5x]"
+            )
 
 
 if __name__ == "__main__":

@@ -69,11 +69,14 @@ def decode_inputs(B: int, L: int, page: int, seed: int, dev: str = "cuda"):
     slots = pages[:, pos // page - first].long() * page + pos % page
     kw = dict(max_window=W + 1)
     if page == 1:
-        kw.update(kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32),
-                  kv_indices=slots.reshape(-1).to(torch.int32))
+        kw.update(kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32), kv_indices=slots.reshape(-1).to(torch.int32))
     else:
-        kw.update(page_table=pages, window_starts=torch.full((B,), start, dtype=torch.int32, device=dev),
-                  seq_lens=torch.full((B,), L, dtype=torch.int32, device=dev), page_size=page)
+        kw.update(
+            page_table=pages,
+            window_starts=torch.full((B,), start, dtype=torch.int32, device=dev),
+            seq_lens=torch.full((B,), L, dtype=torch.int32, device=dev),
+            page_size=page,
+        )
     q = torch.randn(B, HQ, D, dtype=DTYPE, device=dev, generator=g)
     k = torch.randn(total * page, H, D, dtype=DTYPE, device=dev, generator=g)
     v = torch.randn(total * page, H, D, dtype=DTYPE, device=dev, generator=g)
@@ -94,8 +97,9 @@ def extend_inputs(B: int, P: int, E: int, seed: int, dev: str = "cuda"):
     vb = torch.randn(total, H, D, dtype=DTYPE, device=dev, generator=g)
     qo = (torch.arange(B + 1, device=dev) * E).to(torch.int32)
     prefix = torch.full((B,), P, dtype=torch.int32, device=dev)
-    kw = dict(window_left=W, kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32),
-              kv_indices=slots.to(torch.int32), max_extend_len=E)
+    kw = dict(
+        window_left=W, kv_indptr=(torch.arange(B + 1, device=dev) * n).to(torch.int32), kv_indices=slots.to(torch.int32), max_extend_len=E
+    )
     nbytes = B * n * H * 2 * D * 2 + T * (2 * HQ + 2 * H) * D * 2
     keys = sum(min(W + 1, P + i + 1) for i in range(E))
     return (q, k, v, kb, vb, qo, prefix), kw, nbytes, 4 * B * HQ * keys * D
@@ -137,8 +141,7 @@ def gpu_main(args) -> int:
             fns = [lambda s=s, fn=fn: fn(s) for s in sets]
             rec.add(case, name, time_rotated(fns, reps=args.reps), first[2], first[3])
             it = iter(range(10**9))
-            rec.add(case, f"{name}_host", _host_times(lambda: fns[next(it) % len(fns)](), sync=torch.cuda.synchronize),
-                    first[2], first[3])
+            rec.add(case, f"{name}_host", _host_times(lambda: fns[next(it) % len(fns)](), sync=torch.cuda.synchronize), first[2], first[3])
         print(f"  {case}: {n_sets} set(s)", flush=True)
     rec.op = "guard"
     path = rec.save()
@@ -153,8 +156,8 @@ def gpu_main(args) -> int:
 def host_main(args) -> int:
     """The wrapper's own per-call cost, with every launch stubbed out (runs on a CPU)."""
     from triton_swa import swa_decode, swa_extend
-    from triton_swa.runtime.launch import Launcher
     from triton_swa.runtime import guard
+    from triton_swa.runtime.launch import Launcher
 
     guard.refresh_debug_env()
     results = []
@@ -193,8 +196,13 @@ def host_main(args) -> int:
     qe, ke = torch.randn(T, HQ, D), torch.randn(T, H, D)
     kb = torch.zeros(W + 1, H, D)
     ext = (qe, ke, ke, kb, kb, torch.tensor([0, T], dtype=torch.int32), torch.tensor([W], dtype=torch.int32))
-    ekw = dict(window_left=W, kv_indptr=torch.tensor([0, W], dtype=torch.int32),
-               kv_indices=torch.arange(1, W + 1, dtype=torch.int32), max_extend_len=T, num_splits=1)
+    ekw = dict(
+        window_left=W,
+        kv_indptr=torch.tensor([0, W], dtype=torch.int32),
+        kv_indices=torch.arange(1, W + 1, dtype=torch.int32),
+        max_extend_len=T,
+        num_splits=1,
+    )
     Launcher.__call__ = lambda self, *a, **k: None
     try:
         report("swa_extend (launch stubbed), undecorated", lambda: swa_extend.__wrapped__(*ext, **ekw))

@@ -40,13 +40,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
-from triton_swa.ops.indices import (  # noqa: E402
-    WindowIndices,
-    WindowPageTable,
-    build_window_indices,
-    build_window_page_table,
-    max_window_pages,
-)
+from triton_swa.ops.indices import WindowIndices, WindowPageTable, build_window_indices, build_window_page_table, max_window_pages  # noqa: E402
 
 BATCHES = (1, 64, 256, 1024)
 LENGTHS = (4096, 32768)
@@ -87,14 +81,15 @@ def csr_providers(req_to_token, mapping, sets, W):
     fused, two, plain, outs = [], [], [], []
 
     def buffers():
-        return WindowIndices(torch.empty(B + 1, dtype=torch.int32, device=dev),
-                             torch.empty(n, dtype=torch.int32, device=dev),
-                             torch.empty(B, dtype=torch.int32, device=dev))
+        return WindowIndices(
+            torch.empty(B + 1, dtype=torch.int32, device=dev),
+            torch.empty(n, dtype=torch.int32, device=dev),
+            torch.empty(B, dtype=torch.int32, device=dev),
+        )
 
     for rpi, seq in sets:
         fo, to = buffers(), buffers()
-        fused.append(lambda rpi=rpi, seq=seq, fo=fo: build_window_indices(
-            req_to_token, rpi, seq, window_left=W, mapping=mapping, out=fo))
+        fused.append(lambda rpi=rpi, seq=seq, fo=fo: build_window_indices(req_to_token, rpi, seq, window_left=W, mapping=mapping, out=fo))
         holder = {}
 
         def two_pass(rpi=rpi, seq=seq, to=to, holder=holder):
@@ -128,13 +123,11 @@ def table_providers(req_to_token, mapping, sets, W, page_size):
     kw = dict(window_left=W, page_size=page_size)
 
     def buffers():
-        return WindowPageTable(torch.empty(B, width, dtype=torch.int32, device=dev),
-                               torch.empty(B, dtype=torch.int32, device=dev))
+        return WindowPageTable(torch.empty(B, width, dtype=torch.int32, device=dev), torch.empty(B, dtype=torch.int32, device=dev))
 
     for rpi, seq in sets:
         fo, to = buffers(), buffers()
-        fused.append(lambda rpi=rpi, seq=seq, fo=fo: build_window_page_table(
-            req_to_token, rpi, seq, mapping=mapping, out=fo, **kw))
+        fused.append(lambda rpi=rpi, seq=seq, fo=fo: build_window_page_table(req_to_token, rpi, seq, mapping=mapping, out=fo, **kw))
         holder = {}
 
         def two_pass(rpi=rpi, seq=seq, to=to, holder=holder):
@@ -142,8 +135,7 @@ def table_providers(req_to_token, mapping, sets, W, page_size):
             holder["swa"] = (mapping[built.page_table * page_size] // page_size).to(torch.int32)
 
         two.append(two_pass)
-        first_slots = (build_window_page_table(req_to_token, rpi, seq, max_pages=width, **kw).page_table
-                       * page_size).reshape(-1)
+        first_slots = (build_window_page_table(req_to_token, rpi, seq, max_pages=width, **kw).page_table * page_size).reshape(-1)
         po = torch.empty(B * width, dtype=mapping.dtype, device=dev)
         plain.append(lambda first_slots=first_slots, po=po: torch.index_select(mapping, 0, first_slots, out=po))
         outs.append((fo, holder, first_slots, po))
@@ -186,8 +178,7 @@ def run(args) -> int:
             for form, make in forms:
                 n_sets = num_sets if dry else min(num_sets, rotation_count(B * (W + 1) * 16))
                 use = sets[:n_sets]
-                fns, nbytes, check = (make(req_to_token, mapping, use, W) if form == "csr"
-                                      else make(req_to_token, mapping, use, W, ps))
+                fns, nbytes, check = make(req_to_token, mapping, use, W) if form == "csr" else make(req_to_token, mapping, use, W, ps)
                 case = f"B{B}-L{L // 1024}k-W{W}-P{ps}" + ("-table" if form == "table" else "")
                 if not check():
                     print(f"MISMATCH between providers in {case}")
@@ -208,22 +199,25 @@ def run(args) -> int:
     if args.sweep:
         sweep(rec, g, args.reps)
     print(f"saved {rec.save()}")
-    print(f"{'case':<28} {'triton_swa us':>13} {'GB/s':>7} {'two_pass us':>11} {'plain us':>9} "
-          f"{'x two_pass':>10} {'/ plain':>8}")
+    print(f"{'case':<28} {'triton_swa us':>13} {'GB/s':>7} {'two_pass us':>11} {'plain us':>9} {'x two_pass':>10} {'/ plain':>8}")
     for (B, L, W, ps, form, provider), row in summary.items():
         if provider != "triton_swa":
             continue
         two = summary[(B, L, W, ps, form, "two_pass")]
         plain = summary[(B, L, W, ps, form, "plain_gather")]
-        print(f"{row['case']:<28} {row['us_p50']:>13.2f} {row['tbps'] * 1e3:>7.0f} {two['us_p50']:>11.2f} "
-              f"{plain['us_p50']:>9.2f} {two['us_p50'] / row['us_p50']:>10.2f} "
-              f"{row['us_p50'] / plain['us_p50']:>8.2f}")
+        print(
+            f"{row['case']:<28} {row['us_p50']:>13.2f} {row['tbps'] * 1e3:>7.0f} {two['us_p50']:>11.2f} "
+            f"{plain['us_p50']:>9.2f} {two['us_p50'] / row['us_p50']:>10.2f} "
+            f"{row['us_p50'] / plain['us_p50']:>8.2f}"
+        )
     key = (TARGET["B"], TARGET["L"], TARGET["W"], TARGET["page_size"], "csr")
     if key + ("triton_swa",) in summary:
         f, t, p = (summary[key + (prov,)]["us_p50"] for prov in ("triton_swa", "two_pass", "plain_gather"))
-        print(f"target B256-L32k-W4095-P1: {t / f:.2f}x faster than two_pass (want >= 2: "
-              f"{'PASS' if t / f >= 2 else 'FAIL'}), {f / p:.2f}x plain_gather (want <= 1.2: "
-              f"{'PASS' if f / p <= 1.2 else 'FAIL'})")
+        print(
+            f"target B256-L32k-W4095-P1: {t / f:.2f}x faster than two_pass (want >= 2: "
+            f"{'PASS' if t / f >= 2 else 'FAIL'}), {f / p:.2f}x plain_gather (want <= 1.2: "
+            f"{'PASS' if f / p <= 1.2 else 'FAIL'})"
+        )
     return 1 if failures else 0
 
 
@@ -234,9 +228,14 @@ def sweep(rec: Recorder, g: torch.Generator, reps: int) -> None:
     num_sets = rotation_count(B * (W + 1) * 16)
     req_to_token, mapping, sets = make_pool(B, L, 1, num_sets, "cuda", g)
     n = B * (W + 1)
-    outs = [WindowIndices(torch.empty(B + 1, dtype=torch.int32, device="cuda"),
-                          torch.empty(n, dtype=torch.int32, device="cuda"),
-                          torch.empty(B, dtype=torch.int32, device="cuda")) for _ in sets]
+    outs = [
+        WindowIndices(
+            torch.empty(B + 1, dtype=torch.int32, device="cuda"),
+            torch.empty(n, dtype=torch.int32, device="cuda"),
+            torch.empty(B, dtype=torch.int32, device="cuda"),
+        )
+        for _ in sets
+    ]
     nbytes = n * (4 + 8 + 4) + B * (8 + 8 + 4 + 4)
     print(f"sweep B{B}-L{L // 1024}k-W{W}-P1: block x splits -> us (p50)")
     for block in (256, 512, 1024, 2048, 4096):
@@ -244,11 +243,15 @@ def sweep(rec: Recorder, g: torch.Generator, reps: int) -> None:
         for splits in (1, 2, 4, 8, 16):
             if splits * block > 2 * (W + 1):
                 continue
-            fns = [lambda rpi=rpi, seq=seq, o=o, block=block, splits=splits: build_window_indices(
-                req_to_token, rpi, seq, window_left=W, mapping=mapping, out=o, block=block, num_splits=splits)
-                for (rpi, seq), o in zip(sets, outs)]
-            row = rec.add(f"B{B}-L{L // 1024}k-W{W}-P1", f"triton_swa-b{block}-s{splits}",
-                          time_rotated(fns, use_graph=True, reps=reps), nbytes, 0)
+            fns = [
+                lambda rpi=rpi, seq=seq, o=o, block=block, splits=splits: build_window_indices(
+                    req_to_token, rpi, seq, window_left=W, mapping=mapping, out=o, block=block, num_splits=splits
+                )
+                for (rpi, seq), o in zip(sets, outs)
+            ]
+            row = rec.add(
+                f"B{B}-L{L // 1024}k-W{W}-P1", f"triton_swa-b{block}-s{splits}", time_rotated(fns, use_graph=True, reps=reps), nbytes, 0
+            )
             line.append(f"s{splits}: {row['us_p50']:.2f}")
         print(f"  block {block:>4}: " + "  ".join(line))
 

@@ -60,12 +60,15 @@ class Model:
     w: int  # window_left
 
 
-MODELS = {m.name: m for m in [
-    Model("d128-w1023", 32, 8, 128, 1023),
-    Model("d256-w1023", 32, 8, 256, 1023),
-    Model("d128-w4095", 32, 8, 128, 4095),
-    Model("d256-w4095", 32, 8, 256, 4095),
-]}
+MODELS = {
+    m.name: m
+    for m in [
+        Model("d128-w1023", 32, 8, 128, 1023),
+        Model("d256-w1023", 32, 8, 256, 1023),
+        Model("d128-w4095", 32, 8, 128, 4095),
+        Model("d256-w4095", 32, 8, 256, 4095),
+    ]
+}
 # Tiny shapes for the interpreter; W + 1 >= L, W not a multiple of the page, ragged lengths.
 SMOKE_MODELS = [Model("smoke-d16-w7", 4, 2, 16, 7), Model("smoke-d32-w13", 4, 1, 32, 13)]
 # Probe cases (correctness only, GPU): windows small enough that the one key matters.
@@ -84,8 +87,11 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=100, help="graph replays per provider and case")
     p.add_argument("--rounds", type=int, default=4, help="alternations of the providers per case")
     p.add_argument("--no-probes", action="store_true")
-    p.add_argument("--extend", default="d128-w1023,d256-w4095:1,8:32k:512",
-                   help="extend timing cases 'models:B list:prefix list:new tokens' ('' for none)")
+    p.add_argument(
+        "--extend",
+        default="d128-w1023,d256-w4095:1,8:32k:512",
+        help="extend timing cases 'models:B list:prefix list:new tokens' ('' for none)",
+    )
     p.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", os.path.join(REPO, "bench", "results")))
     return p.parse_args(argv)
@@ -105,8 +111,7 @@ def _size(n: int) -> str:
 
 def _load_stubs():
     """tests/integration/sglang_stubs.py, by path (tests/ is no package)."""
-    spec = importlib.util.spec_from_file_location(
-        "_triton_swa_sglang_stubs", os.path.join(REPO, "tests", "integration", "sglang_stubs.py"))
+    spec = importlib.util.spec_from_file_location("_triton_swa_sglang_stubs", os.path.join(REPO, "tests", "integration", "sglang_stubs.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.install()
@@ -122,8 +127,7 @@ def publish_sglang_context(device: str) -> None:
     from sglang.srt.server_args import ServerArgs
 
     reset_context()
-    publish(ServerArgs(model_path="dummy", device=device, attention_backend="triton"), role="bench",
-            ranks=SpawnRanks(world_rank=0))
+    publish(ServerArgs(model_path="dummy", device=device, attention_backend="triton"), role="bench", ranks=SpawnRanks(world_rank=0))
 
 
 class ModelConfig:
@@ -205,14 +209,27 @@ def build_state(m: Model, lens: list, page: int, device: str, dtype, seed: int, 
     slack = 8 * page + 16
     size = -(-(sum(lens) + B * (extra_per_req + page) + slack) // page) * page
     size_swa = -(-(B * (W + 2 * page + chunk + extra_per_req + page) + slack) // page) * page
-    pool = SWAKVPool(size=size, size_swa=size_swa, page_size=page, dtype=dtype, head_num=1, head_dim=m.d,
-                     swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=device,
-                     enable_memory_saver=False, swa_head_num=m.h, swa_head_dim=m.d, swa_v_head_dim=m.d)
+    pool = SWAKVPool(
+        size=size,
+        size_swa=size_swa,
+        page_size=page,
+        dtype=dtype,
+        head_num=1,
+        head_dim=m.d,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        device=device,
+        enable_memory_saver=False,
+        swa_head_num=m.h,
+        swa_head_dim=m.d,
+        swa_v_head_dim=m.d,
+    )
     alloc = SWATokenToKVPoolAllocator(size, size_swa, page, dtype, device, pool, False)
     rtp = ReqToTokenPool(B + 1, max(lens) + extra_per_req + 1, device, False)
     rows = rtp.alloc_rows(B)
-    translator = KVIndexTranslator(req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc,
-                                   token_to_kv_pool=pool, page_size=page, device=device)
+    translator = KVIndexTranslator(
+        req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc, token_to_kv_pool=pool, page_size=page, device=device
+    )
     # NaN everywhere in the sliding layer's SWA buffers: only the window's history is written below.
     k_buf, v_buf = pool.get_kv_buffer(0)
     k_buf.fill_(float("nan"))
@@ -232,14 +249,15 @@ def build_state(m: Model, lens: list, page: int, device: str, dtype, seed: int, 
         else:
             pre = torch.tensor([done[b] for b in active], dtype=torch.int64)
             seq = torch.tensor([done[b] + take[b] for b in active], dtype=torch.int64)
-            last = torch.tensor([int(rtp.req_to_token[rows[b], done[b] - 1]) if done[b] else -1 for b in active],
-                                dtype=torch.int64, device=device)
+            last = torch.tensor(
+                [int(rtp.req_to_token[rows[b], done[b] - 1]) if done[b] else -1 for b in active], dtype=torch.int64, device=device
+            )
             full = alloc.alloc_extend(pre.to(device), pre, seq.to(device), seq, last, int((seq - pre).sum()))
         if full is None:
             raise RuntimeError(f"SGLang's allocator ran out (size {size}, size_swa {size_swa})")
         at = 0
         for b in active:
-            rtp.req_to_token[rows[b], done[b]:done[b] + take[b]] = full[at:at + take[b]].to(torch.int32)
+            rtp.req_to_token[rows[b], done[b] : done[b] + take[b]] = full[at : at + take[b]].to(torch.int32)
             at += take[b]
             done[b] += take[b]
         # SGLang's eviction: tokens older than the window of a decode after this round (whole pages).
@@ -247,18 +265,18 @@ def build_state(m: Model, lens: list, page: int, device: str, dtype, seed: int, 
         for b in range(B):
             upto = _floor(max(0, done[b] - W), page)
             if upto > freed[b]:
-                evict.append(rtp.req_to_token[rows[b], freed[b]:upto].long())
+                evict.append(rtp.req_to_token[rows[b], freed[b] : upto].long())
                 freed[b] = upto
         if evict:
             alloc.free_swa(torch.cat(evict))
 
-    layer = RadixAttention(m.hq, m.d, m.d ** -0.5, m.h, 0, sliding_window_size=W)
+    layer = RadixAttention(m.hq, m.d, m.d**-0.5, m.h, 0, sliding_window_size=W)
     g = torch.Generator(device=device).manual_seed(seed)
     k_hist, v_hist, same, total = [], [], 0, 0
     for b in range(B):
         # the decode after this history attends positions [lens - W, lens] (the new token is lens)
         start = max(0, lens[b] - W)
-        full = rtp.req_to_token[rows[b], start:lens[b]].long()
+        full = rtp.req_to_token[rows[b], start : lens[b]].long()
         swa = pool.translate_loc_from_full_to_swa(full)
         if bool((swa <= 0).any()):
             raise RuntimeError("a token inside the window has no SWA slot: the eviction above is wrong")
@@ -270,8 +288,9 @@ def build_state(m: Model, lens: list, page: int, device: str, dtype, seed: int, 
         k_hist.append(k)
         v_hist.append(v)
     runner = Runner(m, pool, alloc, rtp, translator, page, device, dtype)
-    return State(m, page, device, dtype, list(lens), rows, pool, alloc, rtp, translator, runner, layer,
-                 k_hist, v_hist, 1.0 - same / max(total, 1))
+    return State(
+        m, page, device, dtype, list(lens), rows, pool, alloc, rtp, translator, runner, layer, k_hist, v_hist, 1.0 - same / max(total, 1)
+    )
 
 
 def decode_batch(st: State, seed: int):
@@ -290,10 +309,18 @@ def decode_batch(st: State, seed: int):
         loc = st.alloc.alloc_decode(seq_cpu.to(dev), seq_cpu, last)
     for r, n, slot in zip(st.rows, st.lens, loc.tolist()):
         st.rtp.req_to_token[r, n] = slot
-    fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=B, input_ids=torch.zeros(B, dtype=torch.long, device=dev),
-                      req_pool_indices=torch.tensor(st.rows, device=dev), seq_lens=seq_cpu.to(dev), out_cache_loc=loc,
-                      seq_lens_sum=int(seq_cpu.sum()), seq_lens_cpu=seq_cpu,
-                      positions=torch.tensor(st.lens, device=dev), spec_algorithm=SpeculativeAlgorithm.NONE)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=B,
+        input_ids=torch.zeros(B, dtype=torch.long, device=dev),
+        req_pool_indices=torch.tensor(st.rows, device=dev),
+        seq_lens=seq_cpu.to(dev),
+        out_cache_loc=loc,
+        seq_lens_sum=int(seq_cpu.sum()),
+        seq_lens_cpu=seq_cpu,
+        positions=torch.tensor(st.lens, device=dev),
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+    )
     st.translator.bind_own_plan(fb)
     g = torch.Generator(device=dev).manual_seed(seed)
     m = st.m
@@ -315,18 +342,30 @@ def extend_batch(st: State, new: int, seed: int):
     if st.page == 1:
         loc = st.alloc.alloc(B * new)
     else:
-        last = torch.tensor([int(st.rtp.req_to_token[r, n - 1]) if n else -1 for r, n in zip(st.rows, st.lens)],
-                            dtype=torch.int64, device=dev)
+        last = torch.tensor(
+            [int(st.rtp.req_to_token[r, n - 1]) if n else -1 for r, n in zip(st.rows, st.lens)], dtype=torch.int64, device=dev
+        )
         loc = st.alloc.alloc_extend(pre.to(dev), pre, seq.to(dev), seq, last, B * new)
     for i, (r, n) in enumerate(zip(st.rows, st.lens)):
-        st.rtp.req_to_token[r, n:n + new] = loc[i * new:(i + 1) * new].to(torch.int32)
+        st.rtp.req_to_token[r, n : n + new] = loc[i * new : (i + 1) * new].to(torch.int32)
     positions = torch.cat([torch.arange(n, n + new) for n in st.lens]).to(dev)
-    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=B, input_ids=torch.zeros(B * new, dtype=torch.long, device=dev),
-                      req_pool_indices=torch.tensor(st.rows, device=dev), seq_lens=seq.to(dev), out_cache_loc=loc,
-                      seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq, extend_prefix_lens=pre.to(dev),
-                      extend_prefix_lens_cpu=pre.tolist(), extend_seq_lens=torch.full((B,), new, device=dev),
-                      extend_seq_lens_cpu=[new] * B, extend_num_tokens=B * new, positions=positions,
-                      spec_algorithm=SpeculativeAlgorithm.NONE)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=B,
+        input_ids=torch.zeros(B * new, dtype=torch.long, device=dev),
+        req_pool_indices=torch.tensor(st.rows, device=dev),
+        seq_lens=seq.to(dev),
+        out_cache_loc=loc,
+        seq_lens_sum=int(seq.sum()),
+        seq_lens_cpu=seq,
+        extend_prefix_lens=pre.to(dev),
+        extend_prefix_lens_cpu=pre.tolist(),
+        extend_seq_lens=torch.full((B,), new, device=dev),
+        extend_seq_lens_cpu=[new] * B,
+        extend_num_tokens=B * new,
+        positions=positions,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+    )
     st.translator.bind_own_plan(fb)
     g = torch.Generator(device=dev).manual_seed(seed)
     q = torch.randn(B * new, m.hq * m.d, generator=g, device=dev).to(st.dtype)
@@ -338,18 +377,19 @@ def extend_batch(st: State, new: int, seed: int):
 def reference(st: State, q, k, v, q_positions, window_left: int):
     """float64 reference of every query: the window's history (as written) plus this step's K/V."""
     import torch
+
     import triton_swa_reference as ref
 
     m, out, at = st.m, [], 0
     for b, pos in enumerate(q_positions):
         t = len(pos)
         n_hist = st.k_hist[b].shape[0]
-        kk = torch.cat([st.k_hist[b], k[at:at + t].view(t, m.h, m.d)])
-        vv = torch.cat([st.v_hist[b], v[at:at + t].view(t, m.h, m.d)])
+        kk = torch.cat([st.k_hist[b], k[at : at + t].view(t, m.h, m.d)])
+        vv = torch.cat([st.v_hist[b], v[at : at + t].view(t, m.h, m.d)])
         k_pos = torch.arange(pos[0] - n_hist, pos[-1] + 1, device=q.device)
         q_pos = torch.tensor(pos, device=q.device)
         mask = ref.window_mask(q_pos, k_pos, window_left)
-        out.append(ref.attention(q[at:at + t].view(t, m.hq, m.d), kk, vv, mask, sm_scale=st.layer.scaling))
+        out.append(ref.attention(q[at : at + t].view(t, m.hq, m.d), kk, vv, mask, sm_scale=st.layer.scaling))
         at += t
     return torch.cat(out)
 
@@ -534,8 +574,25 @@ def case_cost(st: State, q_positions, op: str):
     return nbytes, flops
 
 
-COLUMNS = ["op", "case", "provider", "us_p50", "us_p20", "us_p80", "bytes", "flops", "tbps", "tflops",
-           "pct_copy", "copy_tbps", "gpu", "torch", "triton", "git_sha", "date"]
+COLUMNS = [
+    "op",
+    "case",
+    "provider",
+    "us_p50",
+    "us_p20",
+    "us_p80",
+    "bytes",
+    "flops",
+    "tbps",
+    "tflops",
+    "pct_copy",
+    "copy_tbps",
+    "gpu",
+    "torch",
+    "triton",
+    "git_sha",
+    "date",
+]
 
 
 # ----- the run -----------------------------------------------------------------------------------------
@@ -545,7 +602,7 @@ def run_case(op, m, lens, page, args, ctx, timed: bool, new: int = 0):
     """Build the state, check both providers, time those that agree. Returns result lines."""
     import torch
 
-    from triton_swa.runtime import poison as _poison
+    from triton_swa.runtime import poison
 
     dev, dtype = ctx["device"], ctx["dtype"]
     if len(set(lens)) > 1:
@@ -557,25 +614,27 @@ def run_case(op, m, lens, page, args, ctx, timed: bool, new: int = 0):
     case = f"{m.name}-B{len(lens)}-{tag}-P{page}"
     ctx["n"] += 1
     st = build_state(m, lens, page, dev, dtype, seed=ctx["n"], extra_per_req=max(new, 1) + 1)
-    fb, q, k, v, q_pos = (decode_batch(st, seed=7) if op == "decode" else extend_batch(st, new, seed=7))
+    fb, q, k, v, q_pos = decode_batch(st, seed=7) if op == "decode" else extend_batch(st, new, seed=7)
     want_w = reference(st, q, k, v, q_pos, m.w)
     want_w1 = reference(st, q, k, v, q_pos, m.w - 1)
     backends = make_backends(st)
     checks, prepared = {}, {}
     os.environ["TRITON_SWA_POISON"] = "1"
-    _poison.refresh_poison_env()
+    poison.refresh_poison_env()
     for name, be in backends.items():
         try:
             be.init_forward_metadata(fb)
             out = forward(be, st, fb, q, k, v, poison=True)
             checks[name] = check(name, op, out, st, want_w, want_w1)
         except Exception as e:  # a provider that cannot run the case is reported, not hidden
-            checks[name] = Check(name, float("nan"), float("nan"), False, False, int(name == "sglang_triton"),
-                                 f"{type(e).__name__}: {str(e)[:300]}")
+            checks[name] = Check(
+                name, float("nan"), float("nan"), False, False, int(name == "sglang_triton"), f"{type(e).__name__}: {str(e)[:300]}"
+            )
     os.environ["TRITON_SWA_POISON"] = "0"
-    _poison.refresh_poison_env()
-    line = (f"CHECK {op:<6} {case:<44} drift {100 * st.drift:5.1f}%  " + "  ".join(
-        f"{c.provider}: {c.verdict()} err(W) {c.err_w:.2e} err(W-1) {c.err_w1:.2e}" for c in checks.values()))
+    poison.refresh_poison_env()
+    line = f"CHECK {op:<6} {case:<44} drift {100 * st.drift:5.1f}%  " + "  ".join(
+        f"{c.provider}: {c.verdict()} err(W) {c.err_w:.2e} err(W-1) {c.err_w1:.2e}" for c in checks.values()
+    )
     print(line, flush=True)
     for c in checks.values():
         if not c.ok:
@@ -596,8 +655,7 @@ def run_case(op, m, lens, page, args, ctx, timed: bool, new: int = 0):
             continue
         if static_out is not None:
             # the replayed graph must give what was checked (a replay that keeps stale state would not)
-            ok, why = _close(static_out.view(-1, m.hq, m.d), want_w1 if checks[name].judged else want_w,
-                             f"{name} graph replay")
+            ok, why = _close(static_out.view(-1, m.hq, m.d), want_w1 if checks[name].judged else want_w, f"{name} graph replay")
             if not ok:
                 print(f"    {name}: WRONG under graph replay, not timed: {why}", flush=True)
                 checks[name].ok_w = checks[name].ok_w1 = False
@@ -611,16 +669,37 @@ def run_case(op, m, lens, page, args, ctx, timed: bool, new: int = 0):
     for name, (_call, how) in prepared.items():
         p20, p50, p80 = quantiles(times[name])
         tbps = nbytes / (p50 * 1e-6) / 1e12
-        rows.append(dict(
-            op=op, case=case, provider=name, us_p50=round(p50, 2), us_p20=round(p20, 2), us_p80=round(p80, 2),
-            bytes=int(nbytes), flops=int(flops), tbps=round(tbps, 4), tflops=round(flops / (p50 * 1e-6) / 1e12, 3),
-            pct_copy=round(100 * tbps / ctx["copy_tbps"], 1), copy_tbps=round(ctx["copy_tbps"], 3), gpu=ctx["gpu"],
-            torch=torch.__version__, triton=ctx["triton"], git_sha=args.git_sha, date=ctx["date"]))
+        rows.append(
+            dict(
+                op=op,
+                case=case,
+                provider=name,
+                us_p50=round(p50, 2),
+                us_p20=round(p20, 2),
+                us_p80=round(p80, 2),
+                bytes=int(nbytes),
+                flops=int(flops),
+                tbps=round(tbps, 4),
+                tflops=round(flops / (p50 * 1e-6) / 1e12, 3),
+                pct_copy=round(100 * tbps / ctx["copy_tbps"], 1),
+                copy_tbps=round(ctx["copy_tbps"], 3),
+                gpu=ctx["gpu"],
+                torch=torch.__version__,
+                triton=ctx["triton"],
+                git_sha=args.git_sha,
+                date=ctx["date"],
+            )
+        )
         ctx["how"][(op, case, name)] = how
     if rows:
-        print("TIME   " + f"{case:<44} " + "  ".join(
-            f"{r['provider']}: {r['us_p50']:.2f} us ({ctx['how'][(op, case, r['provider'])]}, {r['pct_copy']}% copy)"
-            for r in rows), flush=True)
+        print(
+            "TIME   "
+            + f"{case:<44} "
+            + "  ".join(
+                f"{r['provider']}: {r['us_p50']:.2f} us ({ctx['how'][(op, case, r['provider'])]}, {r['pct_copy']}% copy)" for r in rows
+            ),
+            flush=True,
+        )
     ctx["rows"] += rows
     ctx["save"](rows)
     del backends, prepared, st
@@ -633,8 +712,7 @@ def main(argv=None) -> int:
     if args.cpu_smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
     if not args.git_sha and not args.cpu_smoke:
-        print("bench_sglang_triton: refusing to write rows without --git-sha (the device copy has no .git)",
-              file=sys.stderr)
+        print("bench_sglang_triton: refusing to write rows without --git-sha (the device copy has no .git)", file=sys.stderr)
         return 2
     sys.path.insert(0, REPO)
     stubbed = _load_stubs()
@@ -652,10 +730,24 @@ def main(argv=None) -> int:
     # The smoke runs in float32: SGLang's Triton kernels give garbage on bf16 pools in Triton 3.6's
     # interpreter (~1e8 everywhere; float32 agrees to 1e-7), triton-swa's are right in both.
     dtype = getattr(torch, args.smoke_dtype) if args.cpu_smoke else torch.bfloat16
-    ctx = dict(device=device, dtype=dtype, rows=[], checks=[], n=0, how={}, gpu=gpu, triton=triton.__version__,
-               date=_dt.date.today().isoformat(), timer=None, copy_tbps=float("nan"))
-    print(f"bench_sglang_triton: {gpu}, torch {torch.__version__}, triton {triton.__version__}, sglang "
-          f"{getattr(sglang, '__version__', '?')}, stubs {stubbed or 'none'}, git_sha {args.git_sha}", flush=True)
+    ctx = dict(
+        device=device,
+        dtype=dtype,
+        rows=[],
+        checks=[],
+        n=0,
+        how={},
+        gpu=gpu,
+        triton=triton.__version__,
+        date=_dt.date.today().isoformat(),
+        timer=None,
+        copy_tbps=float("nan"),
+    )
+    print(
+        f"bench_sglang_triton: {gpu}, torch {torch.__version__}, triton {triton.__version__}, sglang "
+        f"{getattr(sglang, '__version__', '?')}, stubs {stubbed or 'none'}, git_sha {args.git_sha}",
+        flush=True,
+    )
     ctx["timer"] = Timer(device)
     ctx["copy_tbps"] = copy_ceiling_tbps(device)
     print(f"copy ceiling {ctx['copy_tbps']:.3f} TB/s", flush=True)
@@ -708,16 +800,21 @@ def main(argv=None) -> int:
             skipped += 1
             continue
         run_case(op, m, lens, page, args, ctx, timed=timed, new=new)
-    print(f"== {len(ctx['checks'])} cases in {time.time() - t0:.0f} s"
-          + (f"; {skipped} skipped past --budget-s {args.budget_s:.0f}" if skipped else ""), flush=True)
+    print(
+        f"== {len(ctx['checks'])} cases in {time.time() - t0:.0f} s"
+        + (f"; {skipped} skipped past --budget-s {args.budget_s:.0f}" if skipped else ""),
+        flush=True,
+    )
     wrong = [(op, case, c.provider) for op, case, cs in ctx["checks"] for c in cs.values() if not c.ok]
     print_tables(ctx, wrong, path if ctx["rows"] else None)
     return 0
 
 
 def print_tables(ctx, wrong, path) -> None:
-    print("\nagreement: max abs error against triton_swa_reference (float64) at window W and W-1; "
-          "'!' marks the reference a provider is judged at and fails")
+    print(
+        "\nagreement: max abs error against triton_swa_reference (float64) at window W and W-1; "
+        "'!' marks the reference a provider is judged at and fails"
+    )
     print(f"{'op':<7}{'case':<44}{'triton_swa W':>13}{'W-1':>10}{'sglang W':>11}{'W-1':>10}  verdicts")
     for op, case, cs in ctx["checks"]:
         t, s = cs["triton_swa"], cs["sglang_triton"]
@@ -725,8 +822,10 @@ def print_tables(ctx, wrong, path) -> None:
         def mark(c, j):
             return "!" if c.judged == j and not c.ok else " "
 
-        print(f"{op:<7}{case:<44}{t.err_w:>12.2e}{mark(t, 0)}{t.err_w1:>9.2e}{mark(t, 1)}"
-              f"{s.err_w:>10.2e}{mark(s, 0)}{s.err_w1:>9.2e}{mark(s, 1)}  {t.verdict()} / {s.verdict()}")
+        print(
+            f"{op:<7}{case:<44}{t.err_w:>12.2e}{mark(t, 0)}{t.err_w1:>9.2e}{mark(t, 1)}"
+            f"{s.err_w:>10.2e}{mark(s, 0)}{s.err_w1:>9.2e}{mark(s, 1)}  {t.verdict()} / {s.verdict()}"
+        )
     print(f"WRONG: {', '.join('/'.join(w) for w in wrong)}" if wrong else "WRONG: none")
     by_case = {}
     for r in ctx["rows"]:
@@ -737,11 +836,14 @@ def print_tables(ctx, wrong, path) -> None:
         tu = f"{t['us_p50']:.2f}" if t else "-"
         su = f"{s['us_p50']:.2f}" if s else "-"
         ratio = f"{s['us_p50'] / t['us_p50']:.2f}" if t and s else "-"
-        print(f"{op:<7}{case:<44}{tu:>14}{su:>11}{ratio:>7}{t['pct_copy'] if t else '-':>10}"
-              f"{s['pct_copy'] if s else '-':>10}"
-              + ("" if all(ctx["how"].get((op, case, p)) == "graph" for p in rs) else "  (eager)"))
-    print(f"copy ceiling {ctx['copy_tbps']:.3f} TB/s; ratio = sglang_triton / triton_swa (p50)"
-          + (f"; rows in {path}" if path else "; no rows written"))
+        print(
+            f"{op:<7}{case:<44}{tu:>14}{su:>11}{ratio:>7}{t['pct_copy'] if t else '-':>10}"
+            f"{s['pct_copy'] if s else '-':>10}" + ("" if all(ctx["how"].get((op, case, p)) == "graph" for p in rs) else "  (eager)")
+        )
+    print(
+        f"copy ceiling {ctx['copy_tbps']:.3f} TB/s; ratio = sglang_triton / triton_swa (p50)"
+        + (f"; rows in {path}" if path else "; no rows written")
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,19 @@ def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: in
     full_ids = [i for i in range(n_sliding + n_full) if i not in swa_ids]
     size = batch * (context + 1)
     size_swa = batch * (window_left + 2)
-    pool = SWAKVPool(size, size_swa, 1, dtype, swa_attention_layer_ids=swa_ids, full_attention_layer_ids=full_ids,
-                     device=dev, swa_head_num=16, swa_head_dim=256, full_head_num=4, full_head_dim=512)
+    pool = SWAKVPool(
+        size,
+        size_swa,
+        1,
+        dtype,
+        swa_attention_layer_ids=swa_ids,
+        full_attention_layer_ids=full_ids,
+        device=dev,
+        swa_head_num=16,
+        swa_head_dim=256,
+        full_head_num=4,
+        full_head_dim=512,
+    )
     alloc = SWATokenToKVPoolAllocator(size, size_swa, 1, dtype, dev, pool)
     g = torch.Generator(device="cpu").manual_seed(0)
     alloc.full_attn_allocator.shuffle_free_list(g)
@@ -46,14 +57,16 @@ def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: in
     # Full slots for every token; SWA slots only for the window (older tokens evicted).
     full = alloc.full_attn_allocator.alloc(batch * context).view(batch, context)
     rtp.req_to_token[rows, :context] = full.int()
-    keep = full[:, context - (window_left + 1):].reshape(-1)
+    keep = full[:, context - (window_left + 1) :].reshape(-1)
     alloc.full_to_swa_index_mapping[keep] = alloc.swa_attn_allocator.alloc(keep.numel())
     for sub in (pool.swa_kv_pool, pool.full_kv_pool):
         for buf in sub.k_buffer + sub.v_buffer:
             buf.normal_()
     runner = ModelRunner(pool, alloc, rtp, sliding_window_size=window_left, device=dev)
-    layers = [AttentionLayer(i, 32, 16, 256, sliding_window_size=window_left) if i in swa_ids
-              else AttentionLayer(i, 32, 4, 512) for i in range(n_sliding + n_full)]
+    layers = [
+        AttentionLayer(i, 32, 16, 256, sliding_window_size=window_left) if i in swa_ids else AttentionLayer(i, 32, 4, 512)
+        for i in range(n_sliding + n_full)
+    ]
     seq = torch.full((batch,), context, dtype=torch.int64, device=dev)
     out_loc = full[:, -1].contiguous()
     fb = ForwardBatch(ForwardMode.DECODE, batch, rows, seq, out_loc, seq_lens_cpu=seq.cpu())
@@ -70,10 +83,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     runner, layers, fb = build(args.batch, args.context, args.window_left, args.sliding, args.full)
     backend = TritonSWAAttnBackend(runner)
-    qs = {256: torch.randn(args.batch, 32, 256, device="cuda", dtype=torch.bfloat16),
-          512: torch.randn(args.batch, 32, 512, device="cuda", dtype=torch.bfloat16)}
-    ks = {lay.layer_id: torch.randn(args.batch, lay.tp_k_head_num, lay.head_dim, device="cuda", dtype=torch.bfloat16)
-          for lay in layers}
+    qs = {
+        256: torch.randn(args.batch, 32, 256, device="cuda", dtype=torch.bfloat16),
+        512: torch.randn(args.batch, 32, 512, device="cuda", dtype=torch.bfloat16),
+    }
+    ks = {lay.layer_id: torch.randn(args.batch, lay.tp_k_head_num, lay.head_dim, device="cuda", dtype=torch.bfloat16) for lay in layers}
 
     def step():
         backend.init_forward_metadata(fb)
@@ -90,23 +104,35 @@ def main(argv=None) -> int:
         idx = meta.sliding if lay.sliding_window_size >= 0 else meta.full
         k_buf, v_buf = backend.kv_pool.get_kv_buffer(lay.layer_id)
         fn = lambda lay=lay, idx=idx, k_buf=k_buf, v_buf=v_buf: swa_decode(
-            qs[lay.head_dim], k_buf, v_buf, kv_indptr=idx.kv_indptr, kv_indices=idx.kv_indices,
-            sm_scale=lay.scaling, max_window=idx.max_window)
+            qs[lay.head_dim],
+            k_buf,
+            v_buf,
+            kv_indptr=idx.kv_indptr,
+            kv_indices=idx.kv_indices,
+            sm_scale=lay.scaling,
+            max_window=idx.max_window,
+        )
         attn.append(time_rotated([fn], reps=10, use_graph=True))
     attn_sum = tuple(sum(t[i] for t in attn) for i in range(3))
     t_eager = time_rotated([step], reps=10)
     t_graph = time_rotated([step], reps=10, use_graph=True)
     window_bytes = sum(
-        args.batch * (min(args.context, args.window_left + 1) if lay.sliding_window_size >= 0 else args.context)
-        * lay.tp_k_head_num * (lay.head_dim + lay.v_head_dim) * 2 for lay in layers)
+        args.batch
+        * (min(args.context, args.window_left + 1) if lay.sliding_window_size >= 0 else args.context)
+        * lay.tp_k_head_num
+        * (lay.head_dim + lay.v_head_dim)
+        * 2
+        for lay in layers
+    )
     rec.add(case, "metadata", t_meta, 0, 0)
     rec.add(case, "attention_sum", attn_sum, window_bytes, 0)
     rec.add(case, "step_graph", t_graph, window_bytes, 0)
     rec.add(case, "step_eager", t_eager, window_bytes, 0)
     print(f"saved {rec.save()}")
     print(rec.table())
-    print(f"metadata / step (graph): {100 * t_meta[1] / t_graph[1]:.2f}% (target <= 5%); "
-          f"step / attention sum: {t_graph[1] / attn_sum[1]:.3f}")
+    print(
+        f"metadata / step (graph): {100 * t_meta[1] / t_graph[1]:.2f}% (target <= 5%); step / attention sum: {t_graph[1] / attn_sum[1]:.3f}"
+    )
     return 0
 
 

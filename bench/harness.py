@@ -16,8 +16,25 @@ from dataclasses import dataclass
 
 import torch
 
-COLUMNS = ["op", "case", "provider", "us_p50", "us_p20", "us_p80", "bytes", "flops", "tbps", "tflops",
-           "pct_copy", "copy_tbps", "gpu", "torch", "triton", "git_sha", "date"]
+COLUMNS = [
+    "op",
+    "case",
+    "provider",
+    "us_p50",
+    "us_p20",
+    "us_p80",
+    "bytes",
+    "flops",
+    "tbps",
+    "tflops",
+    "pct_copy",
+    "copy_tbps",
+    "gpu",
+    "torch",
+    "triton",
+    "git_sha",
+    "date",
+]
 L2_BYTES = 64 * 2**20
 
 
@@ -26,8 +43,9 @@ def rotation_count(bytes_per_set: int, budget: int = 8 * 2**30) -> int:
     return int(max(2, min(64, -(-4 * L2_BYTES // max(bytes_per_set, 1)) + 1, budget // max(bytes_per_set, 1))))
 
 
-def time_rotated(fns: Sequence[Callable[[], object]], *, warmup: int = 3, reps: int = 30,
-                 use_graph: bool = False) -> tuple[float, float, float]:
+def time_rotated(
+    fns: Sequence[Callable[[], object]], *, warmup: int = 3, reps: int = 30, use_graph: bool = False
+) -> tuple[float, float, float]:
     """(p20, p50, p80) microseconds of one call, cycling through ``fns`` (one per input set).
 
     Each rep runs every fn once between two events; the time per call is that over ``len(fns)``.
@@ -76,8 +94,7 @@ def _git_sha() -> str:
     if os.environ.get("GIT_SHA"):
         return os.environ["GIT_SHA"]
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
     except Exception:
         return "unknown"
 
@@ -98,11 +115,22 @@ class Recorder:
         p20, p50, p80 = times
         tbps = nbytes / (p50 * 1e-6) / 1e12
         row = dict(
-            op=self.op, case=case, provider=provider, us_p50=round(p50, 2), us_p20=round(p20, 2),
-            us_p80=round(p80, 2), bytes=int(nbytes), flops=int(flops), tbps=round(tbps, 4),
-            tflops=round(flops / (p50 * 1e-6) / 1e12, 3), pct_copy=round(100 * tbps / self.copy_tbps, 1),
-            copy_tbps=round(self.copy_tbps, 3), gpu=torch.cuda.get_device_name(),
-            torch=torch.__version__, triton=_triton_version(), git_sha=_git_sha(),
+            op=self.op,
+            case=case,
+            provider=provider,
+            us_p50=round(p50, 2),
+            us_p20=round(p20, 2),
+            us_p80=round(p80, 2),
+            bytes=int(nbytes),
+            flops=int(flops),
+            tbps=round(tbps, 4),
+            tflops=round(flops / (p50 * 1e-6) / 1e12, 3),
+            pct_copy=round(100 * tbps / self.copy_tbps, 1),
+            copy_tbps=round(self.copy_tbps, 3),
+            gpu=torch.cuda.get_device_name(),
+            torch=torch.__version__,
+            triton=_triton_version(),
+            git_sha=_git_sha(),
             date=_dt.date.today().isoformat(),
         )
         self.rows.append(row)
@@ -124,8 +152,9 @@ class Recorder:
         """A compact text table of the rows, for the end of a device run's output."""
         lines = [f"{'case':<34} {'provider':<14} {'us_p50':>9} {'TB/s':>7} {'TFLOP/s':>8} {'%copy':>6}"]
         for r in self.rows:
-            lines.append(f"{r['case']:<34} {r['provider']:<14} {r['us_p50']:>9.2f} {r['tbps']:>7.3f} "
-                         f"{r['tflops']:>8.2f} {r['pct_copy']:>6.1f}")
+            lines.append(
+                f"{r['case']:<34} {r['provider']:<14} {r['us_p50']:>9.2f} {r['tbps']:>7.3f} {r['tflops']:>8.2f} {r['pct_copy']:>6.1f}"
+            )
         return "\n".join(lines)
 
 

@@ -54,19 +54,27 @@ def compiled_stats(tag: str) -> None:
         launch = plan.main
         for kernel in launch.compiled.values():
             meta = kernel.metadata
-            print(f"STATS {tag}: regs {kernel.n_regs} spills {kernel.n_spills} shared {meta.shared} "
-                  f"warps {meta.num_warps} stages {meta.num_stages} "
-                  f"BLOCK_N {launch.constexprs['BLOCK_N']} PAGED {launch.constexprs['PAGED']}", flush=True)
+            print(
+                f"STATS {tag}: regs {kernel.n_regs} spills {kernel.n_spills} shared {meta.shared} "
+                f"warps {meta.num_warps} stages {meta.num_stages} "
+                f"BLOCK_N {launch.constexprs['BLOCK_N']} PAGED {launch.constexprs['PAGED']}",
+                flush=True,
+            )
 
 
 def d512() -> None:
     for B, L in ((64, 4096), (8, 32768)):
-        for label, set_page, call_page in (("CSR scattered slots", 1, 1), ("CSR page-local slots", 16, 1),
-                                           ("page table P16", 16, 16)):
+        for label, set_page, call_page in (("CSR scattered slots", 1, 1), ("CSR page-local slots", 16, 1), ("page table P16", 16, 16)):
             provs, nbytes = provs_for("g4full", B, L, set_page, call_page)
             line(f"g4full B{B} L{L // 1024}k {label} default", timed(provs), nbytes)
-            for over in (dict(block_n=16), dict(block_n=16, num_warps=4), dict(block_n=32, num_warps=4),
-                         dict(num_stages=2), dict(num_stages=4), dict(block_n=64, num_stages=2)):
+            for over in (
+                dict(block_n=16),
+                dict(block_n=16, num_warps=4),
+                dict(block_n=32, num_warps=4),
+                dict(num_stages=2),
+                dict(num_stages=4),
+                dict(block_n=64, num_stages=2),
+            ):
                 try:
                     line(f"g4full B{B} L{L // 1024}k {label} {over}", timed(provs, **over), nbytes)
                 except Exception as exc:
@@ -96,8 +104,14 @@ def short() -> None:
     for name in ("g3", "g4swa"):
         provs, nbytes = provs_for(name, 1, 4096, 1, 1)
         line(f"{name} B1 default", timed(provs), nbytes)
-        for over in (dict(num_stages=1), dict(num_stages=2), dict(num_splits=8), dict(num_splits=8, num_stages=2),
-                     dict(num_splits=32, block_n=32, num_stages=1), dict(num_splits=16, block_n=32, num_stages=2)):
+        for over in (
+            dict(num_stages=1),
+            dict(num_stages=2),
+            dict(num_splits=8),
+            dict(num_splits=8, num_stages=2),
+            dict(num_splits=32, block_n=32, num_stages=1),
+            dict(num_splits=16, block_n=32, num_stages=2),
+        ):
             try:
                 line(f"{name} B1 {over}", timed(provs, **over), nbytes)
             except Exception as exc:
@@ -109,8 +123,13 @@ def floor() -> None:
         m = MODELS[name]
         nbytes = case_bytes(m, B, 4096, 1)
         n_sets = rotation_count(nbytes)
-        bufs = [(torch.empty(nbytes // 256 * 64, dtype=torch.int16, device="cuda"),
-                 torch.empty(nbytes // 256 * 64, dtype=torch.int16, device="cuda")) for _ in range(n_sets)]
+        bufs = [
+            (
+                torch.empty(nbytes // 256 * 64, dtype=torch.int16, device="cuda"),
+                torch.empty(nbytes // 256 * 64, dtype=torch.int16, device="cuda"),
+            )
+            for _ in range(n_sets)
+        ]
         us = time_rotated([lambda s=s, d=d: d.copy_(s) for s, d in bufs], reps=20, use_graph=True)[1]
         line(f"copy of the same bytes ({name} B{B}, {nbytes / 1e6:.1f} MB)", us, nbytes)
         provs, _ = provs_for(name, B, 4096, 1, 1)

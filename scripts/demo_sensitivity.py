@@ -50,16 +50,22 @@ def main() -> None:
         return out * (1 + 1e-5 * torch.randn_like(out)), w
 
     moved = 0
-    reqs = d.request_stream(p, 0)[:args.requests]
+    reqs = d.request_stream(p, 0)[: args.requests]
     for r in reqs:
         ids = torch.tensor([r.prompt])
         outs = []
         for fn in (plain, noisy):
             mg.eager_attention_forward = fn
             with torch.inference_mode():
-                out = model.generate(ids, max_new_tokens=r.max_new_tokens, min_new_tokens=r.max_new_tokens,
-                                     do_sample=False, eos_token_id=None, pad_token_id=0)
-            outs.append(out[0, len(r.prompt):].tolist())
+                out = model.generate(
+                    ids,
+                    max_new_tokens=r.max_new_tokens,
+                    min_new_tokens=r.max_new_tokens,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            outs.append(out[0, len(r.prompt) :].tolist())
         mg.eager_attention_forward = plain
         moved += outs[0] != outs[1]
     print(f"noise: 1e-5 relative noise on attention outputs changes the greedy tokens of {moved} of {len(reqs)} requests")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One scripted device run: GPU tests, then benchmarks. Usage on the GPU machine:
 #   bash scripts/gpu_run.sh [tests|bench|all] [pytest -k expression] [bench script names...]
-# Uses the machine's python3 (CUDA torch, triton); the package runs from the tree, with reference/
-# exposed as triton_swa_reference through a link, so nothing needs installing. Logs and CSVs are
+# Uses the machine's python3 (CUDA torch, triton); the packages run from the tree, so nothing needs
+# installing. Logs and CSVs are
 # copied to $OUT when it is set (the device tool brings them back).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"

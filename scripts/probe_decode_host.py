@@ -1,18 +1,18 @@
 """Host cost per eager swa_decode call on the GPU (fast launch on/off), and whether plans hit the fast path.
 
-Usage (GPU): PYTHONPATH=<tree>:<site with triton_swa_reference> python3 scripts/probe_decode_host.py
+Usage (GPU): PYTHONPATH=<tree> python3 scripts/probe_decode_host.py
 """
 
 import time
 
 import torch
+
 import triton_swa.ops.decode.launcher as d
 import triton_swa_reference as ref
 from triton_swa.runtime.launch import set_fast_launch
 from triton_swa.testing import make_pool_state
 
-st = make_pool_state(seq_lens=[4000], window_left=1023, device="cuda", swa_head_num=16, swa_head_dim=128,
-                     dtype=torch.bfloat16)
+st = make_pool_state(seq_lens=[4000], window_left=1023, device="cuda", swa_head_num=16, swa_head_dim=128, dtype=torch.bfloat16)
 k, v = st.kv_pool.get_kv_buffer(0)
 q = torch.randn(1, 32, 128, device="cuda", dtype=torch.bfloat16)
 ip, ix, _ = ref.decode_window_indices(st.req_to_token, st.req_pool_indices(), st.seq_lens(), 1023, st.mapping)
@@ -28,10 +28,18 @@ for fast in (True, False):
         call()
     torch.cuda.synchronize()
     print(f"{d.__file__}: fast_launch={fast}: {(time.perf_counter() - t0) / 2000 * 1e6:.1f} us per call")
-for key, plan in d._PLANS.items():
+for plan in d._PLANS.values():
     main = plan.main
-    print("plan split", plan.split, "fused", plan.fused, "main compiled keys", len(main.compiled),
-          "merge", None if plan.merge is None else len(plan.merge.compiled))
+    print(
+        "plan split",
+        plan.split,
+        "fused",
+        plan.fused,
+        "main compiled keys",
+        len(main.compiled),
+        "merge",
+        None if plan.merge is None else len(plan.merge.compiled),
+    )
 
 if __import__("os").environ.get("PROFILE"):
     import cProfile

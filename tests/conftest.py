@@ -2,22 +2,23 @@
 
 Without CUDA, Triton kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be in the
 environment before triton is first imported (``@triton.jit`` decides at decoration time), so it is
-set here, before any test module imports triton_swa's kernels. torch does not import triton itself.
+set here (:func:`triton_swa.testing.use_interpreter`), before any test module imports triton_swa's
+kernels. Neither torch nor ``triton_swa.testing`` imports triton itself.
 
-Every test runs with ``TRITON_SWA_POISON=1`` (``triton_swa/ops/_poison.py``): the buffers the ops
+Every test runs with ``TRITON_SWA_POISON=1`` (``triton_swa/runtime/poison.py``): the buffers the ops
 allocate themselves (outputs, split-KV partials, index buffers) start as NaN or the int32 minimum,
 so a split, tile or row that a kernel forgets to write fails the comparison with the reference
 instead of passing on whatever ``torch.empty`` returned. A test that needs it off uses
-``monkeypatch.setattr(_poison, "_ENABLED", False)``.
+``monkeypatch.setattr(poison, "_ENABLED", False)``.
 """
-
-import os
 
 import pytest
 import torch
 
+from triton_swa.testing import use_interpreter
+
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    use_interpreter()
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -32,10 +33,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _poison_internal_buffers(monkeypatch):
-    # the switch is cached at import (triton_swa.ops._poison); monkeypatch restores it after the test
-    from triton_swa.runtime import poison as _poison
+    # the switch is cached at import (triton_swa.runtime.poison); monkeypatch restores it after the test
+    from triton_swa.runtime import poison
 
-    monkeypatch.setattr(_poison, "_ENABLED", True)
+    monkeypatch.setattr(poison, "_ENABLED", True)
 
 
 @pytest.fixture

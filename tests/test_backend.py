@@ -14,16 +14,9 @@ from unittest.mock import MagicMock
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
-from triton_swa import (
-    MHATokenToKVPool,
-    ReqToTokenPool,
-    SWAKVPool,
-    SWATokenToKVPoolAllocator,
-    TokenToKVPoolAllocator,
-    evict_swa_window,
-)
+import triton_swa_reference as ref
+from triton_swa import MHATokenToKVPool, ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator, evict_swa_window
 from triton_swa.backend import TritonSWAAttnBackend
 from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo, SpeculativeAlgorithm
 from triton_swa.testing import assert_close, legacy_backend, make_pool_state
@@ -76,8 +69,7 @@ def test_policy(active_kind, draft, algo, alloc_kind, want, real_runner):
     if real_runner:
         allocator = MagicMock()
         allocator.get_kvcache.return_value = kvcache
-        runner = ModelRunner(active, allocator, ReqToTokenPool(1, 8), sliding_window_size=3, is_draft_worker=draft,
-                             spec_algorithm=algo)
+        runner = ModelRunner(active, allocator, ReqToTokenPool(1, 8), sliding_window_size=3, is_draft_worker=draft, spec_algorithm=algo)
     else:
         runner = _mock_runner(active, draft, algo, kvcache)
     backend = TritonSWAAttnBackend(runner)
@@ -129,7 +121,7 @@ class Sim:
         assert slots is not None, "simulation pools too small"
         at = 0
         for i, m in enumerate(new):
-            self.rtp.req_to_token[self.rows[i], self.lens[i]:self.lens[i] + m] = slots[at:at + m].int()
+            self.rtp.req_to_token[self.rows[i], self.lens[i] : self.lens[i] + m] = slots[at : at + m].int()
             at += m
         return slots
 
@@ -150,14 +142,25 @@ class Sim:
 
     def evict(self):
         for i, r in enumerate(self.rows):
-            self.evicted[i] = evict_swa_window(self.alloc, self.rtp.req_to_token, r, self.lens[i], self.window_left,
-                                               self.evicted[i])
+            self.evicted[i] = evict_swa_window(self.alloc, self.rtp.req_to_token, r, self.lens[i], self.window_left, self.evicted[i])
 
 
 def make_sim(window_left, page_size, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    pool = SWAKVPool(256, 96, page_size, torch.float32, swa_attention_layer_ids=[0, 2], full_attention_layer_ids=[1],
-                     device=device, swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32, full_v_head_dim=24)
+    pool = SWAKVPool(
+        256,
+        96,
+        page_size,
+        torch.float32,
+        swa_attention_layer_ids=[0, 2],
+        full_attention_layer_ids=[1],
+        device=device,
+        swa_head_num=2,
+        swa_head_dim=16,
+        full_head_num=1,
+        full_head_dim=32,
+        full_v_head_dim=24,
+    )
     alloc = SWATokenToKVPoolAllocator(256, 96, page_size, torch.float32, device, pool)
     alloc.full_attn_allocator.shuffle_free_list(g)
     alloc.swa_attn_allocator.shuffle_free_list(g)
@@ -179,13 +182,13 @@ def expected_outputs(sim, layer, q, new_k, new_v, new_counts, q_pos_of):
         m = new_counts[i]
         ks, vs = sim.hist.setdefault((src, r), ([], []))
         if layer.kv_shared_layer_id is None:
-            ks.extend(new_k[at:at + m])
-            vs.extend(new_v[at:at + m])
+            ks.extend(new_k[at : at + m])
+            vs.extend(new_v[at : at + m])
         if m:
             k, v = torch.stack(ks), torch.stack(vs)
             q_pos = q_pos_of(i)
             mask = ref.window_mask(q_pos, torch.arange(len(ks)), layer.sliding_window_size).to(sim.device)
-            outs.append(ref.attention(q[at:at + m], k, v, mask, sm_scale=layer.scaling, logit_cap=layer.logit_cap))
+            outs.append(ref.attention(q[at : at + m], k, v, mask, sm_scale=layer.scaling, logit_cap=layer.logit_cap))
         at += m
     return torch.cat(outs).reshape(-1, HQ * layer.v_head_dim)
 
@@ -199,17 +202,32 @@ def run_step(sim, backend, layers, mode, new, *, draft_num=None):
     dev = sim.device
     rows = torch.tensor(sim.rows, device=dev)
     if mode == ForwardMode.TARGET_VERIFY:
-        batch = ForwardBatch(mode, bs, rows, torch.tensor(committed, device=dev), out_cache_loc,
-                             seq_lens_cpu=torch.tensor(committed), spec_info=SpecInfo(draft_num))
+        batch = ForwardBatch(
+            mode,
+            bs,
+            rows,
+            torch.tensor(committed, device=dev),
+            out_cache_loc,
+            seq_lens_cpu=torch.tensor(committed),
+            spec_info=SpecInfo(draft_num),
+        )
     elif mode == ForwardMode.DECODE:
         seq = torch.tensor(committed) + 1
         batch = ForwardBatch(mode, bs, rows, seq.to(dev), out_cache_loc, seq_lens_cpu=seq)
     else:
         seq = torch.tensor(committed) + torch.tensor(new)
-        batch = ForwardBatch(mode, bs, rows, seq.to(dev), out_cache_loc, seq_lens_cpu=seq,
-                             extend_prefix_lens=torch.tensor(committed, device=dev),
-                             extend_seq_lens=torch.tensor(new, device=dev),
-                             extend_prefix_lens_cpu=committed, extend_seq_lens_cpu=list(new))
+        batch = ForwardBatch(
+            mode,
+            bs,
+            rows,
+            seq.to(dev),
+            out_cache_loc,
+            seq_lens_cpu=seq,
+            extend_prefix_lens=torch.tensor(committed, device=dev),
+            extend_seq_lens=torch.tensor(new, device=dev),
+            extend_prefix_lens_cpu=committed,
+            extend_seq_lens_cpu=list(new),
+        )
     backend.init_forward_metadata(batch)
     t = sum(new)
     for layer in layers:
@@ -218,8 +236,7 @@ def run_step(sim, backend, layers, mode, new, *, draft_num=None):
         v = randn(sim, t, layer.tp_k_head_num, layer.v_head_dim)
         out = torch.full((t, HQ * layer.v_head_dim), float("nan"), device=dev)
         out.copy_(backend.forward(q, k, v, layer, batch))
-        want = expected_outputs(sim, layer, q, list(k), list(v), new,
-                                lambda i: committed[i] + torch.arange(new[i]))
+        want = expected_outputs(sim, layer, q, list(k), list(v), new, lambda i: committed[i] + torch.arange(new[i]))
         assert_close(out, want, name=f"{mode.name} layer {layer.layer_id}")
     for i, m in enumerate(new):
         sim.lens[i] += m
@@ -229,7 +246,7 @@ def reject_drafts(sim, layers, accepted, draft_num):
     """Keep ``accepted[i]`` of request i's drafts; free the rest (full and SWA slots)."""
     for i, r in enumerate(sim.rows):
         keep_upto = sim.lens[i] - draft_num + accepted[i]
-        rejected = sim.rtp.req_to_token[r, keep_upto:sim.lens[i]].long()
+        rejected = sim.rtp.req_to_token[r, keep_upto : sim.lens[i]].long()
         sim.alloc.free(rejected)
         sim.lens[i] = keep_upto
         for layer in layers:
@@ -306,8 +323,9 @@ def test_draft_worker_regression_policy_vs_legacy_rule(device):
     w = 3
     # The draft owns its own SWA pool (own buffers) registered on the target's mapping. Same sizes on
     # both sides so that the legacy rule's wrong slots stay in bounds.
-    draft_pool = SWAKVPool(256, 256, 1, torch.float32, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                           device=device, head_num=2, head_dim=16)
+    draft_pool = SWAKVPool(
+        256, 256, 1, torch.float32, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=device, head_num=2, head_dim=16
+    )
     plain_alloc = TokenToKVPoolAllocator(16, torch.float32, device, _plain_pool(device))  # the pool has 16 slots
     layer = AttentionLayer(0, HQ, 2, 16, sliding_window_size=w)
     outs = {}
@@ -316,17 +334,33 @@ def test_draft_worker_regression_policy_vs_legacy_rule(device):
         draft_pool.register_mapping(sim.alloc.full_to_swa_index_mapping)
         for buf in draft_pool.swa_kv_pool.k_buffer + draft_pool.swa_kv_pool.v_buffer:
             buf.fill_(float("nan"))
-        runner = ModelRunner(draft_pool, plain_alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
-                             spec_algorithm=SpeculativeAlgorithm.DFLASH, device=device)
+        runner = ModelRunner(
+            draft_pool,
+            plain_alloc,
+            sim.rtp,
+            sliding_window_size=w,
+            is_draft_worker=True,
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            device=device,
+        )
         backend = TritonSWAAttnBackend(runner) if legacy is None else legacy_backend(runner, legacy)
         sim.g = torch.Generator().manual_seed(5)
         # Prefill 9 tokens per request, then one decode step; compare the decode output.
         loc = sim.allocate([9, 9, 9])
         rows = torch.tensor(sim.rows, device=device)
         seq = torch.tensor([9, 9, 9])
-        batch = ForwardBatch(ForwardMode.EXTEND, 3, rows, seq.to(device), loc, seq_lens_cpu=seq,
-                             extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=device),
-                             extend_seq_lens=seq.to(device), extend_prefix_lens_cpu=[0, 0, 0], extend_seq_lens_cpu=[9, 9, 9])
+        batch = ForwardBatch(
+            ForwardMode.EXTEND,
+            3,
+            rows,
+            seq.to(device),
+            loc,
+            seq_lens_cpu=seq,
+            extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=device),
+            extend_seq_lens=seq.to(device),
+            extend_prefix_lens_cpu=[0, 0, 0],
+            extend_seq_lens_cpu=[9, 9, 9],
+        )
         backend.init_forward_metadata(batch)
         k_all, v_all = randn(sim, 27, 2, 16), randn(sim, 27, 2, 16)
         backend.forward(randn(sim, 27, HQ, 16), k_all, v_all, layer, batch)
@@ -339,10 +373,10 @@ def test_draft_worker_regression_policy_vs_legacy_rule(device):
         outs[name] = backend.forward(q, k1, v1, layer, batch).reshape(3, HQ, 16)
         want = []
         for i in range(3):
-            k = torch.cat([k_all[9 * i:9 * i + 9], k1[i:i + 1]])
-            v = torch.cat([v_all[9 * i:9 * i + 9], v1[i:i + 1]])
+            k = torch.cat([k_all[9 * i : 9 * i + 9], k1[i : i + 1]])
+            v = torch.cat([v_all[9 * i : 9 * i + 9], v1[i : i + 1]])
             mask = ref.window_mask(torch.tensor([9]), torch.arange(10), w).to(device)
-            want.append(ref.attention(q[i:i + 1], k, v, mask, sm_scale=layer.scaling))
+            want.append(ref.attention(q[i : i + 1], k, v, mask, sm_scale=layer.scaling))
         outs["want"] = torch.cat(want)
     assert_close(outs["policy"], outs["want"], name="policy-resolved draft decode")
     legacy_err = (outs["legacy"].double() - outs["want"]).abs().nan_to_num(1e9).max()
@@ -367,9 +401,18 @@ def _prefill_then_decode(backend, sim, layer, prefill, save_kv_cache=True):
     rows = torch.tensor(sim.rows, device=dev)
     loc = sim.allocate(prefill)
     seq = torch.tensor(prefill)
-    batch = ForwardBatch(ForwardMode.EXTEND, 3, rows, seq.to(dev), loc, seq_lens_cpu=seq,
-                         extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=dev), extend_seq_lens=seq.to(dev),
-                         extend_prefix_lens_cpu=[0, 0, 0], extend_seq_lens_cpu=list(prefill))
+    batch = ForwardBatch(
+        ForwardMode.EXTEND,
+        3,
+        rows,
+        seq.to(dev),
+        loc,
+        seq_lens_cpu=seq,
+        extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=dev),
+        extend_seq_lens=seq.to(dev),
+        extend_prefix_lens_cpu=[0, 0, 0],
+        extend_seq_lens_cpu=list(prefill),
+    )
     backend.init_forward_metadata(batch)
     t = sum(prefill)
     k, v = randn(sim, t, layer.tp_k_head_num, layer.head_dim), randn(sim, t, layer.tp_k_head_num, layer.v_head_dim)
@@ -382,8 +425,10 @@ def _prefill_then_decode(backend, sim, layer, prefill, save_kv_cache=True):
     q = randn(sim, 3, HQ, layer.head_dim)
     k1, v1 = randn(sim, 3, layer.tp_k_head_num, layer.head_dim), randn(sim, 3, layer.tp_k_head_num, layer.v_head_dim)
     out = backend.forward(q, k1, v1, layer, batch, save_kv_cache=save_kv_cache).reshape(3, HQ, layer.v_head_dim)
-    history = [(torch.cat([k[a:a + n], k1[i:i + 1]]), torch.cat([v[a:a + n], v1[i:i + 1]]))
-               for i, (a, n) in enumerate(zip([0, prefill[0], prefill[0] + prefill[1]], prefill))]
+    history = [
+        (torch.cat([k[a : a + n], k1[i : i + 1]]), torch.cat([v[a : a + n], v1[i : i + 1]]))
+        for i, (a, n) in enumerate(zip([0, prefill[0], prefill[0] + prefill[1]], prefill))
+    ]
     return q, out, history
 
 
@@ -396,8 +441,9 @@ def test_eagle_draft_with_a_full_only_pool_reads_windows_of_full_slots(device):
     alloc = TokenToKVPoolAllocator(256, torch.float32, device, pool)
     alloc.shuffle_free_list(torch.Generator().manual_seed(4))
     sim.alloc = alloc
-    runner = ModelRunner(pool, alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
-                         spec_algorithm=SpeculativeAlgorithm.EAGLE, device=device)
+    runner = ModelRunner(
+        pool, alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True, spec_algorithm=SpeculativeAlgorithm.EAGLE, device=device
+    )
     backend = TritonSWAAttnBackend(runner)
     assert not backend.use_sliding_window_kv_pool
     layer = AttentionLayer(0, HQ, 2, 16, sliding_window_size=w)
@@ -405,7 +451,7 @@ def test_eagle_draft_with_a_full_only_pool_reads_windows_of_full_slots(device):
     for i, (k, v) in enumerate(history):
         pos = torch.arange(len(k))
         mask = ref.window_mask(pos[-1:], pos, w).to(device)
-        assert_close(out[i:i + 1], ref.attention(q[i:i + 1], k, v, mask, sm_scale=layer.scaling), name=f"request {i}")
+        assert_close(out[i : i + 1], ref.attention(q[i : i + 1], k, v, mask, sm_scale=layer.scaling), name=f"request {i}")
 
 
 @pytest.mark.interpreter
@@ -417,8 +463,15 @@ def test_frozen_kv_mtp_draft_reads_the_targets_swa_pool(device):
     target = TritonSWAAttnBackend(ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=w, device=device))
     layer = model_layers(w)[0]
     q, out, _ = _prefill_then_decode(target, sim, layer, [7, 10, 5])
-    draft_runner = ModelRunner(_plain_pool(device), sim.alloc, sim.rtp, sliding_window_size=w, is_draft_worker=True,
-                               spec_algorithm=SpeculativeAlgorithm.FROZEN_KV_MTP, device=device)
+    draft_runner = ModelRunner(
+        _plain_pool(device),
+        sim.alloc,
+        sim.rtp,
+        sliding_window_size=w,
+        is_draft_worker=True,
+        spec_algorithm=SpeculativeAlgorithm.FROZEN_KV_MTP,
+        device=device,
+    )
     draft = TritonSWAAttnBackend(draft_runner)
     assert draft._swa_kv_pool is sim.pool
     rows = torch.tensor(sim.rows, device=device)
@@ -430,10 +483,17 @@ def test_frozen_kv_mtp_draft_reads_the_targets_swa_pool(device):
 
 
 def _graph_setup(device, page_size, window_left=6):
-    state = make_pool_state(seq_lens=[5, 17, 30], window_left=window_left, page_size=page_size, device=device, swa_head_num=2,
-                            swa_head_dim=16, full_head_num=1, full_head_dim=32)
-    runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=window_left,
-                         device=device)
+    state = make_pool_state(
+        seq_lens=[5, 17, 30],
+        window_left=window_left,
+        page_size=page_size,
+        device=device,
+        swa_head_num=2,
+        swa_head_dim=16,
+        full_head_num=1,
+        full_head_dim=32,
+    )
+    runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=window_left, device=device)
     layers = [AttentionLayer(0, HQ, 2, 16, sliding_window_size=window_left), AttentionLayer(1, HQ, 1, 32)]
     return state, TritonSWAAttnBackend(runner), layers
 
@@ -450,11 +510,9 @@ def test_cuda_graph_metadata_buffers_give_eager_results(device, page_size):
     backend.init_forward_metadata_capture_cuda_graph(4, 4, *pad(rows, lens), None, ForwardMode.DECODE, None)
     order = torch.tensor([2, 0, 1], device=rows.device)
     req_pad, seq_pad = pad(rows[order], lens[order])
-    backend.init_forward_metadata_replay_cuda_graph(4, req_pad, seq_pad, int(seq_pad.sum()), None, ForwardMode.DECODE,
-                                                    None, seq_pad.cpu())
+    backend.init_forward_metadata_replay_cuda_graph(4, req_pad, seq_pad, int(seq_pad.sum()), None, ForwardMode.DECODE, None, seq_pad.cpu())
     q = torch.randn(4, HQ, 32, device=device)
-    graph_out = [backend.forward_decode(q[:, :, : layer.head_dim], None, None, layer, None, save_kv_cache=False)
-                 for layer in layers]
+    graph_out = [backend.forward_decode(q[:, :, : layer.head_dim], None, None, layer, None, save_kv_cache=False) for layer in layers]
     batch = ForwardBatch(ForwardMode.DECODE, 3, rows[order], lens[order], None, seq_lens_cpu=lens[order].cpu())
     backend.init_forward_metadata(batch)
     for layer, got in zip(layers, graph_out):
@@ -472,8 +530,9 @@ def test_cuda_graph_capture_and_replay_equal_eager(page_size):
     pad = lambda r, n: (torch.cat([r, r.new_zeros(1)]), torch.cat([n, n.new_ones(1)]))
     static_q = torch.randn(4, HQ, 32, device="cuda")
     backend.init_forward_metadata_capture_cuda_graph(4, 4, *pad(rows, lens), None, ForwardMode.DECODE, None)
-    run = lambda: [backend.forward_decode(static_q[:, :, : layer.head_dim], None, None, layer, None, save_kv_cache=False)
-                   for layer in layers]
+    run = lambda: [
+        backend.forward_decode(static_q[:, :, : layer.head_dim], None, None, layer, None, save_kv_cache=False) for layer in layers
+    ]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -484,8 +543,7 @@ def test_cuda_graph_capture_and_replay_equal_eager(page_size):
         outs = run()
     order = torch.tensor([1, 2, 0], device="cuda")
     req_pad, seq_pad = pad(rows[order], lens[order])
-    backend.init_forward_metadata_replay_cuda_graph(4, req_pad, seq_pad, int(seq_pad.sum()), None, ForwardMode.DECODE,
-                                                    None, seq_pad.cpu())
+    backend.init_forward_metadata_replay_cuda_graph(4, req_pad, seq_pad, int(seq_pad.sum()), None, ForwardMode.DECODE, None, seq_pad.cpu())
     static_q.copy_(torch.randn(4, HQ, 32, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
@@ -508,8 +566,9 @@ def test_a_foreign_swa_pool_is_resolved_and_translated(device):
     from test_pool_protocol import ForeignSWAPool
 
     w = 5
-    state = make_pool_state(seq_lens=[9, 17, 30], window_left=w, page_size=1, device=device, swa_head_num=2,
-                            swa_head_dim=16, full_head_num=1, full_head_dim=32)
+    state = make_pool_state(
+        seq_lens=[9, 17, 30], window_left=w, page_size=1, device=device, swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32
+    )
     foreign = ForeignSWAPool(state.kv_pool)
     runner = ModelRunner(foreign, state.allocator, state.req_to_token_pool, sliding_window_size=w, device=device)
     backend = TritonSWAAttnBackend(runner)

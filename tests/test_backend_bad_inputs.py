@@ -30,8 +30,7 @@ DECODE, VERIFY, EXTEND = ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardM
 
 def state_for(mode, device="cpu"):
     new = {DECODE: 1, VERIFY: N, EXTEND: [3, 1]}[mode]
-    return make_pool_state(seq_lens=[9, 6], window_left=W, page_size=1, device=device, new_tokens=new,
-                           num_swa_layers=2, num_full_layers=1)
+    return make_pool_state(seq_lens=[9, 6], window_left=W, page_size=1, device=device, new_tokens=new, num_swa_layers=2, num_full_layers=1)
 
 
 def runner_for(state, **over):
@@ -53,8 +52,13 @@ def batch_for(state, mode, **over):
     else:
         seq = state.seq_lens()
         ext = seq - prefix
-        kw = dict(seq_lens_cpu=seq.cpu(), extend_prefix_lens=prefix, extend_seq_lens=ext,
-                  extend_prefix_lens_cpu=prefix.tolist(), extend_seq_lens_cpu=ext.tolist())
+        kw = dict(
+            seq_lens_cpu=seq.cpu(),
+            extend_prefix_lens=prefix,
+            extend_seq_lens=ext,
+            extend_prefix_lens_cpu=prefix.tolist(),
+            extend_seq_lens_cpu=ext.tolist(),
+        )
         args = [mode, bs, rows, seq, loc]
     batch = ForwardBatch(*args, **kw)
     for name, value in over.items():
@@ -86,8 +90,11 @@ def assert_unchanged(state, before):
     for name, old in before.items():
         new = after[name]
         if isinstance(old, torch.Tensor):
-            same = old.shape == new.shape and old.dtype == new.dtype and \
-                torch.equal(old.contiguous().view(torch.uint8), new.contiguous().view(torch.uint8))
+            same = (
+                old.shape == new.shape
+                and old.dtype == new.dtype
+                and torch.equal(old.contiguous().view(torch.uint8), new.contiguous().view(torch.uint8))
+            )
         else:
             same = old == new
         assert same, f"{name} changed although the call raised"
@@ -101,6 +108,7 @@ def _runner_without(name):
         r = runner_for(state)
         fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != name}
         return SimpleNamespace(**fields)
+
     return make
 
 
@@ -111,25 +119,23 @@ def _runner(**over):
 def _runner_rtp(req_to_token):
     def make(state):
         return ModelRunner(state.kv_pool, state.allocator, SimpleNamespace(**req_to_token(state)), sliding_window_size=W)
+
     return make
 
 
 CONSTRUCTOR = [
-    *[pytest.param(_runner_without(n), TypeError, n, id=f"runner-missing-{n}")
-      for n in ("token_to_kv_pool", "token_to_kv_pool_allocator", "req_to_token_pool", "is_draft_worker",
-                "spec_algorithm", "device")],
+    *[
+        pytest.param(_runner_without(n), TypeError, n, id=f"runner-missing-{n}")
+        for n in ("token_to_kv_pool", "token_to_kv_pool_allocator", "req_to_token_pool", "is_draft_worker", "spec_algorithm", "device")
+    ],
     pytest.param(_runner_rtp(lambda s: {}), TypeError, "req_to_token", id="req_to_token_pool-without-table"),
-    pytest.param(_runner_rtp(lambda s: {"req_to_token": s.req_to_token.long()}), TypeError, "req_to_token",
-                 id="req_to_token-int64"),
-    pytest.param(_runner_rtp(lambda s: {"req_to_token": s.req_to_token[0]}), ValueError, "req_to_token",
-                 id="req_to_token-1d"),
-    pytest.param(_runner_rtp(lambda s: {"req_to_token": s.req_to_token.tolist()}), TypeError, "req_to_token",
-                 id="req_to_token-list"),
+    pytest.param(_runner_rtp(lambda s: {"req_to_token": s.req_to_token.long()}), TypeError, "req_to_token", id="req_to_token-int64"),
+    pytest.param(_runner_rtp(lambda s: {"req_to_token": s.req_to_token[0]}), ValueError, "req_to_token", id="req_to_token-1d"),
+    pytest.param(_runner_rtp(lambda s: {"req_to_token": s.req_to_token.tolist()}), TypeError, "req_to_token", id="req_to_token-list"),
     pytest.param(_runner(sliding_window_size=-2), ValueError, "sliding_window_size", id="window-below-minus-1"),
     pytest.param(_runner(sliding_window_size=3.0), TypeError, "sliding_window_size", id="window-float"),
     pytest.param(_runner(sliding_window_size=True), TypeError, "sliding_window_size", id="window-bool"),
-    pytest.param(_runner(sliding_window_size=-1), ValueError, "sliding_window_size",
-                 id="swa-pool-but-no-window"),
+    pytest.param(_runner(sliding_window_size=-1), ValueError, "sliding_window_size", id="swa-pool-but-no-window"),
     pytest.param(_runner(is_draft_worker="no"), TypeError, "is_draft_worker", id="draft-flag-str"),
     pytest.param(_runner(spec_algorithm="EAGLE"), TypeError, "spec_algorithm", id="spec-algorithm-str"),
     pytest.param(_runner(device="no-such-device"), ValueError, "device", id="device-bad-name"),
@@ -172,65 +178,65 @@ def _max_ctx(s):
 
 BATCH = [
     # every mode
-    *[pytest.param(mode, mutate, exc, match, id=f"{mode.name.lower()}-{name}") for mode in (DECODE, VERIFY, EXTEND)
-      for name, mutate, exc, match in [
-          ("req_pool_indices-short", _set(req_pool_indices=lambda s, b: b.req_pool_indices[:1]), ValueError,
-           "req_pool_indices"),
-          ("req_pool_indices-float", _set(req_pool_indices=lambda s, b: b.req_pool_indices.float()), TypeError,
-           "req_pool_indices"),
-          ("req_pool_indices-2d", _set(req_pool_indices=lambda s, b: b.req_pool_indices[None]), ValueError,
-           "req_pool_indices"),
-          ("seq_lens-long", _set(seq_lens=lambda s, b: torch.cat([b.seq_lens, b.seq_lens[:1]])), ValueError,
-           "seq_lens"),
-          ("seq_lens-float", _set(seq_lens=lambda s, b: b.seq_lens.float()), TypeError, "seq_lens"),
-          ("seq_lens-list", _set(seq_lens=lambda s, b: b.seq_lens.tolist()), TypeError, "seq_lens"),
-          ("seq_lens_cpu-short", _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu[:1]), ValueError, "seq_lens_cpu"),
-          ("seq_lens_cpu-past-req_to_token", _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu + _max_ctx(s)),
-           ValueError, "seq_lens_cpu"),
-          ("seq_lens_cpu-negative", _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu - 100), ValueError,
-           "seq_lens_cpu"),
-          ("out_cache_loc-short", _set(out_cache_loc=lambda s, b: b.out_cache_loc[:-1]), ValueError, "out_cache_loc"),
-          ("out_cache_loc-float", _set(out_cache_loc=lambda s, b: b.out_cache_loc.float()), TypeError,
-           "out_cache_loc"),
-          ("batch_size-mismatch", _set(batch_size=3), ValueError, "req_pool_indices"),
-          ("batch_size-float", _set(batch_size=2.0), TypeError, "batch_size"),
-          ("batch_size-negative", _set(batch_size=-1), ValueError, "batch_size"),
-          ("forward_mode-str", _set(forward_mode="DECODE"), TypeError, "forward_mode"),
-      ]],
+    *[
+        pytest.param(mode, mutate, exc, match, id=f"{mode.name.lower()}-{name}")
+        for mode in (DECODE, VERIFY, EXTEND)
+        for name, mutate, exc, match in [
+            ("req_pool_indices-short", _set(req_pool_indices=lambda s, b: b.req_pool_indices[:1]), ValueError, "req_pool_indices"),
+            ("req_pool_indices-float", _set(req_pool_indices=lambda s, b: b.req_pool_indices.float()), TypeError, "req_pool_indices"),
+            ("req_pool_indices-2d", _set(req_pool_indices=lambda s, b: b.req_pool_indices[None]), ValueError, "req_pool_indices"),
+            ("seq_lens-long", _set(seq_lens=lambda s, b: torch.cat([b.seq_lens, b.seq_lens[:1]])), ValueError, "seq_lens"),
+            ("seq_lens-float", _set(seq_lens=lambda s, b: b.seq_lens.float()), TypeError, "seq_lens"),
+            ("seq_lens-list", _set(seq_lens=lambda s, b: b.seq_lens.tolist()), TypeError, "seq_lens"),
+            ("seq_lens_cpu-short", _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu[:1]), ValueError, "seq_lens_cpu"),
+            ("seq_lens_cpu-past-req_to_token", _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu + _max_ctx(s)), ValueError, "seq_lens_cpu"),
+            ("seq_lens_cpu-negative", _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu - 100), ValueError, "seq_lens_cpu"),
+            ("out_cache_loc-short", _set(out_cache_loc=lambda s, b: b.out_cache_loc[:-1]), ValueError, "out_cache_loc"),
+            ("out_cache_loc-float", _set(out_cache_loc=lambda s, b: b.out_cache_loc.float()), TypeError, "out_cache_loc"),
+            ("batch_size-mismatch", _set(batch_size=3), ValueError, "req_pool_indices"),
+            ("batch_size-float", _set(batch_size=2.0), TypeError, "batch_size"),
+            ("batch_size-negative", _set(batch_size=-1), ValueError, "batch_size"),
+            ("forward_mode-str", _set(forward_mode="DECODE"), TypeError, "forward_mode"),
+        ]
+    ],
     # TARGET_VERIFY
     pytest.param(VERIFY, _set(spec_info=None), ValueError, "spec_info", id="verify-missing-spec_info"),
     pytest.param(VERIFY, _spec(draft_token_num=0), ValueError, "draft_token_num", id="verify-zero-drafts"),
     pytest.param(VERIFY, _spec(draft_token_num=2.0), TypeError, "draft_token_num", id="verify-float-drafts"),
     pytest.param(VERIFY, _spec(draft_token_num=3), ValueError, "out_cache_loc", id="verify-drafts-vs-out_cache_loc"),
-    pytest.param(VERIFY, _spec(custom_mask=torch.ones(2 * N * N - 1, dtype=torch.bool)), ValueError, "custom_mask",
-                 id="verify-mask-length"),
+    pytest.param(
+        VERIFY, _spec(custom_mask=torch.ones(2 * N * N - 1, dtype=torch.bool)), ValueError, "custom_mask", id="verify-mask-length"
+    ),
     pytest.param(VERIFY, _spec(custom_mask=torch.ones(2 * N * N)), TypeError, "custom_mask", id="verify-mask-float"),
-    pytest.param(VERIFY, _spec(custom_mask=torch.ones(2, N * N, dtype=torch.bool)), ValueError, "custom_mask",
-                 id="verify-mask-2d"),
-    pytest.param(VERIFY, _spec(positions=torch.zeros(2 * N + 1, dtype=torch.int64)), ValueError, "positions",
-                 id="verify-positions-length"),
+    pytest.param(VERIFY, _spec(custom_mask=torch.ones(2, N * N, dtype=torch.bool)), ValueError, "custom_mask", id="verify-mask-2d"),
+    pytest.param(VERIFY, _spec(positions=torch.zeros(2 * N + 1, dtype=torch.int64)), ValueError, "positions", id="verify-positions-length"),
     pytest.param(VERIFY, _spec(positions=torch.zeros(2 * N)), TypeError, "positions", id="verify-positions-float"),
     pytest.param(VERIFY, _spec(causal=1), TypeError, "causal", id="verify-causal-int"),
-    pytest.param(VERIFY, _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu * 0 + _max_ctx(s) - 1), ValueError,
-                 "draft_token_num", id="verify-drafts-past-req_to_token"),
+    pytest.param(
+        VERIFY,
+        _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu * 0 + _max_ctx(s) - 1),
+        ValueError,
+        "draft_token_num",
+        id="verify-drafts-past-req_to_token",
+    ),
     # EXTEND
     pytest.param(EXTEND, _set(extend_seq_lens=None), ValueError, "extend_seq_lens", id="extend-missing-seq-lens"),
-    pytest.param(EXTEND, _set(extend_prefix_lens=None), ValueError, "extend_prefix_lens",
-                 id="extend-missing-prefix-lens"),
-    pytest.param(EXTEND, _set(extend_seq_lens=lambda s, b: b.extend_seq_lens[:1]), ValueError, "extend_seq_lens",
-                 id="extend-seq-lens-short"),
-    pytest.param(EXTEND, _set(extend_prefix_lens=lambda s, b: b.extend_prefix_lens.float()), TypeError,
-                 "extend_prefix_lens", id="extend-prefix-lens-float"),
-    pytest.param(EXTEND, _set(extend_seq_lens_cpu=[3]), ValueError, "extend_seq_lens_cpu",
-                 id="extend-seq-lens-cpu-short"),
-    pytest.param(EXTEND, _set(extend_prefix_lens_cpu=[-1, 5]), ValueError, "extend_prefix_lens_cpu",
-                 id="extend-prefix-lens-cpu-negative"),
-    pytest.param(EXTEND, _set(extend_seq_lens_cpu=[3.0, 1.0]), TypeError, "extend_seq_lens_cpu",
-                 id="extend-seq-lens-cpu-float"),
-    pytest.param(EXTEND, _set(extend_seq_lens_cpu=[4, 1]), ValueError, "out_cache_loc",
-                 id="extend-tokens-vs-out_cache_loc"),
-    pytest.param(EXTEND, _set(extend_prefix_lens_cpu=lambda s, b: [_max_ctx(s), 0]), ValueError, "exceeds",
-                 id="extend-past-req_to_token"),
+    pytest.param(EXTEND, _set(extend_prefix_lens=None), ValueError, "extend_prefix_lens", id="extend-missing-prefix-lens"),
+    pytest.param(
+        EXTEND, _set(extend_seq_lens=lambda s, b: b.extend_seq_lens[:1]), ValueError, "extend_seq_lens", id="extend-seq-lens-short"
+    ),
+    pytest.param(
+        EXTEND,
+        _set(extend_prefix_lens=lambda s, b: b.extend_prefix_lens.float()),
+        TypeError,
+        "extend_prefix_lens",
+        id="extend-prefix-lens-float",
+    ),
+    pytest.param(EXTEND, _set(extend_seq_lens_cpu=[3]), ValueError, "extend_seq_lens_cpu", id="extend-seq-lens-cpu-short"),
+    pytest.param(EXTEND, _set(extend_prefix_lens_cpu=[-1, 5]), ValueError, "extend_prefix_lens_cpu", id="extend-prefix-lens-cpu-negative"),
+    pytest.param(EXTEND, _set(extend_seq_lens_cpu=[3.0, 1.0]), TypeError, "extend_seq_lens_cpu", id="extend-seq-lens-cpu-float"),
+    pytest.param(EXTEND, _set(extend_seq_lens_cpu=[4, 1]), ValueError, "out_cache_loc", id="extend-tokens-vs-out_cache_loc"),
+    pytest.param(EXTEND, _set(extend_prefix_lens_cpu=lambda s, b: [_max_ctx(s), 0]), ValueError, "exceeds", id="extend-past-req_to_token"),
     pytest.param(EXTEND, _spec(causal="yes"), TypeError, "causal", id="extend-causal-str"),
 ]
 
@@ -264,8 +270,7 @@ def test_missing_mapping_raises_instead_of_reading_nothing():
 
 
 def layers():
-    return {"sliding": AttentionLayer(0, HQ, 2, 16, sliding_window_size=W),
-            "full": AttentionLayer(2, HQ, 1, 32)}
+    return {"sliding": AttentionLayer(0, HQ, 2, 16, sliding_window_size=W), "full": AttentionLayer(2, HQ, 1, 32)}
 
 
 def _q(fn):
@@ -338,15 +343,18 @@ FORWARD = [
     ("kv_shared_layer_id-unknown", _layer(kv_shared_layer_id=9), ValueError, "layer_id"),
     ("window-differs-from-runner", _layer(sliding_window_size=W + 1), ValueError, "sliding_window_size"),
     ("window-below-minus-1", _layer(sliding_window_size=-2), ValueError, "sliding_window_size"),
-    ("layer-missing-attribute", lambda a: a.update(layer=SimpleNamespace(layer_id=0, tp_q_head_num=HQ)), TypeError,
-     "tp_k_head_num"),
+    ("layer-missing-attribute", lambda a: a.update(layer=SimpleNamespace(layer_id=0, tp_q_head_num=HQ)), TypeError, "tp_k_head_num"),
 ]
 
 # defect 10 and its opposite: the layer's declared kind against where its K/V live
 POOL_KIND = [
     ("full-layer-in-swa-sub-pool", _layer(sliding_window_size=-1), ValueError, "declared full"),
-    ("sliding-layer-in-full-sub-pool", lambda a: a.update(layer=dataclasses.replace(
-        layers()["full"], sliding_window_size=W, tp_k_head_num=1, head_dim=32)), ValueError, "not in the SWA sub-pool"),
+    (
+        "sliding-layer-in-full-sub-pool",
+        lambda a: a.update(layer=dataclasses.replace(layers()["full"], sliding_window_size=W, tp_k_head_num=1, head_dim=32)),
+        ValueError,
+        "not in the SWA sub-pool",
+    ),
 ]
 
 
@@ -374,9 +382,13 @@ def test_forward_rejects_before_writing_kv(mode, kind, mutate, exc, match):
     layer = layers()[kind]
     t = int(batch.out_cache_loc.numel())
     g = torch.Generator().manual_seed(0)
-    args = dict(q=torch.randn(t, HQ * layer.head_dim, generator=g),
-                k=torch.randn(t, layer.tp_k_head_num * layer.head_dim, generator=g),
-                v=torch.randn(t, layer.tp_k_head_num * layer.v_head_dim, generator=g), layer=layer, batch=batch)
+    args = dict(
+        q=torch.randn(t, HQ * layer.head_dim, generator=g),
+        k=torch.randn(t, layer.tp_k_head_num * layer.head_dim, generator=g),
+        v=torch.randn(t, layer.tp_k_head_num * layer.v_head_dim, generator=g),
+        layer=layer,
+        batch=batch,
+    )
     mutate(args)
     before = snapshot(state)
     with pytest.raises(exc, match=match):
@@ -407,8 +419,14 @@ def test_full_layer_in_a_swa_only_pool_names_the_layer():
     """Defect 10 with a pool that has no full sub-pool at all: the message names the layer and both facts."""
     pool = SWAKVPool(16, 16, 1, torch.float32, [0, 1], [], head_num=2, head_dim=16)
     state = state_for(DECODE)
-    runner = ModelRunner(pool, state.allocator, state.req_to_token_pool, sliding_window_size=W,
-                         is_draft_worker=True, spec_algorithm=SpeculativeAlgorithm.DFLASH)
+    runner = ModelRunner(
+        pool,
+        state.allocator,
+        state.req_to_token_pool,
+        sliding_window_size=W,
+        is_draft_worker=True,
+        spec_algorithm=SpeculativeAlgorithm.DFLASH,
+    )
     backend = TritonSWAAttnBackend(runner)
     backend.forward_metadata = SimpleNamespace(sliding=None, full=None)
     with pytest.raises(ValueError, match=r"layer 1 is declared full \(sliding_window_size=-1\).*SWA sub-pool"):

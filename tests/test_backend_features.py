@@ -14,8 +14,8 @@ import zlib
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa.backend import TritonSWAAttnBackend
 from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo
 from triton_swa.testing import assert_close, make_pool_state
@@ -59,18 +59,20 @@ def make_layers(feature, device, g):
     elif feature.get("fp8") == "tensor":
         scales = dict(k_scale=torch.tensor([0.5], device=device), v_scale=torch.tensor([0.25], device=device))
     cap = feature.get("logit_cap", 0.0)
-    return [AttentionLayer(0, HQ, 2, 16, sliding_window_size=W, sinks=sinks(), logit_cap=cap, **scales),
-            AttentionLayer(1, HQ, 1, 32, sinks=sinks(), logit_cap=cap, **scales)]
+    return [
+        AttentionLayer(0, HQ, 2, 16, sliding_window_size=W, sinks=sinks(), logit_cap=cap, **scales),
+        AttentionLayer(1, HQ, 1, 32, sinks=sinks(), logit_cap=cap, **scales),
+    ]
 
 
 def run(device, page_size, feature, mode):
     g = torch.Generator().manual_seed(zlib.crc32(f"{page_size} {mode.name} {sorted(feature.items())}".encode()))
     new = 1 if mode == ForwardMode.DECODE else N
     dtype = FP8 if feature.get("fp8") else torch.float32
-    state = make_pool_state(seq_lens=[11, 23, 6], window_left=W, page_size=page_size, dtype=dtype, device=device,
-                            new_tokens=new, generator=g)
-    runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W,
-                         device=device)
+    state = make_pool_state(
+        seq_lens=[11, 23, 6], window_left=W, page_size=page_size, dtype=dtype, device=device, new_tokens=new, generator=g
+    )
+    runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W, device=device)
     backend = TritonSWAAttnBackend(runner)
     rows, prefix, loc = state.req_pool_indices(), state.prefix_lens(), state.new_slots()
     bs = len(state.requests)
@@ -83,9 +85,19 @@ def run(device, page_size, feature, mode):
         seq = state.seq_lens()
         ext = seq - prefix
         spec = SpecInfo(N, causal=feature.get("causal", True))
-        batch = ForwardBatch(mode, bs, rows, seq, loc, seq_lens_cpu=seq.cpu(), extend_prefix_lens=prefix,
-                             extend_seq_lens=ext, extend_prefix_lens_cpu=prefix.tolist(),
-                             extend_seq_lens_cpu=ext.tolist(), spec_info=spec)
+        batch = ForwardBatch(
+            mode,
+            bs,
+            rows,
+            seq,
+            loc,
+            seq_lens_cpu=seq.cpu(),
+            extend_prefix_lens=prefix,
+            extend_seq_lens=ext,
+            extend_prefix_lens_cpu=prefix.tolist(),
+            extend_seq_lens_cpu=ext.tolist(),
+            spec_info=spec,
+        )
     else:
         seq = state.seq_lens()
         batch = ForwardBatch(mode, bs, rows, seq, loc, seq_lens_cpu=seq.cpu())
@@ -105,19 +117,29 @@ def run(device, page_size, feature, mode):
         name = f"{mode.name} layer {layer.layer_id} page {page_size}"
         for got, want, what in ((kb, want_k, "K"), (vb, want_v, "V")):
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"{name}: saved {what} differs"
-        kw = dict(sm_scale=layer.scaling, logit_cap=layer.logit_cap, sinks=layer.sinks, k_scale=layer.k_scale,
-                  v_scale=layer.v_scale)
+        kw = dict(sm_scale=layer.scaling, logit_cap=layer.logit_cap, sinks=layer.sinks, k_scale=layer.k_scale, v_scale=layer.v_scale)
         if mode != ForwardMode.DECODE:
-            indptr, indices, _ = ref.extend_window_indices(state.req_to_token, rows, prefix, layer.sliding_window_size,
-                                                           mapping)
+            indptr, indices, _ = ref.extend_window_indices(state.req_to_token, rows, prefix, layer.sliding_window_size, mapping)
             qo = torch.arange(0, (bs + 1) * N, N)
-            want = ref.extend_attention(q, k, v, want_k, want_v, qo, indptr, indices, prefix,
-                                        window_left=layer.sliding_window_size, causal=spec.causal,
-                                        custom_mask=spec.custom_mask, q_positions=spec.positions,
-                                        mask_indptr=torch.arange(0, bs * N * N, N * N), **kw)
+            want = ref.extend_attention(
+                q,
+                k,
+                v,
+                want_k,
+                want_v,
+                qo,
+                indptr,
+                indices,
+                prefix,
+                window_left=layer.sliding_window_size,
+                causal=spec.causal,
+                custom_mask=spec.custom_mask,
+                q_positions=spec.positions,
+                mask_indptr=torch.arange(0, bs * N * N, N * N),
+                **kw,
+            )
         else:
-            indptr, indices, _ = ref.decode_window_indices(state.req_to_token, rows, state.seq_lens(),
-                                                           layer.sliding_window_size, mapping)
+            indptr, indices, _ = ref.decode_window_indices(state.req_to_token, rows, state.seq_lens(), layer.sliding_window_size, mapping)
             want = ref.decode_attention(q, want_k, want_v, indptr, indices, **kw)
         assert not torch.isnan(out).any(), f"{name}: NaN (read a poisoned slot)"
         assert_close(out, want.reshape(out.shape), name=name)

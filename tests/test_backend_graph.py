@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa.backend import LayerIndices, TritonSWAAttnBackend
 from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo
 from triton_swa.testing import assert_close, make_pool_state
@@ -43,14 +43,25 @@ def tree_spec(parents_per_request, prefix_lens, device, *, causal=True, with_mas
             depth.append(d)
         masks.append(mask.reshape(-1))
         positions.append(p + torch.tensor(depth))
-    return SpecInfo(N_DRAFT, custom_mask=torch.cat(masks).to(device) if with_mask else None,
-                    positions=torch.cat(positions).to(device), causal=causal)
+    return SpecInfo(
+        N_DRAFT, custom_mask=torch.cat(masks).to(device) if with_mask else None, positions=torch.cat(positions).to(device), causal=causal
+    )
 
 
 def setup(device, page_size, seq_lens=(9, 21, 14), dtype=torch.float32):
     """Three requests mid-verify (4 drafts each allocated), SWA and full slots shuffled and evicted."""
-    state = make_pool_state(seq_lens=list(seq_lens), window_left=W, page_size=page_size, device=device, dtype=dtype,
-                            new_tokens=N_DRAFT, swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32)
+    state = make_pool_state(
+        seq_lens=list(seq_lens),
+        window_left=W,
+        page_size=page_size,
+        device=device,
+        dtype=dtype,
+        new_tokens=N_DRAFT,
+        swa_head_num=2,
+        swa_head_dim=16,
+        full_head_num=1,
+        full_head_dim=32,
+    )
     runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W, device=device)
     # full layer: 4 query heads on 1 KV head, one program per request, so the CPU's 4 "SMs" split its prefix
     layers = [AttentionLayer(0, HQ, 2, 16, sliding_window_size=W), AttentionLayer(1, HQ, 1, 32)]
@@ -60,7 +71,7 @@ def setup(device, page_size, seq_lens=(9, 21, 14), dtype=torch.float32):
 def verify_batch(state, which, spec, device):
     rows = state.req_pool_indices()[which]
     prefix = state.prefix_lens()[which]
-    loc = torch.cat([state.req_to_token[int(r), int(p):int(p) + N_DRAFT].long() for r, p in zip(rows, prefix)])
+    loc = torch.cat([state.req_to_token[int(r), int(p) : int(p) + N_DRAFT].long() for r, p in zip(rows, prefix)])
     return ForwardBatch(VERIFY, len(which), rows, prefix, loc, seq_lens_cpu=prefix.cpu(), spec_info=spec)
 
 
@@ -81,15 +92,29 @@ def reference(state, layer, batch, q, k, v):
     pool = state.kv_pool.swa_kv_pool if sliding else state.kv_pool.full_kv_pool
     kb, vb = pool.get_kv_buffer(0)
     mapping = state.mapping if sliding else None
-    kv_indptr, kv_indices, _ = ref.extend_window_indices(state.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                                                         layer.sliding_window_size, mapping)
+    kv_indptr, kv_indices, _ = ref.extend_window_indices(
+        state.req_to_token, batch.req_pool_indices, batch.seq_lens, layer.sliding_window_size, mapping
+    )
     bs, spec = batch.batch_size, batch.spec_info
     qo = torch.arange(0, (bs + 1) * N_DRAFT, N_DRAFT)
     mask_indptr = torch.arange(0, bs * N_DRAFT * N_DRAFT, N_DRAFT * N_DRAFT)
-    return ref.extend_attention(q, k, v, kb, vb, qo, kv_indptr, kv_indices, batch.seq_lens,
-                                window_left=layer.sliding_window_size, sm_scale=layer.scaling, causal=spec.causal,
-                                custom_mask=spec.custom_mask, mask_indptr=mask_indptr if spec.custom_mask is not None
-                                else None, q_positions=spec.positions)
+    return ref.extend_attention(
+        q,
+        k,
+        v,
+        kb,
+        vb,
+        qo,
+        kv_indptr,
+        kv_indices,
+        batch.seq_lens,
+        window_left=layer.sliding_window_size,
+        sm_scale=layer.scaling,
+        causal=spec.causal,
+        custom_mask=spec.custom_mask,
+        mask_indptr=mask_indptr if spec.custom_mask is not None else None,
+        q_positions=spec.positions,
+    )
 
 
 def tensors(meta):
@@ -104,8 +129,9 @@ def tensors(meta):
 
 
 def run_layers(backend, layers, data, batch):
-    return [backend.forward_extend(q.reshape(len(q), -1), k, v, layer, batch, save_kv_cache=False)
-            for layer, (q, k, v) in zip(layers, data)]
+    return [
+        backend.forward_extend(q.reshape(len(q), -1), k, v, layer, batch, save_kv_cache=False) for layer, (q, k, v) in zip(layers, data)
+    ]
 
 
 @pytest.mark.interpreter
@@ -127,8 +153,7 @@ def test_verify_replay_with_fresh_spec_info_equals_eager_and_reference(device, p
     cap_which, new_which = torch.tensor([0, 1]), torch.tensor([2, 0])
     cap_batch = verify_batch(state, cap_which, None, device)
     cap_spec = tree_spec(trees_cap, cap_batch.seq_lens.tolist(), device, causal=causal, with_mask=with_mask)
-    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, cap_batch.req_pool_indices, cap_batch.seq_lens,
-                                                     None, VERIFY, cap_spec)
+    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, cap_batch.req_pool_indices, cap_batch.seq_lens, None, VERIFY, cap_spec)
     captured = backend.forward_metadata
     ptrs = {name: t.data_ptr() for name, t in tensors(captured).items()}
     run_layers(backend, layers, inputs(layers, 2 * N_DRAFT, 0, device), cap_batch)  # the "captured" run
@@ -136,9 +161,9 @@ def test_verify_replay_with_fresh_spec_info_equals_eager_and_reference(device, p
     new_batch = verify_batch(state, new_which, None, device)
     new_spec = tree_spec(trees_new, new_batch.seq_lens.tolist(), device, causal=causal, with_mask=with_mask)
     new_batch.spec_info = new_spec
-    backend.init_forward_metadata_replay_cuda_graph(2, new_batch.req_pool_indices, new_batch.seq_lens,
-                                                    int(new_batch.seq_lens.sum()), None, VERIFY, new_spec,
-                                                    new_batch.seq_lens_cpu)
+    backend.init_forward_metadata_replay_cuda_graph(
+        2, new_batch.req_pool_indices, new_batch.seq_lens, int(new_batch.seq_lens.sum()), None, VERIFY, new_spec, new_batch.seq_lens_cpu
+    )
     replayed = backend.forward_metadata
     assert {name: t.data_ptr() for name, t in tensors(replayed).items()} == ptrs, "replay moved a graph buffer"
     backend.forward_metadata = captured  # what the captured kernels read
@@ -149,8 +174,7 @@ def test_verify_replay_with_fresh_spec_info_equals_eager_and_reference(device, p
     eager_out = run_layers(backend, layers, data, new_batch)
     for layer, (q, k, v), got, eager in zip(layers, data, graph_out, eager_out):
         assert not torch.isnan(got).any()
-        assert torch.equal(got, eager), f"layer {layer.layer_id}: replay differs from eager " \
-                                        f"(max {float((got - eager).abs().max()):.3e})"
+        assert torch.equal(got, eager), f"layer {layer.layer_id}: replay differs from eager (max {float((got - eager).abs().max()):.3e})"
         want = reference(state, layer, new_batch, q, k, v).reshape(got.shape)
         assert_close(got, want, name=f"{kind} layer {layer.layer_id}")
 
@@ -163,8 +187,7 @@ def test_verify_replay_with_padding_reads_only_the_given_requests(device):
     backend.init_cuda_graph_state(max_bs=3, max_num_tokens=3 * N_DRAFT)
     cap = verify_batch(state, torch.tensor([0, 1, 2]), None, device)
     spec = tree_spec([TREE_A, TREE_B, TREE_A], cap.seq_lens.tolist(), device)
-    backend.init_forward_metadata_capture_cuda_graph(3, 3 * N_DRAFT, cap.req_pool_indices, cap.seq_lens, None,
-                                                     VERIFY, spec)
+    backend.init_forward_metadata_capture_cuda_graph(3, 3 * N_DRAFT, cap.req_pool_indices, cap.seq_lens, None, VERIFY, spec)
     captured = backend.forward_metadata
     real = verify_batch(state, torch.tensor([1, 2]), None, device)
     fresh = tree_spec([TREE_B, TREE_B], real.seq_lens.tolist(), device)
@@ -172,8 +195,8 @@ def test_verify_replay_with_padding_reads_only_the_given_requests(device):
     lens = torch.cat([real.seq_lens, real.seq_lens.new_ones(1)])
     backend.init_forward_metadata_replay_cuda_graph(3, rows, lens, int(lens.sum()), None, VERIFY, fresh)
     g = backend.cuda_graph
-    assert torch.equal(g["positions"][2 * N_DRAFT:3 * N_DRAFT].cpu(), 1 + torch.arange(N_DRAFT)), "padded positions"
-    assert not g["custom_mask"][2 * N_DRAFT * N_DRAFT:].any(), "stale tree mask past the given requests"
+    assert torch.equal(g["positions"][2 * N_DRAFT : 3 * N_DRAFT].cpu(), 1 + torch.arange(N_DRAFT)), "padded positions"
+    assert not g["custom_mask"][2 * N_DRAFT * N_DRAFT :].any(), "stale tree mask past the given requests"
     backend.forward_metadata = captured
     data = inputs(layers, 3 * N_DRAFT, 2, device)
     pad_batch = ForwardBatch(VERIFY, 3, rows, lens, None, spec_info=fresh)
@@ -190,25 +213,27 @@ def _captured_backend(device, page_size=1, max_bs=2):
     backend.init_cuda_graph_state(max_bs=max_bs, max_num_tokens=max_bs * N_DRAFT)
     batch = verify_batch(state, torch.tensor([0, 1]), None, device)
     spec = tree_spec([TREE_A, TREE_B], batch.seq_lens.tolist(), device)
-    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, batch.req_pool_indices, batch.seq_lens, None,
-                                                     VERIFY, spec)
+    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, batch.req_pool_indices, batch.seq_lens, None, VERIFY, spec)
     return state, backend, batch, spec
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("case, match", [
-    ("more-drafts", "max_num_tokens"),
-    ("bs-over-max", "max_bs"),
-    ("mask-dropped", "custom_mask given"),
-    ("causal-changed", "causal"),
-    ("positions-dropped", "positions given"),
-    ("mask-too-long", "whole requests"),
-    ("mask-ragged", "whole requests"),
-    ("positions-dtype", "spec_info.positions"),
-    ("no-spec", "spec_info"),
-    ("not-captured", "no CUDA graph was captured"),
-    ("short-seq-lens", "seq_lens"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("more-drafts", "max_num_tokens"),
+        ("bs-over-max", "max_bs"),
+        ("mask-dropped", "custom_mask given"),
+        ("causal-changed", "causal"),
+        ("positions-dropped", "positions given"),
+        ("mask-too-long", "whole requests"),
+        ("mask-ragged", "whole requests"),
+        ("positions-dtype", "spec_info.positions"),
+        ("no-spec", "spec_info"),
+        ("not-captured", "no CUDA graph was captured"),
+        ("short-seq-lens", "seq_lens"),
+    ],
+)
 def test_replay_that_needs_more_than_was_captured_raises(device, case, match):
     state, backend, batch, spec = _captured_backend(device)
     rows, lens, bs = batch.req_pool_indices, batch.seq_lens, 2
@@ -268,14 +293,14 @@ def test_verify_graph_metadata_equals_eager_for_the_same_spec_info(device, page_
     backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4 * N_DRAFT)
     batch = verify_batch(state, torch.tensor([0, 1]), None, device)
     batch.spec_info = tree_spec([TREE_A, TREE_B], batch.seq_lens.tolist(), device)
-    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, batch.req_pool_indices, batch.seq_lens, None,
-                                                     VERIFY, batch.spec_info)
+    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, batch.req_pool_indices, batch.seq_lens, None, VERIFY, batch.spec_info)
     data = inputs(layers, 2 * N_DRAFT, 3, device)
     graph_out = run_layers(backend, layers, data, batch)
     backend.init_forward_metadata(batch)
     for layer, got, eager in zip(layers, graph_out, run_layers(backend, layers, data, batch)):
-        assert torch.equal(got, eager), f"layer {layer.layer_id}: graph metadata differs from eager " \
-                                        f"(max {float((got - eager).abs().max()):.3e})"
+        assert torch.equal(got, eager), (
+            f"layer {layer.layer_id}: graph metadata differs from eager (max {float((got - eager).abs().max()):.3e})"
+        )
 
 
 @pytest.mark.gpu
@@ -288,8 +313,7 @@ def test_cuda_graph_verify_capture_and_replay_with_fresh_spec_info_equal_eager(p
     backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4 * N_DRAFT)
     cap = verify_batch(state, torch.tensor([0, 1]), None, "cuda")
     cap_spec = tree_spec([TREE_A, TREE_B], cap.seq_lens.tolist(), "cuda")
-    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, cap.req_pool_indices, cap.seq_lens, None,
-                                                     VERIFY, cap_spec)
+    backend.init_forward_metadata_capture_cuda_graph(2, 2 * N_DRAFT, cap.req_pool_indices, cap.seq_lens, None, VERIFY, cap_spec)
     static = inputs(layers, 2 * N_DRAFT, 0, "cuda", dtype)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -301,8 +325,9 @@ def test_cuda_graph_verify_capture_and_replay_with_fresh_spec_info_equal_eager(p
         outs = run_layers(backend, layers, static, cap)
     new = verify_batch(state, torch.tensor([2, 0]), None, "cuda")
     new.spec_info = tree_spec([TREE_B, TREE_A], new.seq_lens.tolist(), "cuda")
-    backend.init_forward_metadata_replay_cuda_graph(2, new.req_pool_indices, new.seq_lens, int(new.seq_lens.sum()),
-                                                    None, VERIFY, new.spec_info, new.seq_lens_cpu)
+    backend.init_forward_metadata_replay_cuda_graph(
+        2, new.req_pool_indices, new.seq_lens, int(new.seq_lens.sum()), None, VERIFY, new.spec_info, new.seq_lens_cpu
+    )
     for dst, src in zip(static, inputs(layers, 2 * N_DRAFT, 1, "cuda", dtype)):
         for d, s_ in zip(dst, src):
             d.copy_(s_)
@@ -312,6 +337,7 @@ def test_cuda_graph_verify_capture_and_replay_with_fresh_spec_info_equal_eager(p
     eager = run_layers(backend, layers, static, new)
     for layer, (q, k, v), got, want_eager in zip(layers, static, outs, eager):
         assert not torch.isnan(got).any()
-        assert torch.equal(got, want_eager), f"layer {layer.layer_id}: replay differs from eager " \
-                                             f"(max {float((got.float() - want_eager.float()).abs().max()):.3e})"
+        assert torch.equal(got, want_eager), (
+            f"layer {layer.layer_id}: replay differs from eager (max {float((got.float() - want_eager.float()).abs().max()):.3e})"
+        )
         assert_close(got, reference(state, layer, new, q, k, v).reshape(got.shape), name=f"layer {layer.layer_id}")

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, evict_swa_window
 from triton_swa.backend import TritonSWAAttnBackend
 from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo
@@ -78,9 +78,20 @@ class Soak:
         per_req = window_left + 1 + 12 + 2 * ps
         size_swa = -(-(3 * per_req) // ps) * ps
         self.size, self.size_swa = size, size_swa
-        self.pool = SWAKVPool(size, size_swa, ps, kv_dtype, swa_attention_layer_ids=[0, 2], full_attention_layer_ids=[1],
-                              device=device, swa_head_num=2, swa_head_dim=16, full_head_num=1, full_head_dim=32,
-                              full_v_head_dim=24)
+        self.pool = SWAKVPool(
+            size,
+            size_swa,
+            ps,
+            kv_dtype,
+            swa_attention_layer_ids=[0, 2],
+            full_attention_layer_ids=[1],
+            device=device,
+            swa_head_num=2,
+            swa_head_dim=16,
+            full_head_num=1,
+            full_head_dim=32,
+            full_v_head_dim=24,
+        )
         self.alloc = SWATokenToKVPoolAllocator(size, size_swa, ps, kv_dtype, device, self.pool)
         self.alloc.full_attn_allocator.shuffle_free_list(self.g)
         self.alloc.swa_attn_allocator.shuffle_free_list(self.g)
@@ -90,8 +101,7 @@ class Soak:
         self.layers = [
             AttentionLayer(0, HQ, 2, 16, sliding_window_size=window_left, logit_cap=5.0, sinks=sinks, **scale),
             AttentionLayer(1, HQ, 1, 32, v_head_dim=24, **scale),
-            AttentionLayer(2, HQ, 2, 16, sliding_window_size=window_left, kv_shared_layer_id=0, logit_cap=5.0,
-                           sinks=sinks, **scale),
+            AttentionLayer(2, HQ, 2, 16, sliding_window_size=window_left, kv_shared_layer_id=0, logit_cap=5.0, sinks=sinks, **scale),
         ]
         runner = ModelRunner(self.pool, self.alloc, self.rtp, sliding_window_size=window_left, device=device)
         self.backend = TritonSWAAttnBackend(runner)
@@ -122,14 +132,12 @@ class Soak:
 
     def snapshot(self):
         a = self.alloc
-        return [t.clone() for t in (a.full_attn_allocator.free_pages, a.swa_attn_allocator.free_pages,
-                                    a.full_to_swa_index_mapping)]
+        return [t.clone() for t in (a.full_attn_allocator.free_pages, a.swa_attn_allocator.free_pages, a.full_to_swa_index_mapping)]
 
     def allocate(self, reqs, new) -> torch.Tensor | None:
         prefix = torch.tensor([r.seq_len for r in reqs], device=self.dev)
         seq = prefix + torch.tensor(new, device=self.dev)
-        last = torch.tensor([int(self.rtp.req_to_token[r.row, r.seq_len - 1]) if r.seq_len else -1 for r in reqs],
-                            device=self.dev)
+        last = torch.tensor([int(self.rtp.req_to_token[r.row, r.seq_len - 1]) if r.seq_len else -1 for r in reqs], device=self.dev)
         before = self.snapshot()
         slots = self.alloc.alloc_extend(prefix, seq, last, int(sum(new)))
         if slots is None:
@@ -139,25 +147,24 @@ class Soak:
             return None
         at = 0
         for r, m in zip(reqs, new):
-            self.rtp.req_to_token[r.row, r.seq_len:r.seq_len + m] = slots[at:at + m].to(torch.int32)
+            self.rtp.req_to_token[r.row, r.seq_len : r.seq_len + m] = slots[at : at + m].to(torch.int32)
             at += m
         return slots
 
     def release(self, r: Request) -> None:
         if r.seq_len:
-            self.alloc.free(self.rtp.req_to_token[r.row, :r.seq_len].long())
+            self.alloc.free(self.rtp.req_to_token[r.row, : r.seq_len].long())
         self.rtp.free(r.row)
         self.requests.remove(r)
 
     def poison(self) -> None:
         """The pool's NaN in every slot no layer may read in the coming step (dummy slot 0 included)."""
         mapping = self.alloc.full_to_swa_index_mapping
-        swa_live, full_live = [torch.zeros(0, dtype=torch.long, device=self.dev)], [torch.zeros(0, dtype=torch.long,
-                                                                                                device=self.dev)]
+        swa_live, full_live = [torch.zeros(0, dtype=torch.long, device=self.dev)], [torch.zeros(0, dtype=torch.long, device=self.dev)]
         for r in self.requests:
-            full = self.rtp.req_to_token[r.row, :r.seq_len].long()
+            full = self.rtp.req_to_token[r.row, : r.seq_len].long()
             full_live.append(full)
-            swa_live.append(mapping[full[ref.extend_window_start(r.seq_len, self.w):]])
+            swa_live.append(mapping[full[ref.extend_window_start(r.seq_len, self.w) :]])
         for sub, live in ((self.pool.swa_kv_pool, torch.cat(swa_live)), (self.pool.full_kv_pool, torch.cat(full_live))):
             dead = torch.ones(sub.k_buffer[0].shape[0], dtype=torch.bool, device=self.dev)
             dead[live] = False
@@ -165,8 +172,7 @@ class Soak:
                 buf[dead] = FP8_NAN_BYTE if self.kv_dtype == FP8 else float("nan")
 
     def check_invariants(self) -> None:
-        check_allocator_invariants(self.alloc, self.rtp.req_to_token,
-                                   [(r.row, r.seq_len, r.evicted_len) for r in self.requests])
+        check_allocator_invariants(self.alloc, self.rtp.req_to_token, [(r.row, r.seq_len, r.evicted_len) for r in self.requests])
 
     # ----- one step -------------------------------------------------------------------------------
 
@@ -185,8 +191,9 @@ class Soak:
         decoding = [r for r in self.requests if r.seq_len >= r.prompt_len]
         if prefilling and (not decoding or self.rng.random() < 0.6):
             reqs = prefilling + [r for r in decoding if self.rng.random() < 0.5]
-            new = [min(r.prompt_len - r.seq_len, self.rng.randint(1, 12)) if r.seq_len < r.prompt_len
-                   else self.rng.randint(0, 1) for r in reqs]
+            new = [
+                min(r.prompt_len - r.seq_len, self.rng.randint(1, 12)) if r.seq_len < r.prompt_len else self.rng.randint(0, 1) for r in reqs
+            ]
             return ForwardMode.EXTEND, reqs, new, 0, None
         if not decoding:
             return None
@@ -243,17 +250,26 @@ class Soak:
                 mask = anc.reshape(-1).repeat(bs).to(dev)
             positions = torch.cat(q_pos).to(dev) if parents is not None else None
             spec = SpecInfo(n_draft, custom_mask=mask, positions=positions)
-            batch = ForwardBatch(mode, bs, rows, torch.tensor(committed, device=dev), loc,
-                                 seq_lens_cpu=torch.tensor(committed), spec_info=spec)
+            batch = ForwardBatch(
+                mode, bs, rows, torch.tensor(committed, device=dev), loc, seq_lens_cpu=torch.tensor(committed), spec_info=spec
+            )
         elif mode == ForwardMode.DECODE:
             seq = torch.tensor(committed) + 1
             batch = ForwardBatch(mode, bs, rows, seq.to(dev), loc, seq_lens_cpu=seq)
         else:
             seq = torch.tensor(committed) + torch.tensor(new)
-            batch = ForwardBatch(mode, bs, rows, seq.to(dev), loc, seq_lens_cpu=seq,
-                                 extend_prefix_lens=torch.tensor(committed, device=dev),
-                                 extend_seq_lens=torch.tensor(new, device=dev),
-                                 extend_prefix_lens_cpu=committed, extend_seq_lens_cpu=list(new))
+            batch = ForwardBatch(
+                mode,
+                bs,
+                rows,
+                seq.to(dev),
+                loc,
+                seq_lens_cpu=seq,
+                extend_prefix_lens=torch.tensor(committed, device=dev),
+                extend_seq_lens=torch.tensor(new, device=dev),
+                extend_prefix_lens_cpu=committed,
+                extend_seq_lens_cpu=list(new),
+            )
         # debug: the step's indices are checked against the reference path and for live slots
         self.backend.init_forward_metadata(batch, debug=True)
         t = sum(new)
@@ -270,8 +286,9 @@ class Soak:
             if not shared:
                 slots = mapping[loc] if layer.sliding_window_size >= 0 else loc
                 got_k, got_v = self.readback(layer, slots)
-                assert torch.equal(got_k, k.float()) and torch.equal(got_v, v.float()), \
+                assert torch.equal(got_k, k.float()) and torch.equal(got_v, v.float()), (
                     f"step {self.stats.steps} layer {layer.layer_id}: the store did not write what it was given"
+                )
             want = self.expected(layer, reqs, committed, new, q, k, v, q_pos, spec, mode)
             assert_close(out, want, name=f"step {self.stats.steps} {mode.name} layer {layer.layer_id}")
             self.stats.max_err = max(self.stats.max_err, float((out.double() - want).abs().max()) if t else 0.0)
@@ -292,21 +309,27 @@ class Soak:
             m, c = new[i], committed[i]
             kh, vh = r.hist.get(src, (None, None))
             if layer.kv_shared_layer_id is None:
-                kn, vn = k[at:at + m].double(), v[at:at + m].double()
+                kn, vn = k[at : at + m].double(), v[at : at + m].double()
                 r.hist[src] = (kn if kh is None else torch.cat([kh, kn]), vn if vh is None else torch.cat([vh, vn]))
             kh, vh = r.hist[src]
             if m:
                 kk, vv = kh[: c + m], vh[: c + m]
                 pos = q_pos[i].to(self.dev)
-                mask = torch.cat([ref.window_mask(pos, torch.arange(c, device=self.dev), layer.sliding_window_size),
-                                  ref.window_mask(pos, pos, layer.sliding_window_size, causal=False)], dim=1)
+                mask = torch.cat(
+                    [
+                        ref.window_mask(pos, torch.arange(c, device=self.dev), layer.sliding_window_size),
+                        ref.window_mask(pos, pos, layer.sliding_window_size, causal=False),
+                    ],
+                    dim=1,
+                )
                 if spec is not None and spec.custom_mask is not None:
                     n = spec.draft_token_num
-                    mask[:, c:] &= spec.custom_mask[i * n * n:(i + 1) * n * n].reshape(n, n)
+                    mask[:, c:] &= spec.custom_mask[i * n * n : (i + 1) * n * n].reshape(n, n)
                 else:
                     mask[:, c:] &= torch.ones(m, m, dtype=torch.bool, device=self.dev).tril()
-                outs.append(ref.attention(q[at:at + m], kk, vv, mask, sm_scale=layer.scaling,
-                                          logit_cap=layer.logit_cap, sinks=layer.sinks))
+                outs.append(
+                    ref.attention(q[at : at + m], kk, vv, mask, sm_scale=layer.scaling, logit_cap=layer.logit_cap, sinks=layer.sinks)
+                )
             at += m
         return torch.cat(outs).reshape(-1, HQ * layer.v_head_dim) if outs else q.new_zeros(0, HQ * layer.v_head_dim).double()
 
@@ -319,7 +342,7 @@ class Soak:
         for r in reqs:
             keep = r.seq_len - n_draft + self.rng.randint(0, chain)
             if keep < r.seq_len:
-                self.alloc.free(self.rtp.req_to_token[r.row, keep:r.seq_len].long())
+                self.alloc.free(self.rtp.req_to_token[r.row, keep : r.seq_len].long())
                 self.stats.drafts_rejected += r.seq_len - keep
             r.seq_len = keep
             for src, (kh, vh) in r.hist.items():
@@ -328,8 +351,9 @@ class Soak:
     def finish(self) -> None:
         for r in list(self.requests):
             self.release(r)
-        assert (self.alloc.full_available_size(), self.alloc.swa_available_size(), self.rtp.available_size()) == \
-            self.start_sizes, "slots or rows leaked"
+        assert (self.alloc.full_available_size(), self.alloc.swa_available_size(), self.rtp.available_size()) == self.start_sizes, (
+            "slots or rows leaked"
+        )
         assert bool((self.alloc.full_to_swa_index_mapping[:-1] == 0).all())
 
 

@@ -28,15 +28,7 @@ from .ops.indices import (
     window_index_count,
 )
 from .ops.kv_store import store_kv
-from .runtime.checks import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_kv_scale,
-    check_logit_cap,
-    check_sinks,
-    check_sm_scale,
-    check_tensor,
-)
+from .runtime.checks import FLOAT_DTYPES, INDEX_DTYPES, check_kv_scale, check_logit_cap, check_sinks, check_sm_scale, check_tensor
 from .runtime.guard import check_forward_metadata, debug_enabled
 
 
@@ -97,10 +89,8 @@ class ForwardMetadata:
 
 
 _MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
-_RUNNER_ATTRS = ("token_to_kv_pool", "token_to_kv_pool_allocator", "req_to_token_pool", "is_draft_worker",
-                 "spec_algorithm", "device")
-_LAYER_ATTRS = ("layer_id", "tp_q_head_num", "tp_k_head_num", "head_dim", "v_head_dim", "scaling",
-                "sliding_window_size")
+_RUNNER_ATTRS = ("token_to_kv_pool", "token_to_kv_pool_allocator", "req_to_token_pool", "is_draft_worker", "spec_algorithm", "device")
+_LAYER_ATTRS = ("layer_id", "tp_q_head_num", "tp_k_head_num", "head_dim", "v_head_dim", "scaling", "sliding_window_size")
 
 
 def _as_int(name: str, value, minimum: int | None = None) -> int:
@@ -121,8 +111,10 @@ def _check_rows(name: str, x, rows: int, heads: int, dim: int, dtype, device) ->
     check_tensor(name, x, dtype=dtype, device=device)
     ok = (x.dim() == 3 and tuple(x.shape) == (rows, heads, dim)) or (x.dim() == 2 and tuple(x.shape) == (rows, heads * dim))
     if not ok:
-        raise ValueError(f"{name} must have shape [{rows}, {heads * dim}] or [{rows}, {heads}, {dim}] "
-                         f"(tokens, heads, head dim of the layer and step), got {list(x.shape)}")
+        raise ValueError(
+            f"{name} must have shape [{rows}, {heads * dim}] or [{rows}, {heads}, {dim}] "
+            f"(tokens, heads, head dim of the layer and step), got {list(x.shape)}"
+        )
     if x.numel() and x.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous along its last dimension (strides {x.stride()})")
 
@@ -154,27 +146,35 @@ class TritonSWAAttnBackend:
     def __init__(self, model_runner):
         for name in _RUNNER_ATTRS:
             if not hasattr(model_runner, name):
-                raise TypeError(f"model_runner has no attribute {name!r}; the backend reads SGLang's ModelRunner "
-                                f"names: {', '.join(_RUNNER_ATTRS)}, sliding_window_size")
+                raise TypeError(
+                    f"model_runner has no attribute {name!r}; the backend reads SGLang's ModelRunner "
+                    f"names: {', '.join(_RUNNER_ATTRS)}, sliding_window_size"
+                )
         self.model_runner = model_runner
         try:
             self.device = torch.device(model_runner.device)
         except (TypeError, RuntimeError) as e:
             raise ValueError(f"model_runner.device must name a torch device, got {model_runner.device!r}") from e
         if not hasattr(model_runner.req_to_token_pool, "req_to_token"):
-            raise TypeError("model_runner.req_to_token_pool has no attribute 'req_to_token' (the int32 "
-                            "[rows, max_context_len] table of full slots)")
-        self.req_to_token = check_tensor("model_runner.req_to_token_pool.req_to_token",
-                                         model_runner.req_to_token_pool.req_to_token, dtype=torch.int32, ndim=2,
-                                         device=self.device)
+            raise TypeError(
+                "model_runner.req_to_token_pool has no attribute 'req_to_token' (the int32 [rows, max_context_len] table of full slots)"
+            )
+        self.req_to_token = check_tensor(
+            "model_runner.req_to_token_pool.req_to_token",
+            model_runner.req_to_token_pool.req_to_token,
+            dtype=torch.int32,
+            ndim=2,
+            device=self.device,
+        )
         window = getattr(model_runner, "sliding_window_size", -1)
         self.sliding_window_size = -1 if window is None else _as_int("model_runner.sliding_window_size", window, -1)
         if not isinstance(model_runner.is_draft_worker, bool):
-            raise TypeError(f"model_runner.is_draft_worker must be a bool, got "
-                            f"{type(model_runner.is_draft_worker).__name__}")
+            raise TypeError(f"model_runner.is_draft_worker must be a bool, got {type(model_runner.is_draft_worker).__name__}")
         if not hasattr(model_runner.spec_algorithm, "is_frozen_kv_mtp"):
-            raise TypeError("model_runner.spec_algorithm must be a SpeculativeAlgorithm (with is_frozen_kv_mtp()), "
-                            f"got {type(model_runner.spec_algorithm).__name__}")
+            raise TypeError(
+                "model_runner.spec_algorithm must be a SpeculativeAlgorithm (with is_frozen_kv_mtp()), "
+                f"got {type(model_runner.spec_algorithm).__name__}"
+            )
         self._swa_kv_pool = self._resolve_swa_kv_pool(model_runner)
         self.use_sliding_window_kv_pool = self._swa_kv_pool is not None
         # K/V buffers come from the resolved SWA pool when there is one (FROZEN_KV MTP reads the
@@ -185,9 +185,11 @@ class TritonSWAAttnBackend:
             raise TypeError(f"the KV pool ({type(self.kv_pool).__name__}) has no get_kv_buffer(layer_id)")
         if self.use_sliding_window_kv_pool and self.sliding_window_size < 0:
             swa_ids = sorted(i for i, (_, is_swa) in self._swa_kv_pool.layers_mapping.items() if is_swa)
-            raise ValueError(f"model_runner.sliding_window_size is {self.sliding_window_size} (no sliding layers) but "
-                             f"the resolved SWA pool holds sliding layers {swa_ids}: give the sliding layers' "
-                             "window_left")
+            raise ValueError(
+                f"model_runner.sliding_window_size is {self.sliding_window_size} (no sliding layers) but "
+                f"the resolved SWA pool holds sliding layers {swa_ids}: give the sliding layers' "
+                "window_left"
+            )
         self.page_size = _as_int("kv_pool.page_size", getattr(self.kv_pool, "page_size", 1) or 1, 1)
         self.forward_metadata: ForwardMetadata | None = None
         self.cuda_graph: dict | None = None
@@ -209,8 +211,7 @@ class TritonSWAAttnBackend:
             raise TypeError(f"the KV pool ({type(pool).__name__}) has no get_kv_buffer(layer_id)")
         page_size = _as_int("kv_pool.page_size", getattr(pool, "page_size", 1) or 1, 1)
         if page_size != self.page_size:
-            raise ValueError(f"the KV pool's page_size is {page_size} but the backend's indices are built for "
-                             f"page_size {self.page_size}")
+            raise ValueError(f"the KV pool's page_size is {page_size} but the backend's indices are built for page_size {self.page_size}")
         self._kv_pool_is_swa = is_swa_kv_pool(pool)
         self.kv_pool = pool
 
@@ -246,22 +247,40 @@ class TritonSWAAttnBackend:
         """
         mapping = self.mapping if translate else None
         if translate and mapping is None:
-            raise ValueError("the resolved SWA pool has no full_to_swa_index_mapping: register the SWA "
-                             "allocator's mapping (register_mapping) before the first step")
+            raise ValueError(
+                "the resolved SWA pool has no full_to_swa_index_mapping: register the SWA "
+                "allocator's mapping (register_mapping) before the first step"
+            )
         max_ctx = self.req_to_token.shape[1]
         prefix_lens = lens if extend else None
         if self.page_size == 1:
             num_indices = None
             if out is None:
                 num_indices = window_index_count(lens_cpu, window_left, prefix_lens=lens_cpu if extend else None)
-            built = build_window_indices(self.req_to_token, req_pool_indices, lens, window_left=window_left,
-                                         prefix_lens=prefix_lens, mapping=mapping, num_indices=num_indices, out=out)
+            built = build_window_indices(
+                self.req_to_token,
+                req_pool_indices,
+                lens,
+                window_left=window_left,
+                prefix_lens=prefix_lens,
+                mapping=mapping,
+                num_indices=num_indices,
+                out=out,
+            )
             csr, table, starts = (built.kv_indptr, built.kv_indices), None, built.window_starts
         else:
             max_pages = None if out is not None else max_window_pages(window_left, self.page_size, max_ctx, extend=extend)
-            built = build_window_page_table(self.req_to_token, req_pool_indices, lens, window_left=window_left,
-                                            page_size=self.page_size, prefix_lens=prefix_lens, mapping=mapping,
-                                            max_pages=max_pages, out=out)
+            built = build_window_page_table(
+                self.req_to_token,
+                req_pool_indices,
+                lens,
+                window_left=window_left,
+                page_size=self.page_size,
+                prefix_lens=prefix_lens,
+                mapping=mapping,
+                max_pages=max_pages,
+                out=out,
+            )
             csr, table, starts = (None, None), built.page_table, built.window_starts
         # Splits are sized by what the layer can hold, never by this batch's buffers: decode W + 1
         # keys (req_to_token's width for full layers), extend/verify prefixes W keys. Eager metadata
@@ -305,8 +324,9 @@ class TritonSWAAttnBackend:
             if "extend_seq_lens_cpu" in cpu and "extend_prefix_lens_cpu" in cpu:
                 for i, (e, p) in enumerate(zip(cpu["extend_seq_lens_cpu"], cpu["extend_prefix_lens_cpu"])):
                     if p + e > max_ctx:
-                        raise ValueError(f"request {i}: extend_prefix_lens_cpu + extend_seq_lens_cpu = {p + e} exceeds "
-                                         f"req_to_token's {max_ctx} columns")
+                        raise ValueError(
+                            f"request {i}: extend_prefix_lens_cpu + extend_seq_lens_cpu = {p + e} exceeds req_to_token's {max_ctx} columns"
+                        )
             ext = cpu.get("extend_seq_lens_cpu")
             num_tokens = sum(ext) if ext is not None else int(fb.extend_seq_lens.sum())
             extra = 0
@@ -317,8 +337,9 @@ class TritonSWAAttnBackend:
             lo, hi = int(fb.seq_lens_cpu.min()), int(fb.seq_lens_cpu.max())
             if lo < 0 or hi + extra > max_ctx:
                 what = f"seq_lens_cpu (+ draft_token_num {extra})" if extra else "seq_lens_cpu"
-                raise ValueError(f"forward_batch.{what} must lie in [0, {max_ctx}] (req_to_token's columns), got "
-                                 f"values from {lo} to {hi + extra}")
+                raise ValueError(
+                    f"forward_batch.{what} must lie in [0, {max_ctx}] (req_to_token's columns), got values from {lo} to {hi + extra}"
+                )
         if fb.out_cache_loc is not None:
             _check_index("forward_batch.out_cache_loc", fb.out_cache_loc, dev, num_tokens)
         return num_tokens
@@ -335,11 +356,15 @@ class TritonSWAAttnBackend:
             check_tensor(f"spec_info.{name}", x, dtype=dtypes, device=self.device, ndim=1)
             m = x.shape[0]
             if exact and m != bs * per_request:
-                raise ValueError(f"spec_info.{name} must have shape [{bs * per_request}] (batch_size {bs} x "
-                                 f"{'draft_token_num^2' if name == 'custom_mask' else 'draft_token_num'}), got [{m}]")
+                raise ValueError(
+                    f"spec_info.{name} must have shape [{bs * per_request}] (batch_size {bs} x "
+                    f"{'draft_token_num^2' if name == 'custom_mask' else 'draft_token_num'}), got [{m}]"
+                )
             if not exact and (m % per_request or m > bs * per_request):
-                raise ValueError(f"spec_info.{name} must hold whole requests of {per_request} entries, at most {bs} of "
-                                 f"them (the graph's batch), got [{m}]")
+                raise ValueError(
+                    f"spec_info.{name} must hold whole requests of {per_request} entries, at most {bs} of "
+                    f"them (the graph's batch), got [{m}]"
+                )
 
     def init_forward_metadata(self, forward_batch, *, debug: bool | None = None) -> None:
         """Build the step's indices once: full layers, sliding layers (translated), extend layout.
@@ -348,7 +373,7 @@ class TritonSWAAttnBackend:
             forward_batch: the step's batch (SGLang's ``ForwardBatch`` field names).
             debug (bool | None): afterwards, check the built indices against the reference path and
                 every window slot for liveness (a host sync; ValueError naming request, position and
-                slot); None follows ``TRITON_SWA_DEBUG`` (see :mod:`triton_swa.guard`).
+                slot); None follows ``TRITON_SWA_DEBUG`` (see :mod:`triton_swa.runtime.guard`).
 
         Raises:
             TypeError, ValueError: naming the field of a bad batch (lengths of ``req_pool_indices``,
@@ -410,15 +435,18 @@ class TritonSWAAttnBackend:
         drafts = max_num_tokens // max_bs
 
         def buffers(per_request: int) -> WindowIndices:
-            return WindowIndices(torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
-                                 torch.zeros(max(1, max_bs * per_request), dtype=torch.int32, device=dev),
-                                 torch.zeros(max_bs, dtype=torch.int32, device=dev))
+            return WindowIndices(
+                torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+                torch.zeros(max(1, max_bs * per_request), dtype=torch.int32, device=dev),
+                torch.zeros(max_bs, dtype=torch.int32, device=dev),
+            )
 
         def tables(window_left: int) -> WindowPageTable:
             # Wide enough for a decode window (W + 1 keys) and a verify prefix window (W keys).
             width = max_window_pages(window_left, self.page_size, max_ctx)
-            return WindowPageTable(torch.zeros(max_bs, max(1, width), dtype=torch.int32, device=dev),
-                                   torch.zeros(max_bs, dtype=torch.int32, device=dev))
+            return WindowPageTable(
+                torch.zeros(max_bs, max(1, width), dtype=torch.int32, device=dev), torch.zeros(max_bs, dtype=torch.int32, device=dev)
+            )
 
         make = buffers if self.page_size == 1 else tables
         self.cuda_graph = {
@@ -437,13 +465,15 @@ class TritonSWAAttnBackend:
             "captured": {},
         }
 
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens,
-                                                 forward_mode, spec_info) -> None:
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
         """Metadata for capture: the same fixed buffers that replay refills."""
         self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=True)
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens,
-                                                forward_mode, spec_info, seq_lens_cpu=None) -> None:
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu=None
+    ) -> None:
         """Refill the fixed buffers for a replay (padded entries use row 0 and the fill length).
 
         ``spec_info`` may be a fresh object every step: its positions and tree mask are copied into
@@ -479,15 +509,19 @@ class TritonSWAAttnBackend:
                 raise ValueError("TARGET_VERIFY needs spec_info with draft_token_num")
             n = _as_int("spec_info.draft_token_num", getattr(spec_info, "draft_token_num", None), 1)
             if bs * n > g["max_num_tokens"]:
-                raise ValueError(f"TARGET_VERIFY needs bs * draft_token_num = {bs} * {n} = {bs * n} query tokens, more "
-                                 f"than the max_num_tokens={g['max_num_tokens']} of init_cuda_graph_state")
+                raise ValueError(
+                    f"TARGET_VERIFY needs bs * draft_token_num = {bs} * {n} = {bs * n} query tokens, more "
+                    f"than the max_num_tokens={g['max_num_tokens']} of init_cuda_graph_state"
+                )
             self._check_spec(spec_info, bs, n, exact=False)
             has_mask = spec_info.custom_mask is not None
             if has_mask and bs * n * n > g["custom_mask"].numel():
-                raise ValueError(f"TARGET_VERIFY's tree mask needs bs * draft_token_num^2 = {bs * n * n} entries, more "
-                                 f"than the {g['custom_mask'].numel()} init_cuda_graph_state allocated (max_bs "
-                                 f"{g['max_bs']} x draft_token_num {g['draft_token_num']}^2, draft_token_num = "
-                                 "max_num_tokens // max_bs)")
+                raise ValueError(
+                    f"TARGET_VERIFY's tree mask needs bs * draft_token_num^2 = {bs * n * n} entries, more "
+                    f"than the {g['custom_mask'].numel()} init_cuda_graph_state allocated (max_bs "
+                    f"{g['max_bs']} x draft_token_num {g['draft_token_num']}^2, draft_token_num = "
+                    "max_num_tokens // max_bs)"
+                )
             sig = (n, spec_info.causal, has_mask, spec_info.positions is not None)
         key = (bs, forward_mode)
         if capture:
@@ -511,8 +545,7 @@ class TritonSWAAttnBackend:
                 out = WindowIndices(buf.kv_indptr[: bs + 1], buf.kv_indices, buf.window_starts[:bs])
             else:
                 out = WindowPageTable(buf.page_table[:bs], buf.window_starts[:bs])
-            return self._indices(req_pool_indices, lens, window_left=window_left, extend=extend, translate=translate,
-                                 out=out)
+            return self._indices(req_pool_indices, lens, window_left=window_left, extend=extend, translate=translate, out=out)
 
         full = build("full", -1, False)
         sliding = build("sliding", w, self.use_sliding_window_kv_pool) if w >= 0 else None
@@ -527,7 +560,7 @@ class TritonSWAAttnBackend:
                 # padded requests (and any the spec_info does not cover) sit at prefix + i
                 pos = g["positions"]
                 pos[: bs * n].copy_((lens.long()[:, None] + torch.arange(n, device=dev)).reshape(-1))
-                pos[bs * n:].zero_()
+                pos[bs * n :].zero_()
                 pos[: spec_info.positions.shape[0]].copy_(spec_info.positions)
                 meta.q_positions = pos[: bs * n]
             if has_mask:
@@ -553,15 +586,17 @@ class TritonSWAAttnBackend:
             max_extend = n
         else:
             prefix = forward_batch.extend_prefix_lens.to(torch.int32)
-            prefix_cpu = (torch.tensor(forward_batch.extend_prefix_lens_cpu) if forward_batch.extend_prefix_lens_cpu is not None
-                          else prefix.cpu())
+            prefix_cpu = (
+                torch.tensor(forward_batch.extend_prefix_lens_cpu) if forward_batch.extend_prefix_lens_cpu is not None else prefix.cpu()
+            )
             ext = forward_batch.extend_seq_lens
             qo_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
             qo_indptr[1:] = torch.cumsum(ext, 0)
             ext_cpu = forward_batch.extend_seq_lens_cpu if forward_batch.extend_seq_lens_cpu is not None else ext.tolist()
             max_extend = max(ext_cpu, default=0)
-        meta = ForwardMetadata(mode, None, None, qo_indptr=qo_indptr, prefix_lens=prefix, prefix_lens_cpu=prefix_cpu,
-                               max_extend_len=int(max_extend))
+        meta = ForwardMetadata(
+            mode, None, None, qo_indptr=qo_indptr, prefix_lens=prefix, prefix_lens_cpu=prefix_cpu, max_extend_len=int(max_extend)
+        )
         if not mode.is_target_verify():
             # bounds the prefix keys a request reads, so that a prompt without a prefix takes no
             # (empty) split-KV programs
@@ -591,8 +626,7 @@ class TritonSWAAttnBackend:
             raise ValueError("init_forward_metadata must run before the layers")
         for name in _LAYER_ATTRS:
             if not hasattr(layer, name):
-                raise TypeError(f"layer has no attribute {name!r} (a RadixAttention-like layer has "
-                                f"{', '.join(_LAYER_ATTRS)})")
+                raise TypeError(f"layer has no attribute {name!r} (a RadixAttention-like layer has {', '.join(_LAYER_ATTRS)})")
         layer_id = _as_int("layer.layer_id", layer.layer_id, 0)
         shared = getattr(layer, "kv_shared_layer_id", None)
         kv_layer = layer_id if shared is None else _as_int("layer.kv_shared_layer_id", shared, 0)
@@ -600,17 +634,21 @@ class TritonSWAAttnBackend:
         k_buf, v_buf = self.kv_pool.get_kv_buffer(kv_layer)
         sliding = window >= 0
         if sliding and window != self.sliding_window_size:
-            raise ValueError(f"layer {layer_id} has sliding_window_size {window} but the "
-                             f"runner's is {self.sliding_window_size}: one window per model")
+            raise ValueError(
+                f"layer {layer_id} has sliding_window_size {window} but the runner's is {self.sliding_window_size}: one window per model"
+            )
         layers_mapping = getattr(self.kv_pool, "layers_mapping", None)
         in_swa_pool = self._kv_pool_is_swa and bool(layers_mapping[kv_layer][1])
         if sliding and self.use_sliding_window_kv_pool and not in_swa_pool:
-            raise ValueError(f"layer {layer_id} is sliding but not in the SWA sub-pool; it cannot share the "
-                             "sliding layers' translated indices")
+            raise ValueError(
+                f"layer {layer_id} is sliding but not in the SWA sub-pool; it cannot share the sliding layers' translated indices"
+            )
         if not sliding and in_swa_pool:
-            raise ValueError(f"layer {layer_id} is declared full (sliding_window_size=-1) but its K/V (layer "
-                             f"{kv_layer}) live in the SWA sub-pool (layers_mapping[{kv_layer}] = "
-                             f"{tuple(layers_mapping[kv_layer])}): it would read SWA buffers at full-slot indices")
+            raise ValueError(
+                f"layer {layer_id} is declared full (sliding_window_size=-1) but its K/V (layer "
+                f"{kv_layer}) live in the SWA sub-pool (layers_mapping[{kv_layer}] = "
+                f"{tuple(layers_mapping[kv_layer])}): it would read SWA buffers at full-slot indices"
+            )
         write_mapping = self.kv_pool.full_to_swa_index_mapping if in_swa_pool else None
         return k_buf, v_buf, (meta.sliding if sliding else meta.full), write_mapping
 
@@ -628,13 +666,14 @@ class TritonSWAAttnBackend:
         if HQ % H:
             raise ValueError(f"layer {lid}: tp_q_head_num ({HQ}) must be a multiple of tp_k_head_num ({H})")
         if tuple(k_buf.shape[-2:]) != (H, D) or tuple(v_buf.shape[-2:]) != (H, DV):
-            raise ValueError(f"layer {lid}: tp_k_head_num={H}, head_dim={D}, v_head_dim={DV} disagree with its KV "
-                             f"pool's buffers (K {list(k_buf.shape)}, V {list(v_buf.shape)})")
+            raise ValueError(
+                f"layer {lid}: tp_k_head_num={H}, head_dim={D}, v_head_dim={DV} disagree with its KV "
+                f"pool's buffers (K {list(k_buf.shape)}, V {list(v_buf.shape)})"
+            )
         T = meta.num_tokens
         _check_rows("q", q, T, HQ, D, FLOAT_DTYPES, dev)
         if k_buf.dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
-            raise TypeError(f"q has dtype {q.dtype} but layer {lid}'s KV pool holds {k_buf.dtype} (q's dtype or fp8 "
-                            "e4m3 expected)")
+            raise TypeError(f"q has dtype {q.dtype} but layer {lid}'s KV pool holds {k_buf.dtype} (q's dtype or fp8 e4m3 expected)")
         shared = getattr(layer, "kv_shared_layer_id", None) is not None
         if extend and not shared and (k is None or v is None):
             raise ValueError(f"layer {lid}: extend modes need the step's k and v")
@@ -647,8 +686,7 @@ class TritonSWAAttnBackend:
         if writes or (extend and shared):
             loc = getattr(forward_batch, "out_cache_loc", None)
             if loc is None:
-                raise ValueError(f"layer {lid}: forward_batch.out_cache_loc is needed to "
-                                 f"{'write' if writes else 'read'} the step's K/V")
+                raise ValueError(f"layer {lid}: forward_batch.out_cache_loc is needed to {'write' if writes else 'read'} the step's K/V")
             _check_index("forward_batch.out_cache_loc", loc, dev, T)
         check_sinks(f"layer {lid}: sinks", getattr(layer, "sinks", None), HQ, dev)
         if layer.scaling is None:
@@ -660,9 +698,16 @@ class TritonSWAAttnBackend:
         return writes
 
     def _save(self, layer, k, v, k_buf, v_buf, write_mapping, forward_batch):
-        store_kv(k_buf, v_buf, forward_batch.out_cache_loc, k.view(-1, layer.tp_k_head_num, layer.head_dim),
-                 v.view(-1, layer.tp_k_head_num, layer.v_head_dim), mapping=write_mapping,
-                 k_scale=getattr(layer, "k_scale", None), v_scale=getattr(layer, "v_scale", None))
+        store_kv(
+            k_buf,
+            v_buf,
+            forward_batch.out_cache_loc,
+            k.view(-1, layer.tp_k_head_num, layer.head_dim),
+            v.view(-1, layer.tp_k_head_num, layer.v_head_dim),
+            mapping=write_mapping,
+            k_scale=getattr(layer, "k_scale", None),
+            v_scale=getattr(layer, "v_scale", None),
+        )
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         """Write the new K/V (translated for sliding layers), then decode over the layer's window.
@@ -675,9 +720,15 @@ class TritonSWAAttnBackend:
             self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch)
         q = q.view(-1, layer.tp_q_head_num, layer.head_dim)
         out = swa_decode(
-            q, k_buf, v_buf, **idx.kernel_args(decode=True), sm_scale=layer.scaling,
-            logit_cap=getattr(layer, "logit_cap", 0.0), sinks=getattr(layer, "sinks", None),
-            k_scale=getattr(layer, "k_scale", None), v_scale=getattr(layer, "v_scale", None),
+            q,
+            k_buf,
+            v_buf,
+            **idx.kernel_args(decode=True),
+            sm_scale=layer.scaling,
+            logit_cap=getattr(layer, "logit_cap", 0.0),
+            sinks=getattr(layer, "sinks", None),
+            k_scale=getattr(layer, "k_scale", None),
+            v_scale=getattr(layer, "v_scale", None),
             max_window=max(idx.max_window, 1),
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
@@ -714,11 +765,26 @@ class TritonSWAAttnBackend:
         elif window >= 0:
             max_window = min(max_window, window)
         out = swa_extend(
-            q, k, v, k_buf, v_buf, meta.qo_indptr, meta.prefix_lens, **idx.kernel_args(decode=False),
-            window_left=window, causal=meta.causal and bool(getattr(layer, "causal", True)), custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr,
-            q_positions=meta.q_positions, sm_scale=layer.scaling, logit_cap=getattr(layer, "logit_cap", 0.0),
-            sinks=getattr(layer, "sinks", None), k_scale=k_scale, v_scale=v_scale,
-            max_extend_len=meta.max_extend_len, max_window=max_window,
+            q,
+            k,
+            v,
+            k_buf,
+            v_buf,
+            meta.qo_indptr,
+            meta.prefix_lens,
+            **idx.kernel_args(decode=False),
+            window_left=window,
+            causal=meta.causal and bool(getattr(layer, "causal", True)),
+            custom_mask=meta.custom_mask,
+            mask_indptr=meta.mask_indptr,
+            q_positions=meta.q_positions,
+            sm_scale=layer.scaling,
+            logit_cap=getattr(layer, "logit_cap", 0.0),
+            sinks=getattr(layer, "sinks", None),
+            k_scale=k_scale,
+            v_scale=v_scale,
+            max_extend_len=meta.max_extend_len,
+            max_window=max_window,
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 

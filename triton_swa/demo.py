@@ -70,14 +70,53 @@ class Preset:
 
 PRESETS = {
     # finishes in a few minutes on 2 CPU cores with the kernels in Triton's interpreter
-    "cpu": Preset(layers=3, hidden=64, heads=4, kv_heads=2, head_dim=16, global_kv_heads=1, global_head_dim=32,
-                  kv_shared=0, vocab=128, sliding_window=8, requests=5, prompt_lens=(12, 24), new_tokens=(22, 32),
-                  arrival_every=4, num_draft=3, chunk=16, max_running=2, full_size=256, swa_size=64, page_size=1,
-                  spot_every=4),
-    "gpu": Preset(layers=12, hidden=512, heads=8, kv_heads=4, head_dim=128, global_kv_heads=2, global_head_dim=256,
-                  kv_shared=4, vocab=4096, sliding_window=128, requests=32, prompt_lens=(64, 384),
-                  new_tokens=(64, 128), arrival_every=2, num_draft=4, chunk=512, max_running=16, full_size=32768,
-                  swa_size=8192, page_size=16, spot_every=8, attention_gain=16.0),
+    "cpu": Preset(
+        layers=3,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        global_kv_heads=1,
+        global_head_dim=32,
+        kv_shared=0,
+        vocab=128,
+        sliding_window=8,
+        requests=5,
+        prompt_lens=(12, 24),
+        new_tokens=(22, 32),
+        arrival_every=4,
+        num_draft=3,
+        chunk=16,
+        max_running=2,
+        full_size=256,
+        swa_size=64,
+        page_size=1,
+        spot_every=4,
+    ),
+    "gpu": Preset(
+        layers=12,
+        hidden=512,
+        heads=8,
+        kv_heads=4,
+        head_dim=128,
+        global_kv_heads=2,
+        global_head_dim=256,
+        kv_shared=4,
+        vocab=4096,
+        sliding_window=128,
+        requests=32,
+        prompt_lens=(64, 384),
+        new_tokens=(64, 128),
+        arrival_every=2,
+        num_draft=4,
+        chunk=512,
+        max_running=16,
+        full_size=32768,
+        swa_size=8192,
+        page_size=16,
+        spot_every=8,
+        attention_gain=16.0,
+    ),
 }
 
 
@@ -89,12 +128,26 @@ def build_model(p: Preset, seed: int, device):
     types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(p.layers)]
     types[-1] = "full_attention"
     cfg = transformers.Gemma4TextConfig(
-        vocab_size=p.vocab, hidden_size=p.hidden, intermediate_size=2 * p.hidden, num_hidden_layers=p.layers,
-        num_attention_heads=p.heads, num_key_value_heads=p.kv_heads, head_dim=p.head_dim,
-        global_head_dim=p.global_head_dim, num_global_key_value_heads=p.global_kv_heads,
-        sliding_window=p.sliding_window, num_kv_shared_layers=p.kv_shared, hidden_size_per_layer_input=16,
-        vocab_size_per_layer_input=p.vocab, layer_types=types, initializer_range=0.3,
-        max_position_embeddings=4096, eos_token_id=None, pad_token_id=0, bos_token_id=None)
+        vocab_size=p.vocab,
+        hidden_size=p.hidden,
+        intermediate_size=2 * p.hidden,
+        num_hidden_layers=p.layers,
+        num_attention_heads=p.heads,
+        num_key_value_heads=p.kv_heads,
+        head_dim=p.head_dim,
+        global_head_dim=p.global_head_dim,
+        num_global_key_value_heads=p.global_kv_heads,
+        sliding_window=p.sliding_window,
+        num_kv_shared_layers=p.kv_shared,
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=p.vocab,
+        layer_types=types,
+        initializer_range=0.3,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+        pad_token_id=0,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -131,8 +184,7 @@ def _legacy_backend_class():
             return TritonSWAAttnBackend._resolve_swa_kv_pool(model_runner)
 
         def _indices(self, req_pool_indices, lens, lens_cpu=None, *, window_left, extend, translate, out=None):
-            got = super()._indices(req_pool_indices, lens, lens_cpu, window_left=window_left, extend=extend,
-                                   translate=translate, out=out)
+            got = super()._indices(req_pool_indices, lens, lens_cpu, window_left=window_left, extend=extend, translate=translate, out=out)
             swa = getattr(self.kv_pool, "swa_kv_pool", None)
             if window_left >= 0 and not translate and swa is not None:
                 rows = swa.k_buffer[0].shape[0]
@@ -188,9 +240,8 @@ class SpotCheck:
             keys = [t for t in range(0 if w < 0 else max(0, p - w), p + 1)]
             kk = torch.stack([hist[t][0] for t in keys])
             vv = torch.stack([hist[t][1] for t in keys])
-            want = self.ref.attention(q[j:j + 1].double().cpu(), kk, vv, None, sm_scale=layer.scaling,
-                                      logit_cap=layer.logit_cap)
-            errs.append(float((out[j:j + 1].double().cpu() - want).abs().max()))
+            want = self.ref.attention(q[j : j + 1].double().cpu(), kk, vv, None, sm_scale=layer.scaling, logit_cap=layer.logit_cap)
+            errs.append(float((out[j : j + 1].double().cpu() - want).abs().max()))
         kind = "sliding" if w >= 0 else "full"
         self.worst[kind] = max(self.worst.get(kind, 0.0), max(errs))
         self.checked += 1
@@ -230,14 +281,21 @@ def _make_run(name, model, p: Preset, legacy: bool, requests, device) -> Run:
     from .serving import Engine
 
     max_ctx = p.prompt_lens[1] + p.new_tokens[1] + p.num_draft + 8
-    target = tswa.build_paged_kv(model, size=p.full_size, size_swa=p.swa_size, page_size=p.page_size,
-                                 max_num_reqs=p.max_running, max_context_len=max_ctx)
-    draft = tswa.build_draft_paged_kv(model, target,
-                                      backend_class=_legacy_backend_class() if legacy else TritonSWAAttnBackend)
-    checks = {"target": SpotCheck(target.layers, target.window_left, p.spot_every),
-              "draft": SpotCheck(draft.layers, draft.window_left, p.spot_every)}
-    engine = Engine(tswa.ModelWorker(model, target, checks["target"]), tswa.ModelWorker(model, draft, checks["draft"]),
-                    num_draft_tokens=p.num_draft, chunk_size=p.chunk, max_running=p.max_running)
+    target = tswa.build_paged_kv(
+        model, size=p.full_size, size_swa=p.swa_size, page_size=p.page_size, max_num_reqs=p.max_running, max_context_len=max_ctx
+    )
+    draft = tswa.build_draft_paged_kv(model, target, backend_class=_legacy_backend_class() if legacy else TritonSWAAttnBackend)
+    checks = {
+        "target": SpotCheck(target.layers, target.window_left, p.spot_every),
+        "draft": SpotCheck(draft.layers, draft.window_left, p.spot_every),
+    }
+    engine = Engine(
+        tswa.ModelWorker(model, target, checks["target"]),
+        tswa.ModelWorker(model, draft, checks["draft"]),
+        num_draft_tokens=p.num_draft,
+        chunk_size=p.chunk,
+        max_running=p.max_running,
+    )
     engine.submit(requests)
     return Run(name, engine, checks, target)
 
@@ -264,9 +322,17 @@ def _generate_reference(model, requests, device):
     for r in requests:
         ids = torch.tensor([r.prompt], device=device)
         with torch.inference_mode():
-            g = model.generate(ids, max_new_tokens=r.max_new_tokens, min_new_tokens=r.max_new_tokens, do_sample=False,
-                               eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-        outs[r.rid] = (g.sequences[0, len(r.prompt):].tolist(), [s[0].float() for s in g.scores])
+            g = model.generate(
+                ids,
+                max_new_tokens=r.max_new_tokens,
+                min_new_tokens=r.max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        outs[r.rid] = (g.sequences[0, len(r.prompt) :].tolist(), [s[0].float() for s in g.scores])
     return outs
 
 
@@ -299,13 +365,27 @@ def _serve(p: Preset, legacy: bool, seed: int, device: str, steps: int | None, q
         queue.put(("step", name, st.committed, run.mean_accept()))
     used, full_only = _kv_bytes(run.kv, run.peak_full, run.peak_swa)
     done = not run.engine.waiting and not run.engine.running
-    queue.put(("done", name, {
-        "accept": run.accept, "mean_accept": run.mean_accept(), "tokens": run.tokens, "seconds": run.seconds,
-        "steps": n, "tokens_per_s": run.tokens / run.seconds if run.seconds else float("nan"),
-        "kv_bytes_peak": used, "kv_bytes_full_only": full_only, "proposals": run.proposals, "complete": done,
-        "outputs": {r.rid: r.output for r in run.engine.finished},
-        "worst_error": {w: dict(c.worst) for w, c in run.checks.items()},
-        "checked": {w: c.checked for w, c in run.checks.items()}}))
+    queue.put(
+        (
+            "done",
+            name,
+            {
+                "accept": run.accept,
+                "mean_accept": run.mean_accept(),
+                "tokens": run.tokens,
+                "seconds": run.seconds,
+                "steps": n,
+                "tokens_per_s": run.tokens / run.seconds if run.seconds else float("nan"),
+                "kv_bytes_peak": used,
+                "kv_bytes_full_only": full_only,
+                "proposals": run.proposals,
+                "complete": done,
+                "outputs": {r.rid: r.output for r in run.engine.finished},
+                "worst_error": {w: dict(c.worst) for w, c in run.checks.items()},
+                "checked": {w: c.checked for w, c in run.checks.items()},
+            },
+        )
+    )
 
 
 @contextlib.contextmanager
@@ -325,8 +405,14 @@ def _interpreter_env(on: bool):
             os.environ["TRITON_INTERPRET"] = saved
 
 
-def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int | None = None, seed: int = 0,
-             plot: str | None = None, quiet: bool = False) -> dict:
+def run_demo(
+    preset: str | Preset = "cpu",
+    device: str | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    plot: str | None = None,
+    quiet: bool = False,
+) -> dict:
     """Serve the demo's stream twice, side by side in two processes (policy; the pre-fix rule on the
     draft worker), and return what was measured.
 
@@ -343,8 +429,7 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_serve, args=(p, legacy, seed, device, steps, queue), daemon=True)
-             for legacy in (False, True)]
+    procs = [ctx.Process(target=_serve, args=(p, legacy, seed, device, steps, queue), daemon=True) for legacy in (False, True)]
     with _interpreter_env(device == "cpu"):
         for proc in procs:
             proc.start()
@@ -353,8 +438,7 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
     if not quiet:
         from tqdm import tqdm
 
-        bar = tqdm(total=2 * sum(r.max_new_tokens for r in requests), desc="tokens served (both runs)", unit="tok",
-                   dynamic_ncols=True)
+        bar = tqdm(total=2 * sum(r.max_new_tokens for r in requests), desc="tokens served (both runs)", unit="tok", dynamic_ncols=True)
     live = {"policy": float("nan"), "legacy": float("nan")}
     runs = {}
     while len(runs) < 2:
@@ -371,8 +455,7 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
         live[name] = rest[0]
         if bar is not None:
             bar.update(payload)
-            bar.set_postfix_str(f"mean acceptance: policy {live['policy']:.2f}, legacy {live['legacy']:.2f} "
-                                f"(ideal {p.num_draft + 1})")
+            bar.set_postfix_str(f"mean acceptance: policy {live['policy']:.2f}, legacy {live['legacy']:.2f} (ideal {p.num_draft + 1})")
     for proc in procs:
         proc.join()
     if bar is not None:
@@ -400,10 +483,19 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
             ties += int(gap < tie_tol)
             mismatched.append((r.rid, j, round(gap, 5)))
     same = sum(policy["outputs"].get(r.rid) == legacy["outputs"].get(r.rid) for r in requests)
-    result = {"preset": preset, "device": device, "ideal": p.num_draft + 1, "diverged_at": diverged,
-              "legacy_equals_policy": same, "tie_tol": tie_tol,
-              "generate_match": match, "generate_total": len(requests) if policy["complete"] else 0,
-              "near_ties": ties, "mismatched": mismatched, "runs": runs}
+    result = {
+        "preset": preset,
+        "device": device,
+        "ideal": p.num_draft + 1,
+        "diverged_at": diverged,
+        "legacy_equals_policy": same,
+        "tie_tol": tie_tol,
+        "generate_match": match,
+        "generate_total": len(requests) if policy["complete"] else 0,
+        "near_ties": ties,
+        "mismatched": mismatched,
+        "runs": runs,
+    }
     if not quiet:
         _report(result, p)
     if plot:
@@ -413,10 +505,12 @@ def run_demo(preset: str | Preset = "cpu", device: str | None = None, steps: int
 
 def _report(result: dict, p: Preset) -> None:
     ideal = result["ideal"]
-    print(f"\ntriton-swa demo, preset {result['preset']} on {result['device']}"
-          f"{' (Triton interpreter)' if result['device'] == 'cpu' else ''}: tiny Gemma 4 text model "
-          f"({p.layers} layers, window S={p.sliding_window}), {p.requests} requests, k={p.num_draft} drafts "
-          f"(ideal acceptance {ideal})")
+    print(
+        f"\ntriton-swa demo, preset {result['preset']} on {result['device']}"
+        f"{' (Triton interpreter)' if result['device'] == 'cpu' else ''}: tiny Gemma 4 text model "
+        f"({p.layers} layers, window S={p.sliding_window}), {p.requests} requests, k={p.num_draft} drafts "
+        f"(ideal acceptance {ideal})"
+    )
     width = 8
     policy, legacy = result["runs"]["policy"]["accept"], result["runs"]["legacy"]["accept"]
     print(f"\nmean acceptance length per {width} rounds")
@@ -424,30 +518,45 @@ def _report(result: dict, p: Preset) -> None:
     for at in range(0, max(len(policy), len(legacy)), width):
         cells = []
         for acc in (policy, legacy):
-            part = acc[at:at + width]
+            part = acc[at : at + width]
             cells.append(f"{sum(part) / len(part):7.2f}" if part else f"{'-':>7}")
         print(f"{at:>4}-{at + width - 1:<5} | {cells[0]} | {cells[1]}")
     d = result["diverged_at"]
-    print(f"\nfirst round where the legacy draft's proposals differ from the policy's: "
-          f"{'none' if d is None else d}")
-    print(f"\n{'run':<8} {'mean acc':>8} {'tokens':>7} {'tok/s':>8} {'KV MB peak':>11} {'full-only':>10} "
-          f"{'max err target (sliding/full)':>30} {'max err draft (sliding/full)':>29}")
+    print(f"\nfirst round where the legacy draft's proposals differ from the policy's: {'none' if d is None else d}")
+    print(
+        f"\n{'run':<8} {'mean acc':>8} {'tokens':>7} {'tok/s':>8} {'KV MB peak':>11} {'full-only':>10} "
+        f"{'max err target (sliding/full)':>30} {'max err draft (sliding/full)':>29}"
+    )
     for name, r in result["runs"].items():
-        def errs(w):
+
+        def errs(w, r=r):
             e = r["worst_error"][w]
             return f"{e.get('sliding', float('nan')):.1e} / {e.get('full', float('nan')):.1e}"
-        print(f"{name:<8} {r['mean_accept']:8.2f} {r['tokens']:7d} {r['tokens_per_s']:8.1f} "
-              f"{r['kv_bytes_peak'] / 2**20:11.2f} {r['kv_bytes_full_only'] / 2**20:10.2f} {errs('target'):>30} "
-              f"{errs('draft'):>29}")
-    print("(tok/s: committed tokens over the run's own step time; the two runs share the machine while both run, "
-          "and the attention spot-checks copy K/V to the host)")
-    print(f"\ntarget tokens equal transformers' generate() (eager attention): {result['generate_match']} of "
-          f"{result['generate_total']} requests"
-          + (f"; {len(result['mismatched'])} differ ({result['near_ties']} first at an argmax near-tie, top two "
-             f"logits < {result['tie_tol']:g} apart): "
-             f"{result['mismatched']}" if result["mismatched"] else ""))
-    print(f"the legacy run's tokens equal the policy run's: {result['legacy_equals_policy']} of {p.requests} requests "
-          "(speculative decoding is lossless: the wrong K/V cost only acceptance, silently)")
+
+        print(
+            f"{name:<8} {r['mean_accept']:8.2f} {r['tokens']:7d} {r['tokens_per_s']:8.1f} "
+            f"{r['kv_bytes_peak'] / 2**20:11.2f} {r['kv_bytes_full_only'] / 2**20:10.2f} {errs('target'):>30} "
+            f"{errs('draft'):>29}"
+        )
+    print(
+        "(tok/s: committed tokens over the run's own step time; the two runs share the machine while both run, "
+        "and the attention spot-checks copy K/V to the host)"
+    )
+    print(
+        f"\ntarget tokens equal transformers' generate() (eager attention): {result['generate_match']} of "
+        f"{result['generate_total']} requests"
+        + (
+            f"; {len(result['mismatched'])} differ ({result['near_ties']} first at an argmax near-tie, top two "
+            f"logits < {result['tie_tol']:g} apart): "
+            f"{result['mismatched']}"
+            if result["mismatched"]
+            else ""
+        )
+    )
+    print(
+        f"the legacy run's tokens equal the policy run's: {result['legacy_equals_policy']} of {p.requests} requests "
+        "(speculative decoding is lossless: the wrong K/V cost only acceptance, silently)"
+    )
 
 
 def _plot(result: dict, path: str) -> None:
@@ -473,10 +582,15 @@ def _plot(result: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="triton-swa demo", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                    help="cpu: a few minutes on 2 cores in Triton's interpreter; gpu: a larger model and stream")
+    ap = argparse.ArgumentParser(
+        prog="triton-swa demo", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="cpu",
+        help="cpu: a few minutes on 2 cores in Triton's interpreter; gpu: a larger model and stream",
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when present")
     ap.add_argument("--steps", type=int, default=None, help="stop after this many engine steps (default: serve all)")
     ap.add_argument("--seed", type=int, default=0, help="weights and request stream")

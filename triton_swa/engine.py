@@ -29,8 +29,7 @@ class ForwardMode(enum.IntEnum):
     def is_extend(self, include_draft_extend_v2: bool = False) -> bool:
         """SGLang's meaning: EXTEND, MIXED, TARGET_VERIFY, SPLIT_PREFILL, DLLM_EXTEND (and
         DRAFT_EXTEND_V2 when asked)."""
-        modes = (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY, ForwardMode.SPLIT_PREFILL,
-                 ForwardMode.DLLM_EXTEND)
+        modes = (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY, ForwardMode.SPLIT_PREFILL, ForwardMode.DLLM_EXTEND)
         return self in modes or (include_draft_extend_v2 and self == ForwardMode.DRAFT_EXTEND_V2)
 
     def is_decode(self) -> bool:
@@ -140,27 +139,49 @@ class ForwardBatch:
         """An extend-shaped step (EXTEND by default): request ``i`` brings ``extend_lens[i]`` tokens
         after its ``prefix_lens[i]`` cached ones (host lists of ints)."""
         seq = torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens)], dtype=torch.int64)
-        return cls(ForwardMode.EXTEND if mode is None else mode, len(rows), torch.tensor(rows, device=device),
-                   seq.to(device), out_cache_loc, seq_lens_cpu=seq,
-                   extend_prefix_lens=torch.tensor(prefix_lens, device=device),
-                   extend_seq_lens=torch.tensor(extend_lens, device=device), extend_prefix_lens_cpu=list(prefix_lens),
-                   extend_seq_lens_cpu=list(extend_lens))
+        return cls(
+            ForwardMode.EXTEND if mode is None else mode,
+            len(rows),
+            torch.tensor(rows, device=device),
+            seq.to(device),
+            out_cache_loc,
+            seq_lens_cpu=seq,
+            extend_prefix_lens=torch.tensor(prefix_lens, device=device),
+            extend_seq_lens=torch.tensor(extend_lens, device=device),
+            extend_prefix_lens_cpu=list(prefix_lens),
+            extend_seq_lens_cpu=list(extend_lens),
+        )
 
     @classmethod
     def decode(cls, rows, prefix_lens, out_cache_loc, *, device) -> ForwardBatch:
         """One new token per request, at position ``prefix_lens[i]``."""
         seq = torch.tensor(prefix_lens, dtype=torch.int64) + 1
-        return cls(ForwardMode.DECODE, len(rows), torch.tensor(rows, device=device), seq.to(device), out_cache_loc,
-                   seq_lens_cpu=seq)
+        return cls(ForwardMode.DECODE, len(rows), torch.tensor(rows, device=device), seq.to(device), out_cache_loc, seq_lens_cpu=seq)
 
     @classmethod
-    def verify(cls, rows, prefix_lens, spec_info: SpecInfo, out_cache_loc, *, device,
-               spec_algorithm: SpeculativeAlgorithm = SpeculativeAlgorithm.NONE) -> ForwardBatch:
+    def verify(
+        cls,
+        rows,
+        prefix_lens,
+        spec_info: SpecInfo,
+        out_cache_loc,
+        *,
+        device,
+        spec_algorithm: SpeculativeAlgorithm = SpeculativeAlgorithm.NONE,
+    ) -> ForwardBatch:
         """TARGET_VERIFY: ``spec_info.draft_token_num`` tokens after each request's ``prefix_lens[i]``
         committed ones (SGLang's convention: ``seq_lens`` are the committed lengths)."""
         seq = torch.tensor(prefix_lens, dtype=torch.int64)
-        return cls(ForwardMode.TARGET_VERIFY, len(rows), torch.tensor(rows, device=device), seq.to(device),
-                   out_cache_loc, seq_lens_cpu=seq, spec_info=spec_info, spec_algorithm=spec_algorithm)
+        return cls(
+            ForwardMode.TARGET_VERIFY,
+            len(rows),
+            torch.tensor(rows, device=device),
+            seq.to(device),
+            out_cache_loc,
+            seq_lens_cpu=seq,
+            spec_info=spec_info,
+            spec_algorithm=spec_algorithm,
+        )
 
 
 @dataclass

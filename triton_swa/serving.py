@@ -75,7 +75,7 @@ class Request:
 
     @property
     def output(self) -> list[int]:
-        return self.tokens[len(self.prompt):]
+        return self.tokens[len(self.prompt) :]
 
     @property
     def prefilling(self) -> bool:
@@ -117,8 +117,16 @@ class Engine:
             a bad number.
     """
 
-    def __init__(self, target: Worker, draft: Worker | None = None, *, num_draft_tokens: int = 4,
-                 chunk_size: int = 64, max_running: int = 8, eos_token_id: int | None = None):
+    def __init__(
+        self,
+        target: Worker,
+        draft: Worker | None = None,
+        *,
+        num_draft_tokens: int = 4,
+        chunk_size: int = 64,
+        max_running: int = 8,
+        eos_token_id: int | None = None,
+    ):
         self.target, self.draft = target, draft
         r = target.runner
         self.allocator = r.token_to_kv_pool_allocator
@@ -127,12 +135,17 @@ class Engine:
         self.window = int(r.sliding_window_size)
         self.page_size = int(getattr(self.allocator, "page_size", 1))
         self.device = torch.device(r.device)
-        if draft is not None and (draft.runner.req_to_token_pool is not self.req_pool
-                                  or draft.runner.token_to_kv_pool_allocator is not self.allocator):
-            raise ValueError("the draft worker must share the target's req_to_token pool and allocator "
-                             "(one full slot names one token in both pools)")
-        for name, value, least in (("num_draft_tokens", num_draft_tokens, 1), ("chunk_size", chunk_size, 1),
-                                   ("max_running", max_running, 1)):
+        if draft is not None and (
+            draft.runner.req_to_token_pool is not self.req_pool or draft.runner.token_to_kv_pool_allocator is not self.allocator
+        ):
+            raise ValueError(
+                "the draft worker must share the target's req_to_token pool and allocator (one full slot names one token in both pools)"
+            )
+        for name, value, least in (
+            ("num_draft_tokens", num_draft_tokens, 1),
+            ("chunk_size", chunk_size, 1),
+            ("max_running", max_running, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self.k = num_draft_tokens
@@ -158,8 +171,7 @@ class Engine:
             known.add(req.rid)
             need = len(req.prompt) + req.max_new_tokens + self.k + 2
             if need > self.req_to_token.shape[1]:
-                raise ValueError(f"request {req.rid} needs {need} positions, more than max_context_len "
-                                 f"{self.req_to_token.shape[1]}")
+                raise ValueError(f"request {req.rid} needs {need} positions, more than max_context_len {self.req_to_token.shape[1]}")
             self.waiting.append(req)
         self.waiting.sort(key=lambda q: (q.arrival, q.rid))
 
@@ -184,8 +196,9 @@ class Engine:
             used_swa = sum(s for _, s in self._reserved.values())
             if used_full + full > cap_full or used_swa + swa > cap_swa:
                 if not self.running:
-                    raise ValueError(f"request {req.rid} needs {full} full / {swa} SWA slots, more than the pools "
-                                     f"hold ({cap_full} / {cap_swa})")
+                    raise ValueError(
+                        f"request {req.rid} needs {full} full / {swa} SWA slots, more than the pools hold ({cap_full} / {cap_swa})"
+                    )
                 return
             rows = self.req_pool.alloc(1)
             if rows is None:
@@ -211,7 +224,7 @@ class Engine:
         room = req.max_new_tokens - len(req.output)
         new_tokens = new_tokens[:room]
         if self.eos is not None and self.eos in new_tokens:
-            new_tokens = new_tokens[:new_tokens.index(self.eos) + 1]
+            new_tokens = new_tokens[: new_tokens.index(self.eos) + 1]
         req.tokens.extend(new_tokens)
         if len(req.output) >= req.max_new_tokens or (self.eos is not None and new_tokens and new_tokens[-1] == self.eos):
             req.finished = True
@@ -226,7 +239,7 @@ class Engine:
 
     def _loc(self, reqs: list[Request], starts: list[int], counts: list[int]) -> torch.Tensor:
         """The slots already allocated to those positions."""
-        return torch.cat([self.req_to_token[q.row, s:s + m].long() for q, s, m in zip(reqs, starts, counts)])
+        return torch.cat([self.req_to_token[q.row, s : s + m].long() for q, s, m in zip(reqs, starts, counts)])
 
     def _evict(self) -> None:
         if self.window < 0:
@@ -242,7 +255,7 @@ class Engine:
         ids, pos = [], []
         for q, s, m in zip(reqs, starts, counts):
             seq = q.tokens if tokens_of is None else tokens_of(q)
-            ids.extend(seq[s:s + m])
+            ids.extend(seq[s : s + m])
             pos.extend(range(s, s + m))
         dev = self.device
         return torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev)
@@ -326,8 +339,9 @@ class Engine:
         starts = list(pending)
         loc = self._loc(reqs, starts, [n] * len(reqs))
         positions = torch.cat([torch.arange(p, p + n) for p in pending]).to(dev)
-        batch = ForwardBatch.verify([q.row for q in reqs], starts, SpecInfo(n, positions=positions), loc, device=dev,
-                                    spec_algorithm=SpeculativeAlgorithm.DFLASH)
+        batch = ForwardBatch.verify(
+            [q.row for q in reqs], starts, SpecInfo(n, positions=positions), loc, device=dev, spec_algorithm=SpeculativeAlgorithm.DFLASH
+        )
         ids, pos = self._tokens(reqs, starts, [n] * len(reqs), tokens_of)
         target = self.target.forward(batch, ids, pos).argmax(-1).view(len(reqs), n).tolist()
         accepted, committed = [], 0
@@ -343,11 +357,10 @@ class Engine:
             q.draft_kv_len = p + 1 + min(a, k - 1)
             # 3. free the rejected drafts' slots (positions p + 1 + a .. p + k)
             if a < k:
-                self.allocator.free(self.req_to_token[q.row, p + 1 + a:p + 1 + k].long())
-                self.req_to_token[q.row, p + 1 + a:p + 1 + k] = 0
+                self.allocator.free(self.req_to_token[q.row, p + 1 + a : p + 1 + k].long())
+                self.req_to_token[q.row, p + 1 + a : p + 1 + k] = 0
             committed += self._commit(q, drafts[:a] + [want[a]])
-        return RoundStats(self.step_id, "speculative", [q.rid for q in reqs], n * len(reqs), committed, 0.0,
-                          accepted, proposals)
+        return RoundStats(self.step_id, "speculative", [q.rid for q in reqs], n * len(reqs), committed, 0.0, accepted, proposals)
 
     def step(self) -> RoundStats | None:
         """Serve one step: admit arrivals, then a prefill chunk if any prompt is pending, else a

@@ -13,7 +13,8 @@ import importlib.util
 import os
 
 _spec = importlib.util.spec_from_file_location(
-    "_triton_swa_sglang_stubs", os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_stubs.py"))
+    "_triton_swa_sglang_stubs", os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_stubs.py")
+)
 _stubs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_stubs)
 _stubs.install()

@@ -17,8 +17,7 @@ pytest.importorskip("transformers", reason="the demo tier needs transformers 5.1
 
 from triton_swa.demo import PRESETS, run_demo  # noqa: E402
 
-TINY = dataclasses.replace(PRESETS["cpu"], requests=3, prompt_lens=(10, 16), new_tokens=(16, 20),
-                           arrival_every=2, chunk=12, swa_size=56)
+TINY = dataclasses.replace(PRESETS["cpu"], requests=3, prompt_lens=(10, 16), new_tokens=(16, 20), arrival_every=2, chunk=12, swa_size=56)
 
 
 def test_tiny_demo_shows_the_collapse_and_its_fix():

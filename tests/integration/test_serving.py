@@ -17,8 +17,9 @@ from triton_swa.mem import check_allocator_invariants  # noqa: E402
 from triton_swa.serving import Engine  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TINY = dataclasses.replace(PRESETS["cpu"], layers=2, requests=2, prompt_lens=(9, 14), new_tokens=(5, 7),
-                           arrival_every=1, chunk=8, max_running=2)
+TINY = dataclasses.replace(
+    PRESETS["cpu"], layers=2, requests=2, prompt_lens=(9, 14), new_tokens=(5, 7), arrival_every=1, chunk=8, max_running=2
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +31,15 @@ def model():
     want = {}
     for r in request_stream(TINY, 0):
         with torch.inference_mode():
-            g = m.generate(torch.tensor([r.prompt], device=DEV), max_new_tokens=r.max_new_tokens,
-                           min_new_tokens=r.max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-        want[r.rid] = g[0, len(r.prompt):].tolist()
+            g = m.generate(
+                torch.tensor([r.prompt], device=DEV),
+                max_new_tokens=r.max_new_tokens,
+                min_new_tokens=r.max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        want[r.rid] = g[0, len(r.prompt) :].tolist()
     m.set_attn_implementation(tswa.NAME)
     return m, want
 
@@ -42,11 +49,17 @@ def model():
 def test_engine_serves_generates_tokens(model, speculative, page_size):
     m, want = model
     p = dataclasses.replace(TINY, page_size=page_size, full_size=128, swa_size=64)
-    target = tswa.build_paged_kv(m, size=p.full_size, size_swa=p.swa_size, page_size=page_size, max_num_reqs=p.max_running,
-                                 max_context_len=40)
+    target = tswa.build_paged_kv(
+        m, size=p.full_size, size_swa=p.swa_size, page_size=page_size, max_num_reqs=p.max_running, max_context_len=40
+    )
     draft = tswa.build_draft_paged_kv(m, target) if speculative else None
-    engine = Engine(tswa.ModelWorker(m, target), None if draft is None else tswa.ModelWorker(m, draft),
-                    num_draft_tokens=p.num_draft, chunk_size=p.chunk, max_running=p.max_running)
+    engine = Engine(
+        tswa.ModelWorker(m, target),
+        None if draft is None else tswa.ModelWorker(m, draft),
+        num_draft_tokens=p.num_draft,
+        chunk_size=p.chunk,
+        max_running=p.max_running,
+    )
     engine.submit(request_stream(p, 0))
     accepted, evicted_any = [], False
     while (st := engine.step()) is not None:

@@ -16,10 +16,12 @@ from unittest.mock import MagicMock
 
 import pytest
 import torch
+
 import triton_swa_reference as ref
 
-pytest.importorskip("sglang.srt.mem_cache.swa_memory_pool",
-                    reason="SGLang tier: sglang 0.5.23 is not installed (bash scripts/setup_sglang.sh installs it)")
+pytest.importorskip(
+    "sglang.srt.mem_cache.swa_memory_pool", reason="SGLang tier: sglang 0.5.23 is not installed (bash scripts/setup_sglang.sh installs it)"
+)
 
 from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend  # noqa: E402
 from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend  # noqa: E402
@@ -40,9 +42,21 @@ HQ, H_SWA, D_SWA, H_FULL, D_FULL = 4, 2, 16, 1, 32
 
 
 def sglang_swa_pool(size=32, size_swa=16, page_size=1, device="cpu"):
-    return SWAKVPool(size=size, size_swa=size_swa, page_size=page_size, dtype=torch.float32, head_num=H_FULL,
-                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=device,
-                     enable_memory_saver=False, swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+    return SWAKVPool(
+        size=size,
+        size_swa=size_swa,
+        page_size=page_size,
+        dtype=torch.float32,
+        head_num=H_FULL,
+        head_dim=D_FULL,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        device=device,
+        enable_memory_saver=False,
+        swa_head_num=H_SWA,
+        swa_head_dim=D_SWA,
+        swa_v_head_dim=D_SWA,
+    )
 
 
 def sglang_plain_pool(device="cpu"):
@@ -68,8 +82,11 @@ CASES = [
 def test_policy_agrees_with_sglangs_resolvers(active_kind, draft, algo, alloc_kind, want, device):
     pools = {"swa": sglang_swa_pool(device=device), "plain": sglang_plain_pool(device)}
     active = pools[active_kind]
-    kvcache = pools[alloc_kind] if alloc_kind != active_kind else (sglang_swa_pool(device=device) if alloc_kind == "swa"
-                                                                     else sglang_plain_pool(device))
+    kvcache = (
+        pools[alloc_kind]
+        if alloc_kind != active_kind
+        else (sglang_swa_pool(device=device) if alloc_kind == "swa" else sglang_plain_pool(device))
+    )
     runner = MagicMock()
     runner.token_to_kv_pool, runner.is_draft_worker, runner.spec_algorithm = active, draft, algo
     runner.token_to_kv_pool_allocator.get_kvcache.return_value = kvcache
@@ -95,11 +112,14 @@ def decode_and_check(backend, batch, layers, hist, rows, g, name):
         out = out.reshape(len(rows), HQ, layer.v_head_dim).cpu()
         for i, r in enumerate(rows):
             kp, vp = hist[(layer.layer_id, r)]
-            kk, vv = torch.cat([kp, k[i:i + 1]]), torch.cat([vp, v[i:i + 1]])
+            kk, vv = torch.cat([kp, k[i : i + 1]]), torch.cat([vp, v[i : i + 1]])
             pos = torch.arange(len(kk))
             mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
-            assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling),
-                         name=f"{name} layer {layer.layer_id} request {i}")
+            assert_close(
+                out[i : i + 1],
+                ref.attention(q[i : i + 1], kk, vv, mask, sm_scale=layer.scaling),
+                name=f"{name} layer {layer.layer_id} request {i}",
+            )
 
 
 def test_sliding_layer_reads_the_right_kv_over_sglangs_pools(device):
@@ -110,8 +130,7 @@ def test_sliding_layer_reads_the_right_kv_over_sglangs_pools(device):
     alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, device, pool, False)
     rtp = ReqToTokenPool(4, 64, device, False)
     rows = rtp.alloc_rows(2)
-    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
-              RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w), RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
     hist = {(layer.layer_id, r): ([], []) for layer in layers for r in rows}
 
     def prefill(row, n):
@@ -141,10 +160,8 @@ def test_sliding_layer_reads_the_right_kv_over_sglangs_pools(device):
     for r, n, slot in zip(rows, lens, loc.tolist()):
         rtp.req_to_token[r, n] = slot
     seq = torch.tensor(lens) + 1
-    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows, device=device), seq.to(device), loc,
-                         seq_lens_cpu=seq)
-    decode_and_check(backend, batch, layers, {key: (torch.stack(k), torch.stack(v)) for key, (k, v) in hist.items()},
-                     rows, g, "P1")
+    batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows, device=device), seq.to(device), loc, seq_lens_cpu=seq)
+    decode_and_check(backend, batch, layers, {key: (torch.stack(k), torch.stack(v)) for key, (k, v) in hist.items()}, rows, g, "P1")
 
 
 # ----- the registered SGLang backend ------------------------------------------------------------------
@@ -167,9 +184,13 @@ def test_register_puts_the_backend_in_sglangs_registry_and_choices(device):
     runner.token_to_kv_pool, runner.token_to_kv_pool_allocator = pool, alloc
     runner.req_to_token_pool = ReqToTokenPool(4, 64, device, False)
     runner.is_draft_worker, runner.spec_algorithm, runner.sliding_window_size, runner.device = False, A.NONE, 3, device
-    runner.kv_index_translator = KVIndexTranslator(req_to_token=runner.req_to_token_pool.req_to_token,
-                                                   token_to_kv_pool_allocator=alloc, token_to_kv_pool=pool,
-                                                   page_size=1, device=device)
+    runner.kv_index_translator = KVIndexTranslator(
+        req_to_token=runner.req_to_token_pool.req_to_token,
+        token_to_kv_pool_allocator=alloc,
+        token_to_kv_pool=pool,
+        page_size=1,
+        device=device,
+    )
     backend = ATTENTION_BACKENDS["triton_swa"](runner)
     assert isinstance(backend, AttentionBackend) and isinstance(backend, TritonSWASGLangBackend)
     assert backend.token_to_kv_pool is pool and backend.core._swa_kv_pool is pool
@@ -215,12 +236,10 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
             ks, vs = hist[(layer.layer_id, r)]
             kk, vv = torch.stack(ks), torch.stack(vs)
             pos = torch.arange(len(kk))
-            q_pos = pos[lens[i] - new[i]:lens[i]]
+            q_pos = pos[lens[i] - new[i] : lens[i]]
             mask = ref.window_mask(q_pos, pos, layer.sliding_window_size)
-            want = ref.attention(q[at:at + new[i]], kk, vv, mask, sm_scale=layer.scaling,
-                                 sinks=sinks if use_sinks else None)
-            assert_close(out[at:at + new[i]].reshape(-1, HQ, layer.v_head_dim).cpu(), want,
-                         name=f"layer {layer.layer_id} request {i}")
+            want = ref.attention(q[at : at + new[i]], kk, vv, mask, sm_scale=layer.scaling, sinks=sinks if use_sinks else None)
+            assert_close(out[at : at + new[i]].reshape(-1, HQ, layer.v_head_dim).cpu(), want, name=f"layer {layer.layer_id} request {i}")
             at += new[i]
 
     def step(mode, new, prefix):
@@ -228,16 +247,26 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
         loc = alloc.alloc(t)
         at = 0
         for r, p, m in zip(rows, prefix, new):
-            rtp.req_to_token[r, p:p + m] = loc[at:at + m].to(torch.int32)
+            rtp.req_to_token[r, p : p + m] = loc[at : at + m].to(torch.int32)
             at += m
         lens = [p + m for p, m in zip(prefix, new)]
         on = dict(device=device)
-        fb = SGLBatch(forward_mode=mode, batch_size=2, input_ids=torch.zeros(t, dtype=torch.long, **on),
-                      req_pool_indices=torch.tensor(rows, **on), seq_lens=torch.tensor(lens, **on), out_cache_loc=loc,
-                      seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens),
-                      extend_prefix_lens=torch.tensor(prefix, **on), extend_prefix_lens_cpu=list(prefix),
-                      extend_seq_lens=torch.tensor(new, **on), extend_seq_lens_cpu=list(new), extend_num_tokens=t,
-                      spec_algorithm=A.NONE)
+        fb = SGLBatch(
+            forward_mode=mode,
+            batch_size=2,
+            input_ids=torch.zeros(t, dtype=torch.long, **on),
+            req_pool_indices=torch.tensor(rows, **on),
+            seq_lens=torch.tensor(lens, **on),
+            out_cache_loc=loc,
+            seq_lens_sum=sum(lens),
+            seq_lens_cpu=torch.tensor(lens),
+            extend_prefix_lens=torch.tensor(prefix, **on),
+            extend_prefix_lens_cpu=list(prefix),
+            extend_seq_lens=torch.tensor(new, **on),
+            extend_seq_lens_cpu=list(new),
+            extend_num_tokens=t,
+            spec_algorithm=A.NONE,
+        )
         backend.init_forward_metadata(fb)
         with forward_context(ForwardContext(attn_backend=backend)):
             for layer, use_sinks in ((sliding, True), (full, False)):
@@ -246,8 +275,8 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
                 v = torch.randn(t, layer.tp_k_head_num * layer.v_head_dim, generator=g)
                 at = 0
                 for i, r in enumerate(rows):
-                    hist[(layer.layer_id, r)][0].extend(k[at:at + new[i]].view(-1, layer.tp_k_head_num, layer.head_dim))
-                    hist[(layer.layer_id, r)][1].extend(v[at:at + new[i]].view(-1, layer.tp_k_head_num, layer.v_head_dim))
+                    hist[(layer.layer_id, r)][0].extend(k[at : at + new[i]].view(-1, layer.tp_k_head_num, layer.head_dim))
+                    hist[(layer.layer_id, r)][1].extend(v[at : at + new[i]].view(-1, layer.tp_k_head_num, layer.v_head_dim))
                     at += new[i]
                 kw = {"sinks": sinks.to(device)} if use_sinks else {}
                 out = layer(q.to(device), k.to(device), v.to(device), fb, **kw)
@@ -259,7 +288,7 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
         return lens
 
     lens = step(SGLMode.EXTEND, [7, 5], [0, 0])
-    alloc.free_swa(torch.cat([rtp.req_to_token[r, :n - w - 1].long() for r, n in zip(rows, lens)]))  # eviction
+    alloc.free_swa(torch.cat([rtp.req_to_token[r, : n - w - 1].long() for r, n in zip(rows, lens)]))  # eviction
     lens = step(SGLMode.DECODE, [1, 1], lens)
     lens = step(SGLMode.EXTEND, [3, 4], lens)  # chunked prefill over the cached window
 
@@ -287,8 +316,7 @@ def test_target_verify_with_sglangs_verify_inputs(kind, device):
     rtp = ReqToTokenPool(4, 64, device, False)
     rows = rtp.alloc_rows(2)
     backend = TritonSWASGLangBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, device=device))
-    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
-              RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w), RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
     prefix = [9, 6]
     hist = {}
     for r, p in zip(rows, prefix):  # the committed prefixes, written by SGLang's own set_kv_buffer
@@ -297,8 +325,7 @@ def test_target_verify_with_sglangs_verify_inputs(kind, device):
         for layer in layers:
             k = torch.randn(p, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(p, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device),
-                               v.to(device))
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device), v.to(device))
             hist[(layer.layer_id, r)] = (k, v)
     tree = kind.startswith("eagle-tree")
     parents = [-1, 0, 1, 0] if tree else [-1, 0, 1, 2]
@@ -311,22 +338,41 @@ def test_target_verify_with_sglangs_verify_inputs(kind, device):
             anc[i] |= anc[p]
     loc = alloc.alloc(2 * n)
     for i, (r, p) in enumerate(zip(rows, prefix)):
-        rtp.req_to_token[r, p:p + n] = loc[i * n:(i + 1) * n].to(torch.int32)
+        rtp.req_to_token[r, p : p + n] = loc[i * n : (i + 1) * n].to(torch.int32)
     positions = torch.cat([p + torch.tensor(depth) for p in prefix]).to(device)
     if tree:
         mask = torch.cat([torch.cat([torch.ones(n, p, dtype=torch.bool), anc], 1).reshape(-1) for p in prefix]).to(device)
         z = torch.zeros(1, dtype=torch.long, **on)
-        spec = EagleVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long, **on), custom_mask=mask,
-                                positions=positions, retrieve_index=z, retrieve_next_token=z, retrieve_next_sibling=z,
-                                retrieve_cum_len=z, spec_steps=3, topk=2, draft_token_num=n, capture_hidden_mode=None,
-                                seq_lens_sum=sum(prefix), seq_lens_cpu=torch.tensor(prefix))
+        spec = EagleVerifyInput(
+            draft_token=torch.zeros(2 * n, dtype=torch.long, **on),
+            custom_mask=mask,
+            positions=positions,
+            retrieve_index=z,
+            retrieve_next_token=z,
+            retrieve_next_sibling=z,
+            retrieve_cum_len=z,
+            spec_steps=3,
+            topk=2,
+            draft_token_num=n,
+            capture_hidden_mode=None,
+            seq_lens_sum=sum(prefix),
+            seq_lens_cpu=torch.tensor(prefix),
+        )
     else:
-        spec = DFlashVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long, **on), positions=positions,
-                                 draft_token_num=n)
-    fb = SGLBatch(forward_mode=SGLMode.TARGET_VERIFY, batch_size=2, input_ids=torch.zeros(2 * n, dtype=torch.long, **on),
-                  req_pool_indices=torch.tensor(rows, **on), seq_lens=torch.tensor(prefix, **on), out_cache_loc=loc,
-                  seq_lens_sum=sum(prefix), seq_lens_cpu=torch.tensor(prefix), positions=positions, spec_info=spec,
-                  spec_algorithm=A.EAGLE if tree else A.DFLASH)
+        spec = DFlashVerifyInput(draft_token=torch.zeros(2 * n, dtype=torch.long, **on), positions=positions, draft_token_num=n)
+    fb = SGLBatch(
+        forward_mode=SGLMode.TARGET_VERIFY,
+        batch_size=2,
+        input_ids=torch.zeros(2 * n, dtype=torch.long, **on),
+        req_pool_indices=torch.tensor(rows, **on),
+        seq_lens=torch.tensor(prefix, **on),
+        out_cache_loc=loc,
+        seq_lens_sum=sum(prefix),
+        seq_lens_cpu=torch.tensor(prefix),
+        positions=positions,
+        spec_info=spec,
+        spec_algorithm=A.EAGLE if tree else A.DFLASH,
+    )
     if kind == "eagle-tree-filled-after-plan":
         filled_mask, filled_positions = mask.clone(), positions.clone()
         mask.fill_(True)
@@ -345,14 +391,13 @@ def test_target_verify_with_sglangs_verify_inputs(kind, device):
             out = layer(q.to(device), k.to(device), v.to(device), fb).reshape(2 * n, HQ, layer.v_head_dim).cpu()
             for i, (r, p) in enumerate(zip(rows, prefix)):
                 kp, vp = hist[(layer.layer_id, r)]
-                kk = torch.cat([kp, k[i * n:(i + 1) * n].view(n, layer.tp_k_head_num, layer.head_dim)])
-                vv = torch.cat([vp, v[i * n:(i + 1) * n].view(n, layer.tp_k_head_num, layer.v_head_dim)])
+                kk = torch.cat([kp, k[i * n : (i + 1) * n].view(n, layer.tp_k_head_num, layer.head_dim)])
+                vv = torch.cat([vp, v[i * n : (i + 1) * n].view(n, layer.tp_k_head_num, layer.v_head_dim)])
                 q_pos = p + torch.tensor(depth)
                 win = layer.sliding_window_size
-                m = torch.cat([ref.window_mask(q_pos, torch.arange(p), win),
-                               ref.window_mask(q_pos, q_pos, win, causal=False) & anc], 1)
-                want = ref.attention(q[i * n:(i + 1) * n].view(n, HQ, layer.head_dim), kk, vv, m, sm_scale=layer.scaling)
-                assert_close(out[i * n:(i + 1) * n], want, name=f"{kind} layer {layer.layer_id} request {i}")
+                m = torch.cat([ref.window_mask(q_pos, torch.arange(p), win), ref.window_mask(q_pos, q_pos, win, causal=False) & anc], 1)
+                want = ref.attention(q[i * n : (i + 1) * n].view(n, HQ, layer.head_dim), kk, vv, m, sm_scale=layer.scaling)
+                assert_close(out[i * n : (i + 1) * n], want, name=f"{kind} layer {layer.layer_id} request {i}")
 
 
 def test_page_16_decode_over_sglangs_paged_allocator(device):
@@ -365,23 +410,20 @@ def test_page_16_decode_over_sglangs_paged_allocator(device):
     alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, device, pool, False)
     rtp = ReqToTokenPool(4, 128, device, False)
     rows = rtp.alloc_rows(2)
-    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
-              RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w), RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
     hist = {}
     lens = [70, 37]
     for r, n in zip(rows, lens):
         t = torch.tensor([n])
-        full = alloc.alloc_extend(torch.tensor([0], **on), torch.tensor([0]), t.to(device), t,
-                                  torch.tensor([-1], **on), n)
+        full = alloc.alloc_extend(torch.tensor([0], **on), torch.tensor([0]), t.to(device), t, torch.tensor([-1], **on), n)
         rtp.req_to_token[r, :n] = full.to(torch.int32)
         for layer in layers:
             k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device),
-                               v.to(device))
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device), v.to(device))
             hist[(layer.layer_id, r)] = (k, v)
     # SGLang's eviction of the first request's out-of-window pages (whole pages)
-    alloc.free_swa(rtp.req_to_token[rows[0], :(lens[0] - w) // ps * ps].long())
+    alloc.free_swa(rtp.req_to_token[rows[0], : (lens[0] - w) // ps * ps].long())
     seq = torch.tensor(lens) + 1
     last = torch.stack([rtp.req_to_token[r, n - 1].long() for r, n in zip(rows, lens)])
     loc = alloc.alloc_decode(seq.to(device), seq, last)

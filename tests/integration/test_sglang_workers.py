@@ -22,10 +22,12 @@ from unittest.mock import MagicMock
 
 import pytest
 import torch
+
 import triton_swa_reference as ref
 
-pytest.importorskip("sglang.srt.mem_cache.swa_memory_pool",
-                    reason="SGLang tier: sglang 0.5.23 is not installed (bash scripts/setup_sglang.sh installs it)")
+pytest.importorskip(
+    "sglang.srt.mem_cache.swa_memory_pool", reason="SGLang tier: sglang 0.5.23 is not installed (bash scripts/setup_sglang.sh installs it)"
+)
 
 from sglang.srt.layers.radix_attention import AttentionType, RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
@@ -50,22 +52,42 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def swa_pool(size=SIZE, size_swa=SIZE_SWA, page_size=1, h_swa=H_SWA):
-    return SWAKVPool(size=size, size_swa=size_swa, page_size=page_size, dtype=torch.float32, head_num=H_FULL,
-                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=DEV,
-                     enable_memory_saver=False, swa_head_num=h_swa, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+    return SWAKVPool(
+        size=size,
+        size_swa=size_swa,
+        page_size=page_size,
+        dtype=torch.float32,
+        head_num=H_FULL,
+        head_dim=D_FULL,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        device=DEV,
+        enable_memory_saver=False,
+        swa_head_num=h_swa,
+        swa_head_dim=D_SWA,
+        swa_v_head_dim=D_SWA,
+    )
 
 
 def layers(h_swa=H_SWA, attn_type=AttentionType.DECODER):
-    return [RadixAttention(HQ, D_SWA, D_SWA**-0.5, h_swa, 0, sliding_window_size=W, attn_type=attn_type),
-            RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
+    return [
+        RadixAttention(HQ, D_SWA, D_SWA**-0.5, h_swa, 0, sliding_window_size=W, attn_type=attn_type),
+        RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1),
+    ]
 
 
 def runner(pool, alloc, rtp, *, draft=False, algo=A.NONE):
     r = MagicMock()
     r.token_to_kv_pool, r.token_to_kv_pool_allocator, r.req_to_token_pool = pool, alloc, rtp
     r.is_draft_worker, r.spec_algorithm, r.sliding_window_size, r.device = draft, algo, W, DEV
-    r.kv_index_translator = KVIndexTranslator(req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc,
-                                              token_to_kv_pool=pool, page_size=1, device=DEV, is_draft_worker=draft)
+    r.kv_index_translator = KVIndexTranslator(
+        req_to_token=rtp.req_to_token,
+        token_to_kv_pool_allocator=alloc,
+        token_to_kv_pool=pool,
+        page_size=1,
+        device=DEV,
+        is_draft_worker=draft,
+    )
     return r
 
 
@@ -96,14 +118,13 @@ def write_history(pool, rtp, rows, lens, layer_list, g):
         for layer in layer_list:
             k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(DEV),
-                               v.to(DEV))
+            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(DEV), v.to(DEV))
             hist[(layer.layer_id, r)] = (k, v)
     return hist
 
 
 def evict(alloc, rtp, rows, lens):
-    old = [rtp.req_to_token[r, :n - W - 1].long() for r, n in zip(rows, lens) if n - W - 1 > 0]
+    old = [rtp.req_to_token[r, : n - W - 1].long() for r, n in zip(rows, lens) if n - W - 1 > 0]
     if old:
         alloc.free_swa(torch.cat(old))
 
@@ -111,12 +132,25 @@ def evict(alloc, rtp, rows, lens):
 def sgl_batch(mode, rows, prefix, new, loc, **kw):
     lens = [p + m for p, m in zip(prefix, new)]
     t = sum(new)
-    fields = dict(forward_mode=mode, batch_size=len(rows), input_ids=torch.zeros(t, dtype=torch.long, device=DEV),
-                  req_pool_indices=torch.tensor(rows, device=DEV), seq_lens=torch.tensor(lens, device=DEV),
-                  out_cache_loc=loc, seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens), spec_algorithm=A.NONE)
+    fields = dict(
+        forward_mode=mode,
+        batch_size=len(rows),
+        input_ids=torch.zeros(t, dtype=torch.long, device=DEV),
+        req_pool_indices=torch.tensor(rows, device=DEV),
+        seq_lens=torch.tensor(lens, device=DEV),
+        out_cache_loc=loc,
+        seq_lens_sum=sum(lens),
+        seq_lens_cpu=torch.tensor(lens),
+        spec_algorithm=A.NONE,
+    )
     if not (mode.is_decode() or mode.is_target_verify()):  # EXTEND, MIXED, DRAFT_EXTEND_V2: extend-shaped
-        fields.update(extend_prefix_lens=torch.tensor(prefix, device=DEV), extend_prefix_lens_cpu=list(prefix),
-                      extend_seq_lens=torch.tensor(new, device=DEV), extend_seq_lens_cpu=list(new), extend_num_tokens=t)
+        fields.update(
+            extend_prefix_lens=torch.tensor(prefix, device=DEV),
+            extend_prefix_lens_cpu=list(prefix),
+            extend_seq_lens=torch.tensor(new, device=DEV),
+            extend_seq_lens_cpu=list(new),
+            extend_num_tokens=t,
+        )
     fields.update(kw)
     return ForwardBatch(**fields)
 
@@ -125,7 +159,7 @@ def place(alloc, rtp, rows, prefix, new):
     loc = alloc.alloc(sum(new))
     at = 0
     for r, p, m in zip(rows, prefix, new):
-        rtp.req_to_token[r, p:p + m] = loc[at:at + m].to(torch.int32)
+        rtp.req_to_token[r, p : p + m] = loc[at : at + m].to(torch.int32)
         at += m
     return loc
 
@@ -135,13 +169,12 @@ def want_extend(layer, hist, rows, prefix, new, q, k, v, *, causal=True):
     outs, at = [], 0
     for r, p, m in zip(rows, prefix, new):
         kp, vp = hist[(layer.layer_id, r)]
-        kk = torch.cat([kp[:p], k[at:at + m]])
-        vv = torch.cat([vp[:p], v[at:at + m]])
+        kk = torch.cat([kp[:p], k[at : at + m]])
+        vv = torch.cat([vp[:p], v[at : at + m]])
         q_pos, k_pos = torch.arange(p, p + m), torch.arange(p + m)
         win = layer.sliding_window_size
-        mask = torch.cat([ref.window_mask(q_pos, k_pos[:p], win),
-                          ref.window_mask(q_pos, k_pos[p:], win, causal=causal)], 1)
-        outs.append(ref.attention(q[at:at + m], kk, vv, mask, sm_scale=layer.scaling))
+        mask = torch.cat([ref.window_mask(q_pos, k_pos[:p], win), ref.window_mask(q_pos, k_pos[p:], win, causal=causal)], 1)
+        outs.append(ref.attention(q[at : at + m], kk, vv, mask, sm_scale=layer.scaling))
         at += m
     return torch.cat(outs)
 
@@ -153,8 +186,11 @@ def call(layer, q, k, v, fb, **kw):
 
 
 def rand_qkv(layer, t, g):
-    return (torch.randn(t, HQ, layer.head_dim, generator=g), torch.randn(t, layer.tp_k_head_num, layer.head_dim, generator=g),
-            torch.randn(t, layer.tp_k_head_num, layer.v_head_dim, generator=g))
+    return (
+        torch.randn(t, HQ, layer.head_dim, generator=g),
+        torch.randn(t, layer.tp_k_head_num, layer.head_dim, generator=g),
+        torch.randn(t, layer.tp_k_head_num, layer.v_head_dim, generator=g),
+    )
 
 
 def pre_fix_rule(model_runner):
@@ -178,7 +214,7 @@ def test_dflash_draft_worker_reads_its_own_swa_pool_and_the_pre_fix_rule_does_no
     write_history(target_pool, rtp, rows, lens, layers(), g)
     hist = write_history(draft_pool, rtp, rows, lens, draft_layers, g)
     evict(alloc, rtp, rows, lens)
-    live = torch.cat([rtp.req_to_token[r, n - W:n].long() for r, n in zip(rows, lens)])
+    live = torch.cat([rtp.req_to_token[r, n - W : n].long() for r, n in zip(rows, lens)])
     swa = draft_pool.translate_loc_from_full_to_swa(live)
     assert (swa > 0).all() and not torch.equal(swa, live), "the window's SWA slots must differ from its full slots"
 
@@ -196,8 +232,11 @@ def test_dflash_draft_worker_reads_its_own_swa_pool_and_the_pre_fix_rule_does_no
         for layer in draft_layers:
             q, k, v = inputs[layer.layer_id] = rand_qkv(layer, sum(new), g)
             out = call(layer, q, k, v, fb).view(-1, HQ, layer.v_head_dim)
-            assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v, causal=layer.sliding_window_size < 0),
-                         name=f"draft layer {layer.layer_id}")
+            assert_close(
+                out,
+                want_extend(layer, hist, rows, lens, new, q, k, v, causal=layer.sliding_window_size < 0),
+                name=f"draft layer {layer.layer_id}",
+            )
             # SGLang's set_kv_buffer wrote the block at the translator's SWA slots
             k_buf = draft_pool.get_key_buffer(layer.layer_id)
             slots = backend.core.swa_loc if layer.sliding_window_size >= 0 else loc
@@ -242,8 +281,11 @@ def test_frozen_kv_mtp_draft_reads_the_targets_pool_under_sglangs_views():
                 kk, vv = hist[(layer.layer_id, r)]
                 pos = torch.arange(n)
                 mask = ref.window_mask(pos[-1:], pos, layer.sliding_window_size)
-                assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, mask, sm_scale=layer.scaling),
-                             name=f"frozen-kv layer {layer.layer_id} request {i}")
+                assert_close(
+                    out[i : i + 1],
+                    ref.attention(q[i : i + 1], kk, vv, mask, sm_scale=layer.scaling),
+                    name=f"frozen-kv layer {layer.layer_id} request {i}",
+                )
     # Outside SGLang's view the draft's own (full-only) pool is current: the sliding layer refuses.
     with pytest.raises(ValueError, match="not in the SWA sub-pool"):
         backend.forward_decode(torch.zeros(2, HQ * D_SWA, device=DEV), None, None, target_layers[0], fb, save_kv_cache=False)
@@ -266,8 +308,7 @@ def test_cuda_graph_metadata_path_equals_eager():
     def padded_decode(real_rows, real_lens, bs):
         pad = bs - len(real_rows)
         loc = torch.cat([place(alloc, rtp, real_rows, real_lens, [1] * len(real_rows)), torch.zeros(pad, dtype=torch.int64, device=DEV)])
-        return sgl_batch(ForwardMode.DECODE, real_rows + [0] * pad, [x for x in real_lens] + [fill - 1] * pad,
-                         [1] * bs, loc)
+        return sgl_batch(ForwardMode.DECODE, real_rows + [0] * pad, [x for x in real_lens] + [fill - 1] * pad, [1] * bs, loc)
 
     def run(b, fb, save):
         outs = []
@@ -297,10 +338,8 @@ def test_cuda_graph_metadata_path_equals_eager():
     lens = [x + 1 for x in lens]
     loc = place(alloc, rtp, rows, lens, [n] * 3)
     positions = torch.cat([p + torch.arange(n) for p in lens]).to(DEV)
-    spec = DFlashVerifyInput(draft_token=torch.zeros(3 * n, dtype=torch.long, device=DEV), positions=positions,
-                             draft_token_num=n)
-    verify = sgl_batch(ForwardMode.TARGET_VERIFY, rows, lens, [0] * 3, loc, positions=positions, spec_info=spec,
-                       spec_algorithm=A.DFLASH)
+    spec = DFlashVerifyInput(draft_token=torch.zeros(3 * n, dtype=torch.long, device=DEV), positions=positions, draft_token_num=n)
+    verify = sgl_batch(ForwardMode.TARGET_VERIFY, rows, lens, [0] * 3, loc, positions=positions, spec_info=spec, spec_algorithm=A.DFLASH)
     backend.init_forward_metadata_out_graph(verify, in_capture=True)
     backend.init_forward_metadata_out_graph(verify)
     eager.init_forward_metadata(verify)
@@ -342,23 +381,40 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
     free_swa eviction between steps, and its translator's write ids."""
     ps, w = 16, 20
     g = torch.Generator().manual_seed(14)
-    pool = SWAKVPool(size=256, size_swa=128, page_size=ps, dtype=torch.float32, head_num=H_FULL, head_dim=D_FULL,
-                     swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=DEV, enable_memory_saver=False,
-                     swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+    pool = SWAKVPool(
+        size=256,
+        size_swa=128,
+        page_size=ps,
+        dtype=torch.float32,
+        head_num=H_FULL,
+        head_dim=D_FULL,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        device=DEV,
+        enable_memory_saver=False,
+        swa_head_num=H_SWA,
+        swa_head_dim=D_SWA,
+        swa_v_head_dim=D_SWA,
+    )
     alloc = SWATokenToKVPoolAllocator(256, 128, ps, torch.float32, DEV, pool, False)
     rtp = ReqToTokenPool(4, 128, DEV, False)
     rows = rtp.alloc_rows(2)
     r = runner(pool, alloc, rtp)
     r.sliding_window_size = w
-    r.kv_index_translator = KVIndexTranslator(req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc,
-                                              token_to_kv_pool=pool, page_size=ps, device=DEV)
+    r.kv_index_translator = KVIndexTranslator(
+        req_to_token=rtp.req_to_token, token_to_kv_pool_allocator=alloc, token_to_kv_pool=pool, page_size=ps, device=DEV
+    )
     backend = TritonSWASGLangBackend(r)
     assert backend.core.page_size == ps
-    step_layers = [RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
-                   RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)]
-    hist = {(layer.layer_id, row): (torch.empty(0, layer.tp_k_head_num, layer.head_dim),
-                                    torch.empty(0, layer.tp_k_head_num, layer.v_head_dim))
-            for layer in step_layers for row in rows}
+    step_layers = [
+        RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w),
+        RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1),
+    ]
+    hist = {
+        (layer.layer_id, row): (torch.empty(0, layer.tp_k_head_num, layer.head_dim), torch.empty(0, layer.tp_k_head_num, layer.v_head_dim))
+        for layer in step_layers
+        for row in rows
+    }
     lens = [0, 0]
 
     def step(mode, new):
@@ -373,7 +429,7 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
             loc = alloc.alloc_extend(pre_cpu.to(DEV), pre_cpu, seq, seq_cpu, last, sum(new))
         at = 0
         for row, p, m in zip(rows, prefix, new):
-            rtp.req_to_token[row, p:p + m] = loc[at:at + m].to(torch.int32)
+            rtp.req_to_token[row, p : p + m] = loc[at : at + m].to(torch.int32)
             at += m
         fb = sgl_batch(mode, rows, prefix, new, loc)
         r.kv_index_translator.bind_own_plan(fb)
@@ -384,21 +440,21 @@ def test_page_16_prefill_chunk_and_decode_through_the_backend():
                 at = 0
                 for row, m in zip(rows, new):
                     kh, vh = hist[(layer.layer_id, row)]
-                    hist[(layer.layer_id, row)] = (torch.cat([kh, k[at:at + m]]), torch.cat([vh, v[at:at + m]]))
+                    hist[(layer.layer_id, row)] = (torch.cat([kh, k[at : at + m]]), torch.cat([vh, v[at : at + m]]))
                     at += m
                 out = call(layer, q, k, v, fb).view(-1, HQ, layer.v_head_dim)
                 want = want_extend(layer, {key: val for key, val in hist.items()}, rows, prefix, new, q, k, v)
                 assert_close(out, want, name=f"P16 {mode.name} layer {layer.layer_id}")
         lens[:] = seq.tolist()
         # SGLang's eviction: whole pages before each window
-        old = [rtp.req_to_token[row, :(n - w) // ps * ps].long() for row, n in zip(rows, lens) if n - w >= ps]
+        old = [rtp.req_to_token[row, : (n - w) // ps * ps].long() for row, n in zip(rows, lens) if n - w >= ps]
         if old:
             alloc.free_swa(torch.cat(old))
 
     step(ForwardMode.EXTEND, [40, 23])
     step(ForwardMode.EXTEND, [17, 30])  # chunked prefill over a cached, partly evicted prefix
     step(ForwardMode.DECODE, [1, 1])
-    live = torch.cat([rtp.req_to_token[row, n - w:n].long() for row, n in zip(rows, lens)])
+    live = torch.cat([rtp.req_to_token[row, n - w : n].long() for row, n in zip(rows, lens)])
     swa = pool.translate_loc_from_full_to_swa(live)
     assert (swa > 0).all() and (swa != live).any(), "the last windows' SWA slots must differ from their full slots"
     step(ForwardMode.DECODE, [1, 1])
@@ -409,9 +465,21 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
     (the backend's write and SGLang's own), the kernels dequantize with ``k_scale_float``; the
     caller's k, v are left as they were (SGLang's pool divides in place)."""
     g = torch.Generator().manual_seed(15)
-    pool = SWAKVPool(size=SIZE, size_swa=SIZE_SWA, page_size=1, dtype=torch.float8_e4m3fn, head_num=H_FULL,
-                     head_dim=D_FULL, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device=DEV,
-                     enable_memory_saver=False, swa_head_num=H_SWA, swa_head_dim=D_SWA, swa_v_head_dim=D_SWA)
+    pool = SWAKVPool(
+        size=SIZE,
+        size_swa=SIZE_SWA,
+        page_size=1,
+        dtype=torch.float8_e4m3fn,
+        head_num=H_FULL,
+        head_dim=D_FULL,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        device=DEV,
+        enable_memory_saver=False,
+        swa_head_num=H_SWA,
+        swa_head_dim=D_SWA,
+        swa_v_head_dim=D_SWA,
+    )
     alloc = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float8_e4m3fn, DEV, pool, True)
     rtp = ReqToTokenPool(4, 64, DEV, False)
     burst = alloc.alloc(SIZE)
@@ -430,8 +498,14 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
         for layer in fp8_layers:
             k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
             v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(DEV),
-                               v.to(DEV), layer.k_scale, layer.v_scale)
+            pool.set_kv_buffer(
+                layer,
+                KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)),
+                k.to(DEV),
+                v.to(DEV),
+                layer.k_scale,
+                layer.v_scale,
+            )
     evict(alloc, rtp, rows, lens)
     backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
     loc = place(alloc, rtp, rows, lens, [1, 1])
@@ -446,16 +520,19 @@ def test_fp8_kv_written_by_sglang_and_read_with_its_scales():
             swa = layer.sliding_window_size >= 0
             k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
             for i, (row, n) in enumerate(zip(rows, lens)):
-                full = rtp.req_to_token[row, :n + 1].long()
+                full = rtp.req_to_token[row, : n + 1].long()
                 slots = pool.translate_loc_from_full_to_swa(full) if swa else full
                 if swa:
-                    slots = slots[-(W + 1):]
+                    slots = slots[-(W + 1) :]
                 kk = k_buf[slots].float().cpu() * layer.k_scale_float
                 vv = v_buf[slots].float().cpu() * layer.v_scale_float
                 want_new = (k[i] / layer.k_scale_float).to(torch.float8_e4m3fn)
                 assert torch.equal(k_buf[slots[-1]].view(torch.uint8).cpu(), want_new.view(torch.uint8))
-                assert_close(out[i:i + 1], ref.attention(q[i:i + 1], kk, vv, None, sm_scale=layer.scaling),
-                             name=f"fp8 layer {layer.layer_id} request {i}")
+                assert_close(
+                    out[i : i + 1],
+                    ref.attention(q[i : i + 1], kk, vv, None, sm_scale=layer.scaling),
+                    name=f"fp8 layer {layer.layer_id} request {i}",
+                )
 
 
 @pytest.mark.parametrize("mode", [ForwardMode.MIXED, ForwardMode.DRAFT_EXTEND_V2], ids=lambda m: m.name)

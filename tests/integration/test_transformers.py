@@ -35,17 +35,37 @@ ATOL = 1e-4
 
 def _gemma2():
     cfg = transformers.Gemma2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=4, attn_logit_softcapping=2.0,
-        layer_types=["sliding_attention", "full_attention"], initializer_range=0.3)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=4,
+        attn_logit_softcapping=2.0,
+        layer_types=["sliding_attention", "full_attention"],
+        initializer_range=0.3,
+    )
     return transformers.Gemma2ForCausalLM(cfg)
 
 
 def _gpt_oss():
     cfg = transformers.GptOssConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=16, sliding_window=5, num_local_experts=2, num_experts_per_tok=1,
-        layer_types=["sliding_attention", "full_attention"], initializer_range=0.3)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=5,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        layer_types=["sliding_attention", "full_attention"],
+        initializer_range=0.3,
+    )
     model = transformers.GptOssForCausalLM(cfg)
     for layer in model.model.layers:
         torch.nn.init.normal_(layer.self_attn.sinks, std=1.0)  # sinks that matter
@@ -55,51 +75,107 @@ def _gpt_oss():
 def _gemma4():
     # sliding layers: 2 KV heads of dim 8; full layers: 1 KV head of dim 16 (k = v); layers 2, 3 share 0's and 1's K/V
     cfg = transformers.Gemma4TextConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, global_head_dim=16, attention_k_eq_v=True, num_global_key_value_heads=1,
-        sliding_window=4, num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        global_head_dim=16,
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        sliding_window=4,
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        initializer_range=0.3)
+        initializer_range=0.3,
+    )
     return transformers.Gemma4ForCausalLM(cfg)
 
 
 def _mistral():
     # every layer slides (no layer_types): the pools have no full layer
     cfg = transformers.MistralConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=16, sliding_window=3, initializer_range=0.3)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=3,
+        initializer_range=0.3,
+    )
     return transformers.MistralForCausalLM(cfg)
 
 
 def _gemma3():
     cfg = transformers.Gemma3TextConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"], initializer_range=0.3)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        initializer_range=0.3,
+    )
     return transformers.Gemma3ForCausalLM(cfg)
 
 
 def _ministral():
     cfg = transformers.MinistralConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
-        initializer_range=0.3)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        initializer_range=0.3,
+    )
     return transformers.MinistralForCausalLM(cfg)
 
 
 def _gemma3n():
     # Gemma 3n names the layer a KV-shared one reads (kv_shared_layer_index)
     cfg = transformers.Gemma3nTextConfig(
-        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=32, hidden_size_per_layer_input=8,
-        intermediate_size=48, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        sliding_window=4, num_kv_shared_layers=2, laurel_rank=4, altup_num_inputs=2, activation_sparsity_pattern=[0.0] * 4,
+        vocab_size=VOCAB,
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size=32,
+        hidden_size_per_layer_input=8,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=4,
+        num_kv_shared_layers=2,
+        laurel_rank=4,
+        altup_num_inputs=2,
+        activation_sparsity_pattern=[0.0] * 4,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        initializer_range=0.3)
+        initializer_range=0.3,
+    )
     return transformers.Gemma3nForCausalLM(cfg)
 
 
-MODELS = {"gemma2": _gemma2, "gpt_oss": _gpt_oss, "gemma4": _gemma4, "mistral": _mistral, "gemma3": _gemma3,
-          "ministral": _ministral, "gemma3n": _gemma3n}
+MODELS = {
+    "gemma2": _gemma2,
+    "gpt_oss": _gpt_oss,
+    "gemma4": _gemma4,
+    "mistral": _mistral,
+    "gemma3": _gemma3,
+    "ministral": _ministral,
+    "gemma3n": _gemma3n,
+}
 # Models whose attention adds nothing the default set lacks run only on request (CPU time of the tier).
 ALL_MODELS = bool(os.environ.get("TRITON_SWA_HF_ALL_MODELS"))
 _more = pytest.mark.skipif(not ALL_MODELS, reason="set TRITON_SWA_HF_ALL_MODELS=1 to run it")
@@ -148,8 +224,8 @@ def eager_logits(model, tokens: torch.Tensor) -> torch.Tensor:
 def poison(kv, reqs):
     """NaN in every pool slot no layer may read in the coming step (the dummy slot 0 included)."""
     rtt, mapping, w = kv.req_to_token_pool.req_to_token, kv.allocator.full_to_swa_index_mapping, kv.window_left
-    full_live = [rtt[r.row, :r.len].long() for r in reqs]
-    swa_live = [mapping[f[max(0, r.len - w):]] for f, r in zip(full_live, reqs)]
+    full_live = [rtt[r.row, : r.len].long() for r in reqs]
+    swa_live = [mapping[f[max(0, r.len - w) :]] for f, r in zip(full_live, reqs)]
     for sub, live in ((kv.pool.full_kv_pool, full_live), (kv.pool.swa_kv_pool, swa_live)):
         if sub is None:
             continue
@@ -166,8 +242,14 @@ def serve(model, kv, sc: Scenario, seed: int = 1, atol: float = ATOL):
     """
     g = torch.Generator().manual_seed(seed)
     rows = kv.req_to_token_pool.alloc(3)[1:]  # row 1 stays unused, row 0 is padding
-    reqs = [Req(r, torch.randint(0, VOCAB, (sc.committed_len(i),), generator=g).to(DEV),
-                torch.randint(0, VOCAB, (sc.num_draft - sc.accepted[i],), generator=g).to(DEV)) for i, r in enumerate(rows)]
+    reqs = [
+        Req(
+            r,
+            torch.randint(0, VOCAB, (sc.committed_len(i),), generator=g).to(DEV),
+            torch.randint(0, VOCAB, (sc.num_draft - sc.accepted[i],), generator=g).to(DEV),
+        )
+        for i, r in enumerate(rows)
+    ]
     want = [eager_logits(model, r.tokens) for r in reqs]
     worst = [0.0]
 
@@ -185,8 +267,8 @@ def serve(model, kv, sc: Scenario, seed: int = 1, atol: float = ATOL):
     def extend(name, active, counts):
         poison(kv, reqs)
         step = kv.extend([reqs[i].row for i in active], [reqs[i].len for i in active], counts)
-        ids = torch.cat([reqs[i].tokens[reqs[i].len:reqs[i].len + m] for i, m in zip(active, counts)])
-        run(name, step, ids, torch.cat([want[i][reqs[i].len:reqs[i].len + m] for i, m in zip(active, counts)]))
+        ids = torch.cat([reqs[i].tokens[reqs[i].len : reqs[i].len + m] for i, m in zip(active, counts)])
+        run(name, step, ids, torch.cat([want[i][reqs[i].len : reqs[i].len + m] for i, m in zip(active, counts)]))
         for i, m in zip(active, counts):
             reqs[i].len += m
         evict_all()
@@ -207,8 +289,8 @@ def serve(model, kv, sc: Scenario, seed: int = 1, atol: float = ATOL):
 
     # verify: each request's accepted drafts (its next committed tokens), then rejected ones
     n = sc.num_draft
-    drafts = [torch.cat([r.tokens[r.len:r.len + a], r.rejected]) for r, a in zip(reqs, sc.accepted)]
-    expected = torch.cat([eager_logits(model, torch.cat([r.tokens[:r.len], d]))[r.len:] for r, d in zip(reqs, drafts)])
+    drafts = [torch.cat([r.tokens[r.len : r.len + a], r.rejected]) for r, a in zip(reqs, sc.accepted)]
+    expected = torch.cat([eager_logits(model, torch.cat([r.tokens[: r.len], d]))[r.len :] for r, d in zip(reqs, drafts)])
     poison(kv, reqs)
     step = kv.verify([r.row for r in reqs], [r.len for r in reqs], n)
     run("verify", step, torch.cat(drafts), expected)
@@ -224,8 +306,9 @@ def serve(model, kv, sc: Scenario, seed: int = 1, atol: float = ATOL):
 
 
 def build(model, page_size, size_swa=32):
-    kv = tswa.build_paged_kv(model, size=64, size_swa=size_swa, page_size=page_size, max_num_reqs=3, max_context_len=32,
-                             dtype=torch.float32, device=DEV)
+    kv = tswa.build_paged_kv(
+        model, size=64, size_swa=size_swa, page_size=page_size, max_num_reqs=3, max_context_len=32, dtype=torch.float32, device=DEV
+    )
     kv.allocator.swa_attn_allocator.shuffle_free_list(torch.Generator().manual_seed(7))
     return kv
 
@@ -245,15 +328,18 @@ def _one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name, page_size", [
-    pytest.param("gemma2", 1, id="gemma2-softcap-P1"),
-    pytest.param("gpt_oss", 4, id="gpt_oss-sinks-P4"),
-    pytest.param("gemma4", 2, id="gemma4-kvshared-P2"),
-    pytest.param("mistral", 1, id="mistral-allsliding-P1"),
-    pytest.param("gemma3", 2, id="gemma3-P2", marks=_more),
-    pytest.param("ministral", 1, id="ministral-P1", marks=_more),
-    pytest.param("gemma3n", 1, id="gemma3n-kvshared-P1", marks=_more),
-])
+@pytest.mark.parametrize(
+    "name, page_size",
+    [
+        pytest.param("gemma2", 1, id="gemma2-softcap-P1"),
+        pytest.param("gpt_oss", 4, id="gpt_oss-sinks-P4"),
+        pytest.param("gemma4", 2, id="gemma4-kvshared-P2"),
+        pytest.param("mistral", 1, id="mistral-allsliding-P1"),
+        pytest.param("gemma3", 2, id="gemma3-P2", marks=_more),
+        pytest.param("ministral", 1, id="ministral-P1", marks=_more),
+        pytest.param("gemma3n", 1, id="gemma3n-kvshared-P1", marks=_more),
+    ],
+)
 def test_steps_match_eager(name, page_size):
     model = make_model(name)
     kv = build(model, page_size)
@@ -262,14 +348,18 @@ def test_steps_match_eager(name, page_size):
     # the run exercised what it claims: tokens were evicted, and live SWA slots differ from their full slots
     assert all(r.evicted > 0 for r in reqs), [r.evicted for r in reqs]
     rtt, mapping = kv.req_to_token_pool.req_to_token, kv.allocator.full_to_swa_index_mapping
-    full = torch.cat([rtt[r.row, r.evicted:r.len].long() for r in reqs])
+    full = torch.cat([rtt[r.row, r.evicted : r.len].long() for r in reqs])
     assert bool((mapping[full] > 0).all()) and bool((mapping[full] != full).any())
 
 
 def test_layer_specs_from_modules():
     specs = {s.layer_id: s for s in tswa.model_layer_specs(make_model("gemma4"))}
     assert [(s.window_left, s.num_kv_heads, s.head_dim, s.kv_shared_layer_id) for s in specs.values()] == [
-        (3, 2, 8, None), (-1, 1, 16, None), (3, 2, 8, 0), (-1, 1, 16, 1)]
+        (3, 2, 8, None),
+        (-1, 1, 16, None),
+        (3, 2, 8, 0),
+        (-1, 1, 16, 1),
+    ]
     assert [s.window_left for s in tswa.model_layer_specs(make_model("mistral"))] == [2, 2]
     assert tswa.window_left_from_hf(None) == -1 and tswa.window_left_from_hf(1) == 0
 
@@ -296,8 +386,9 @@ def test_untranslated_sliding_reads_are_caught():
         serve(model, kv, SCENARIO)
 
 
-@pytest.mark.parametrize("name, dropped", [pytest.param("gemma2", "softcap", id="gemma2-no-softcap"),
-                                           pytest.param("gpt_oss", "s_aux", id="gpt_oss-no-sinks")])
+@pytest.mark.parametrize(
+    "name, dropped", [pytest.param("gemma2", "softcap", id="gemma2-no-softcap"), pytest.param("gpt_oss", "s_aux", id="gpt_oss-no-sinks")]
+)
 def test_dropped_softcap_or_sinks_are_caught(name, dropped, monkeypatch):
     def without(module, *args, **kwargs):
         kwargs[dropped] = None

@@ -27,13 +27,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from triton_swa.mem import (
-    ReqToTokenPool,
-    SWAKVPool,
-    SWATokenToKVPoolAllocator,
-    check_allocator_invariants,
-    evict_swa_window,
-)
+from triton_swa.mem import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, check_allocator_invariants, evict_swa_window
 
 pytestmark = pytest.mark.reference
 
@@ -70,8 +64,7 @@ class Req:
 class AllocatorMachine(RuleBasedStateMachine):
     page_size = 1
 
-    @initialize(full_tokens=st.integers(12, 64), swa_tokens=st.integers(8, 40), window_left=st.integers(-1, 20),
-                seed=st.integers(0, 2**16))
+    @initialize(full_tokens=st.integers(12, 64), swa_tokens=st.integers(8, 40), window_left=st.integers(-1, 20), seed=st.integers(0, 2**16))
     def setup(self, full_tokens, swa_tokens, window_left, seed):
         """Pools of a few dozen tokens (at least two pages each): allocations fail often."""
         ps = self.page_size
@@ -97,9 +90,10 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _snapshot(self):
         f, s = self.alloc.full_attn_allocator, self.alloc.swa_attn_allocator
-        return [t.clone() for t in (f.free_pages, s.free_pages, f.slot_owned, s.slot_owned,
-                                    self.alloc.full_to_swa_index_mapping, self.rtp.req_to_token)] + [
-            list(self.rtp.free_slots)]
+        return [
+            t.clone()
+            for t in (f.free_pages, s.free_pages, f.slot_owned, s.slot_owned, self.alloc.full_to_swa_index_mapping, self.rtp.req_to_token)
+        ] + [list(self.rtp.free_slots)]
 
     def _assert_unchanged(self, before, what):
         after = self._snapshot()
@@ -132,14 +126,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         swa = self.alloc.full_to_swa_index_mapping[slots]
         at = 0
         for r, n in batch:
-            got, got_swa = slots[at:at + n].tolist(), swa[at:at + n].tolist()
+            got, got_swa = slots[at : at + n].tolist(), swa[at : at + n].tolist()
             for t, (f, s) in enumerate(zip(got, got_swa), start=len(r.full)):
                 assert f not in self.full_owned, f"full slot {f} handed out while live"
                 assert s not in self.swa_owned and s > 0, f"SWA slot {s} handed out while live"
                 assert f % ps == t % ps == s % ps, f"token {t}: slots {f}/{s} not page-aligned"
                 self.full_owned.add(f)
                 self.swa_owned.add(s)
-            self.rtp.req_to_token[r.row, len(r.full):len(r.full) + n] = torch.tensor(got, dtype=torch.int32)
+            self.rtp.req_to_token[r.row, len(r.full) : len(r.full) + n] = torch.tensor(got, dtype=torch.int32)
             r.full += got
             r.swa += got_swa
             at += n
@@ -148,7 +142,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def _free_tail(self, r: Req, keep: int) -> None:
         slots = r.full[keep:]
         if slots:
-            self.alloc.free(self.rtp.req_to_token[r.row, keep:len(r.full)].long())
+            self.alloc.free(self.rtp.req_to_token[r.row, keep : len(r.full)].long())
             self.freed_slots.append(slots)
         self.full_owned -= set(slots)
         self.swa_owned -= {s for s in r.swa[keep:] if s}
@@ -293,15 +287,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         f, s = self.alloc.full_attn_allocator, self.alloc.swa_attn_allocator
         mapping = self.alloc.full_to_swa_index_mapping
         for r in self.reqs.values():
-            assert self.rtp.req_to_token[r.row, :len(r.full)].tolist() == r.full
+            assert self.rtp.req_to_token[r.row, : len(r.full)].tolist() == r.full
             assert mapping[torch.tensor(r.full, dtype=torch.long)].tolist() == r.swa, f"row {r.row}: mapping"
         assert set(f.slot_owned.nonzero().flatten().tolist()) == self.full_owned
         assert set(s.slot_owned.nonzero().flatten().tolist()) == self.swa_owned
         assert self.alloc.full_available_size() == self._free_pages(self.full_owned, self.size) * self.page_size
         assert self.alloc.swa_available_size() == self._free_pages(self.swa_owned, self.size_swa) * self.page_size
         assert self.rtp.available_size() == ROWS - len(self.reqs)
-        check_allocator_invariants(self.alloc, self.rtp.req_to_token,
-                                   [(r.row, len(r.full), r.evicted) for r in self.reqs.values()])
+        check_allocator_invariants(self.alloc, self.rtp.req_to_token, [(r.row, len(r.full), r.evicted) for r in self.reqs.values()])
 
     def teardown(self):
         if not hasattr(self, "alloc"):
@@ -318,8 +311,12 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 def _machine(page_size: int):
     cls = type(f"AllocatorMachinePage{page_size}", (AllocatorMachine,), {"page_size": page_size})
-    cls.TestCase.settings = settings(max_examples=MAX_EXAMPLES, stateful_step_count=STEPS, deadline=None,
-                                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    cls.TestCase.settings = settings(
+        max_examples=MAX_EXAMPLES,
+        stateful_step_count=STEPS,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     return cls.TestCase
 
 

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from triton_swa.runtime import guard
 from triton_swa.mem import (
     MHATokenToKVPool,
     PagedTokenToKVPoolAllocator,
@@ -25,6 +24,7 @@ from triton_swa.mem import (
     TokenToKVPoolAllocator,
     evict_swa_window,
 )
+from triton_swa.runtime import guard
 
 pytestmark = pytest.mark.reference
 
@@ -54,8 +54,20 @@ def make_state():
     for pool in (swa_pool.swa_kv_pool, swa_pool.full_kv_pool, mha, plain_pool):
         for buf in pool.k_buffer + pool.v_buffer:
             buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
-    return SimpleNamespace(swa_pool=swa_pool, swa=swa, mha=mha, paged=paged, plain_pool=plain_pool, plain=plain,
-                           rtp=rtp, row=row, slots=slots, freed=freed, paged_slots=paged_slots, paged_freed=paged_freed)
+    return SimpleNamespace(
+        swa_pool=swa_pool,
+        swa=swa,
+        mha=mha,
+        paged=paged,
+        plain_pool=plain_pool,
+        plain=plain,
+        rtp=rtp,
+        row=row,
+        slots=slots,
+        freed=freed,
+        paged_slots=paged_slots,
+        paged_freed=paged_freed,
+    )
 
 
 def state_of(s):
@@ -65,8 +77,13 @@ def state_of(s):
         out += [b.clone() for b in pool.k_buffer + pool.v_buffer]
     for a in (s.swa.full_attn_allocator, s.swa.swa_attn_allocator, s.paged, s.plain):
         out += [a.free_pages.clone(), a.slot_owned.clone()]
-    out += [s.swa.full_to_swa_index_mapping.clone(), s.rtp.req_to_token.clone(), list(s.rtp.free_slots),
-            sorted(s.rtp._in_use), id(s.swa_pool.full_to_swa_index_mapping)]
+    out += [
+        s.swa.full_to_swa_index_mapping.clone(),
+        s.rtp.req_to_token.clone(),
+        list(s.rtp.free_slots),
+        sorted(s.rtp._in_use),
+        id(s.swa_pool.full_to_swa_index_mapping),
+    ]
     return out
 
 
@@ -87,8 +104,9 @@ def mha(**kw):
 
 
 def swa_pool(**kw):
-    args = dict(size=32, size_swa=16, page_size=PS, dtype=F16, swa_attention_layer_ids=[0, 2],
-                full_attention_layer_ids=[1], head_num=1, head_dim=4)
+    args = dict(
+        size=32, size_swa=16, page_size=PS, dtype=F16, swa_attention_layer_ids=[0, 2], full_attention_layer_ids=[1], head_num=1, head_dim=4
+    )
     args.update(kw)
     return lambda s: SWAKVPool(**args)
 
@@ -183,15 +201,22 @@ CONSTRUCTORS = [
     case("paged-need-sort-int", paged_alloc(need_sort=1), TypeError, "need_sort must be a bool"),
     case("paged-kvcache-none", paged_alloc(kvcache=None), TypeError, "kvcache"),
     case("token-size-0", lambda s: TokenToKVPoolAllocator(0, F16, "cpu", s.plain_pool), ValueError, "size must be >= 1"),
-    case("token-page-mismatch", lambda s: TokenToKVPoolAllocator(16, F16, "cpu", s.mha), ValueError,
-         r"page_size \(1\) disagrees with the pool's page_size \(4\)"),
-    case("token-size-past-pool", lambda s: TokenToKVPoolAllocator(9, F16, "cpu", s.plain_pool), ValueError,
-         r"size \(9\) exceeds the pool's size \(8"),
+    case(
+        "token-page-mismatch",
+        lambda s: TokenToKVPoolAllocator(16, F16, "cpu", s.mha),
+        ValueError,
+        r"page_size \(1\) disagrees with the pool's page_size \(4\)",
+    ),
+    case(
+        "token-size-past-pool",
+        lambda s: TokenToKVPoolAllocator(9, F16, "cpu", s.plain_pool),
+        ValueError,
+        r"size \(9\) exceeds the pool's size \(8",
+    ),
     # SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, kvcache, need_sort, req_to_token_pool)
     case("swa-kvcache-mha", swa_alloc(kvcache=lambda s: s.mha), TypeError, "kvcache must be an SWA pool"),
     case("swa-kvcache-none", swa_alloc(kvcache=None), TypeError, "kvcache must be an SWA pool"),
-    case("swa-size-swa-past-swa-pool", swa_alloc(size_swa=32), ValueError,
-         r"size_swa \(32\) exceeds the SWA sub-pool's size \(16"),
+    case("swa-size-swa-past-swa-pool", swa_alloc(size_swa=32), ValueError, r"size_swa \(32\) exceeds the SWA sub-pool's size \(16"),
     case("swa-size-past-full-pool", swa_alloc(size=64), ValueError, r"size \(64\) exceeds the full sub-pool's size \(32"),
     case("swa-page-mismatch", swa_alloc(page_size=2), ValueError, r"page_size \(2\) disagrees with the full sub-pool"),
     case("swa-size-swa-0", swa_alloc(size_swa=0), ValueError, "size_swa must be >= 1"),
@@ -206,8 +231,7 @@ CONSTRUCTORS = [
 
 def _both(id, call, error, match):
     """A method case for the paged allocator and the SWA allocator alike."""
-    return [case(f"paged-{id}", lambda s: call(s.paged, s), error, match),
-            case(f"swa-{id}", lambda s: call(s.swa, s), error, match)]
+    return [case(f"paged-{id}", lambda s: call(s.paged, s), error, match), case(f"swa-{id}", lambda s: call(s.swa, s), error, match)]
 
 
 def _last(a, s):
@@ -219,49 +243,93 @@ ALLOCATOR_METHODS = [
     *_both("alloc-bool", lambda a, s: a.alloc(True), TypeError, "need_size must be an int"),
     *_both("alloc-neg", lambda a, s: a.alloc(-4), ValueError, "need_size must be >= 0"),
     *_both("alloc-not-page-multiple", lambda a, s: a.alloc(3), ValueError, r"need_size \(3\) must be a multiple"),
-    *_both("extend-prefix-float", lambda a, s: a.alloc_extend(T([6.0]), T([7]), _last(a, s), 1), TypeError,
-           "prefix_lens must have dtype"),
-    *_both("extend-prefix-list", lambda a, s: a.alloc_extend([6], T([7]), _last(a, s), 1), TypeError,
-           "prefix_lens must be a torch.Tensor"),
-    *_both("extend-prefix-2d", lambda a, s: a.alloc_extend(T([[6]]), T([[7]]), _last(a, s), 1), ValueError,
-           "prefix_lens must have 1 dimensions"),
-    *_both("extend-prefix-meta", lambda a, s: a.alloc_extend(T([6], device="meta"), T([7]), _last(a, s), 1),
-           ValueError, "prefix_lens must be on device cpu or on the CPU"),
-    *_both("extend-seq-shape", lambda a, s: a.alloc_extend(T([6]), T([7, 7]), _last(a, s), 1), ValueError,
-           r"seq_lens must have shape \[1\] like prefix_lens"),
-    *_both("extend-seq-bool", lambda a, s: a.alloc_extend(T([6]), T([True]), _last(a, s), 1), TypeError,
-           "seq_lens must have dtype"),
-    *_both("extend-last-float", lambda a, s: a.alloc_extend(T([6]), T([7]), T([1.0]), 1), TypeError,
-           "last_loc must have dtype"),
-    *_both("extend-last-shape", lambda a, s: a.alloc_extend(T([6]), T([7]), T([1, 2]), 1), ValueError,
-           r"last_loc must have shape \[1\]"),
-    *_both("extend-seq-below-prefix", lambda a, s: a.alloc_extend(T([6]), T([5]), _last(a, s)), ValueError,
-           r"seq_lens must be >= prefix_lens, got seq_lens\[0\] = 5"),
-    *_both("extend-prefix-neg", lambda a, s: a.alloc_extend(T([-1]), T([2]), T([-1])), ValueError,
-           r"prefix_lens must be >= 0, got prefix_lens\[0\] = -1"),
-    *_both("extend-num-tokens-wrong", lambda a, s: a.alloc_extend(T([6]), T([7]), _last(a, s), 2), ValueError,
-           r"extend_num_tokens \(2\) != sum"),
-    *_both("extend-num-tokens-bool", lambda a, s: a.alloc_extend(T([6]), T([7]), _last(a, s), True), TypeError,
-           "extend_num_tokens must be an int"),
-    *_both("extend-last-out-of-range", lambda a, s: a.alloc_extend(T([6]), T([7]), T([999]), 1), ValueError,
-           r"last_loc\[0\] = 999 is neither -1 nor a slot"),
-    *_both("extend-last-dummy-page", lambda a, s: a.alloc_extend(T([6]), T([7]), T([1]), 1), ValueError,
-           r"last_loc\[0\] = 1 is neither -1 nor a slot"),
-    *_both("extend-last-minus-one-mid-page", lambda a, s: a.alloc_extend(T([6]), T([7]), T([-1]), 1), ValueError,
-           r"last_loc\[0\] = -1 is not the slot of token prefix_lens\[0\] - 1 = 5"),
-    *_both("extend-last-wrong-offset", lambda a, s: a.alloc_extend(T([7]), T([8]), _last(a, s), 1), ValueError,
-           r"last_loc\[0\] = \d+ is not the slot of token prefix_lens\[0\] - 1 = 6"),
-    *_both("extend-last-stale", lambda a, s: a.alloc_extend(T([5]), T([6]), _last(a, s) - 1, 1), ValueError,
-           r"last_loc\[0\] = \d+: slot \d+ after it is already allocated"),
-    *_both("extend-same-page-twice", lambda a, s: a.alloc_extend(T([6, 6]), T([7, 7]), _last(a, s).repeat(2), 2),
-           ValueError, "last_loc: two requests continue the same page"),
-    *_both("decode-seq-0", lambda a, s: a.alloc_decode(T([0]), T([-1])), ValueError,
-           r"seq_lens must be >= 1 for decode"),
+    *_both("extend-prefix-float", lambda a, s: a.alloc_extend(T([6.0]), T([7]), _last(a, s), 1), TypeError, "prefix_lens must have dtype"),
+    *_both("extend-prefix-list", lambda a, s: a.alloc_extend([6], T([7]), _last(a, s), 1), TypeError, "prefix_lens must be a torch.Tensor"),
+    *_both(
+        "extend-prefix-2d",
+        lambda a, s: a.alloc_extend(T([[6]]), T([[7]]), _last(a, s), 1),
+        ValueError,
+        "prefix_lens must have 1 dimensions",
+    ),
+    *_both(
+        "extend-prefix-meta",
+        lambda a, s: a.alloc_extend(T([6], device="meta"), T([7]), _last(a, s), 1),
+        ValueError,
+        "prefix_lens must be on device cpu or on the CPU",
+    ),
+    *_both(
+        "extend-seq-shape",
+        lambda a, s: a.alloc_extend(T([6]), T([7, 7]), _last(a, s), 1),
+        ValueError,
+        r"seq_lens must have shape \[1\] like prefix_lens",
+    ),
+    *_both("extend-seq-bool", lambda a, s: a.alloc_extend(T([6]), T([True]), _last(a, s), 1), TypeError, "seq_lens must have dtype"),
+    *_both("extend-last-float", lambda a, s: a.alloc_extend(T([6]), T([7]), T([1.0]), 1), TypeError, "last_loc must have dtype"),
+    *_both("extend-last-shape", lambda a, s: a.alloc_extend(T([6]), T([7]), T([1, 2]), 1), ValueError, r"last_loc must have shape \[1\]"),
+    *_both(
+        "extend-seq-below-prefix",
+        lambda a, s: a.alloc_extend(T([6]), T([5]), _last(a, s)),
+        ValueError,
+        r"seq_lens must be >= prefix_lens, got seq_lens\[0\] = 5",
+    ),
+    *_both(
+        "extend-prefix-neg",
+        lambda a, s: a.alloc_extend(T([-1]), T([2]), T([-1])),
+        ValueError,
+        r"prefix_lens must be >= 0, got prefix_lens\[0\] = -1",
+    ),
+    *_both(
+        "extend-num-tokens-wrong",
+        lambda a, s: a.alloc_extend(T([6]), T([7]), _last(a, s), 2),
+        ValueError,
+        r"extend_num_tokens \(2\) != sum",
+    ),
+    *_both(
+        "extend-num-tokens-bool",
+        lambda a, s: a.alloc_extend(T([6]), T([7]), _last(a, s), True),
+        TypeError,
+        "extend_num_tokens must be an int",
+    ),
+    *_both(
+        "extend-last-out-of-range",
+        lambda a, s: a.alloc_extend(T([6]), T([7]), T([999]), 1),
+        ValueError,
+        r"last_loc\[0\] = 999 is neither -1 nor a slot",
+    ),
+    *_both(
+        "extend-last-dummy-page",
+        lambda a, s: a.alloc_extend(T([6]), T([7]), T([1]), 1),
+        ValueError,
+        r"last_loc\[0\] = 1 is neither -1 nor a slot",
+    ),
+    *_both(
+        "extend-last-minus-one-mid-page",
+        lambda a, s: a.alloc_extend(T([6]), T([7]), T([-1]), 1),
+        ValueError,
+        r"last_loc\[0\] = -1 is not the slot of token prefix_lens\[0\] - 1 = 5",
+    ),
+    *_both(
+        "extend-last-wrong-offset",
+        lambda a, s: a.alloc_extend(T([7]), T([8]), _last(a, s), 1),
+        ValueError,
+        r"last_loc\[0\] = \d+ is not the slot of token prefix_lens\[0\] - 1 = 6",
+    ),
+    *_both(
+        "extend-last-stale",
+        lambda a, s: a.alloc_extend(T([5]), T([6]), _last(a, s) - 1, 1),
+        ValueError,
+        r"last_loc\[0\] = \d+: slot \d+ after it is already allocated",
+    ),
+    *_both(
+        "extend-same-page-twice",
+        lambda a, s: a.alloc_extend(T([6, 6]), T([7, 7]), _last(a, s).repeat(2), 2),
+        ValueError,
+        "last_loc: two requests continue the same page",
+    ),
+    *_both("decode-seq-0", lambda a, s: a.alloc_decode(T([0]), T([-1])), ValueError, r"seq_lens must be >= 1 for decode"),
     *_both("decode-seq-float", lambda a, s: a.alloc_decode(T([7.0]), _last(a, s)), TypeError, "seq_lens must have dtype"),
-    *_both("decode-seq-2d", lambda a, s: a.alloc_decode(T([[7]]), _last(a, s)), ValueError,
-           "seq_lens must have 1 dimensions"),
-    *_both("decode-last-shape", lambda a, s: a.alloc_decode(T([7]), T([1, 2])), ValueError,
-           r"last_loc must have shape \[1\]"),
+    *_both("decode-seq-2d", lambda a, s: a.alloc_decode(T([[7]]), _last(a, s)), ValueError, "seq_lens must have 1 dimensions"),
+    *_both("decode-last-shape", lambda a, s: a.alloc_decode(T([7]), T([1, 2])), ValueError, r"last_loc must have shape \[1\]"),
     *_both("free-list", lambda a, s: a.free([5]), TypeError, "free_index must be a torch.Tensor"),
     *_both("free-float", lambda a, s: a.free(T([5.0])), TypeError, "free_index must have dtype"),
     *_both("free-bool", lambda a, s: a.free(T([True])), TypeError, "free_index must have dtype"),
@@ -269,10 +337,13 @@ ALLOCATOR_METHODS = [
     *_both("free-out-of-range", lambda a, s: a.free(T([1000])), ValueError, "free_index holds slot 1000, outside"),
     *_both("free-negative", lambda a, s: a.free(T([-1])), ValueError, "free_index holds slot -1, outside"),
     *_both("free-dummy-page", lambda a, s: a.free(T([2])), ValueError, "free_index holds slot 2, outside"),
-    *_both("free-double", lambda a, s: a.free(s.freed if a is s.swa else s.paged_freed), ValueError,
-           "which is not allocated"),
-    *_both("free-live-and-double", lambda a, s: a.free(torch.cat([_last(a, s), s.freed if a is s.swa else s.paged_freed])),
-           ValueError, "which is not allocated"),
+    *_both("free-double", lambda a, s: a.free(s.freed if a is s.swa else s.paged_freed), ValueError, "which is not allocated"),
+    *_both(
+        "free-live-and-double",
+        lambda a, s: a.free(torch.cat([_last(a, s), s.freed if a is s.swa else s.paged_freed])),
+        ValueError,
+        "which is not allocated",
+    ),
     *_both("free-twice-in-one-call", lambda a, s: a.free(_last(a, s).repeat(2)), ValueError, r"slot \d+ twice"),
     case("paged-shuffle-generator-int", lambda s: s.paged.shuffle_free_list(3), TypeError, "generator must be a torch.Generator"),
     case("swa-free-swa-out-of-range", lambda s: s.swa.free_swa(T([1000])), ValueError, "free_index holds slot 1000"),
@@ -281,6 +352,7 @@ ALLOCATOR_METHODS = [
     case("plain-free-double", lambda s: s.plain.free(T([1, 1])), ValueError, "free_index holds slot 1 twice"),
     case("plain-free-unallocated", lambda s: s.plain.free(T([7])), ValueError, "slot 7, which is not allocated"),
 ]
+
 
 def _debug(monkeypatch):
     # The guard caches TRITON_SWA_DEBUG at import; monkeypatch restores the cached setting afterwards.
@@ -305,89 +377,228 @@ POOL_METHODS = [
     case("mha-get-key-layer-absent", lambda s: s.mha.get_key_buffer(0), ValueError, r"layer_id 0 is not in this pool \(layers 5..6\)"),
     case("mha-get-value-layer-str", lambda s: s.mha.get_value_buffer("5"), TypeError, "layer_id must be an int"),
     case("mha-get-kv-layer-bool", lambda s: s.mha.get_kv_buffer(True), TypeError, "layer_id must be an int"),
-    case("mha-set-layer-absent", lambda s: s.mha.set_kv_buffer(9, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
-         ValueError, "layer_id 9"),
-    case("mha-set-layer-obj-str", lambda s: s.mha.set_kv_buffer(SimpleNamespace(layer_id="5"), T([4]), torch.zeros(1, 2, 4),
-                                                                torch.zeros(1, 2, 3)), TypeError, "layer.layer_id must be an int"),
-    case("mha-set-loc-float", lambda s: s.mha.set_kv_buffer(5, T([4.0]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
-         TypeError, "loc must have dtype"),
-    case("mha-set-loc-2d", lambda s: s.mha.set_kv_buffer(5, T([[4]]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
-         ValueError, "loc must have 1 dimensions"),
-    case("mha-set-loc-meta", lambda s: s.mha.set_kv_buffer(5, T([4], device="meta"), torch.zeros(1, 2, 4),
-                                                           torch.zeros(1, 2, 3)), ValueError, "loc must be on device"),
-    case("mha-set-k-head-dim", lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)),
-         ValueError, r"cache_k must have shape \[1, 2, 4\]"),
-    case("mha-set-k-rows", lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(2, 2, 4), torch.zeros(1, 2, 3)),
-         ValueError, r"cache_k must have shape \[1, 2, 4\]"),
-    case("mha-set-v-heads", lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 1, 3)),
-         ValueError, r"cache_v must have shape \[1, 2, 3\]"),
-    case("mha-set-k-int", lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4, dtype=torch.int32),
-                                                        torch.zeros(1, 2, 3)), TypeError, "cache_k must be a floating"),
-    case("mha-set-k-list", lambda s: s.mha.set_kv_buffer(5, T([4]), [[0.0]], torch.zeros(1, 2, 3)), TypeError,
-         "cache_k must be a torch.Tensor"),
-    case("mha-set-k-scale-0", lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3), k_scale=0.0),
-         ValueError, "k_scale must be finite and > 0"),
-    case("mha-set-v-scale-nan", lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3),
-                                                              v_scale=math.nan), ValueError, "v_scale must be finite"),
-    case("mha-set-k-scale-str", lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3),
-                                                              k_scale="1"), TypeError, "k_scale must be a number"),
-    case("swapool-register-shape", lambda s: s.swa_pool.register_mapping(torch.zeros(5, dtype=torch.int64)), ValueError,
-         r"full_to_swa_index_mapping must have shape \[37\]"),
-    case("swapool-register-int32", lambda s: s.swa_pool.register_mapping(torch.zeros(37, dtype=torch.int32)), TypeError,
-         "full_to_swa_index_mapping must have dtype"),
-    case("swapool-translate-float", lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4.0])), TypeError,
-         "kv_indices must have dtype"),
-    case("swapool-translate-meta", lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4], device="meta")), ValueError,
-         "kv_indices must be on device"),
-    case("swapool-translate-unregistered", lambda s: swa_pool()(s).translate_loc_from_full_to_swa(T([4])), ValueError,
-         "no full_to_swa_index_mapping registered"),
+    case(
+        "mha-set-layer-absent",
+        lambda s: s.mha.set_kv_buffer(9, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        ValueError,
+        "layer_id 9",
+    ),
+    case(
+        "mha-set-layer-obj-str",
+        lambda s: s.mha.set_kv_buffer(SimpleNamespace(layer_id="5"), T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        TypeError,
+        "layer.layer_id must be an int",
+    ),
+    case(
+        "mha-set-loc-float",
+        lambda s: s.mha.set_kv_buffer(5, T([4.0]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        TypeError,
+        "loc must have dtype",
+    ),
+    case(
+        "mha-set-loc-2d",
+        lambda s: s.mha.set_kv_buffer(5, T([[4]]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        ValueError,
+        "loc must have 1 dimensions",
+    ),
+    case(
+        "mha-set-loc-meta",
+        lambda s: s.mha.set_kv_buffer(5, T([4], device="meta"), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        ValueError,
+        "loc must be on device",
+    ),
+    case(
+        "mha-set-k-head-dim",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)),
+        ValueError,
+        r"cache_k must have shape \[1, 2, 4\]",
+    ),
+    case(
+        "mha-set-k-rows",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(2, 2, 4), torch.zeros(1, 2, 3)),
+        ValueError,
+        r"cache_k must have shape \[1, 2, 4\]",
+    ),
+    case(
+        "mha-set-v-heads",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 1, 3)),
+        ValueError,
+        r"cache_v must have shape \[1, 2, 3\]",
+    ),
+    case(
+        "mha-set-k-int",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4, dtype=torch.int32), torch.zeros(1, 2, 3)),
+        TypeError,
+        "cache_k must be a floating",
+    ),
+    case(
+        "mha-set-k-list",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), [[0.0]], torch.zeros(1, 2, 3)),
+        TypeError,
+        "cache_k must be a torch.Tensor",
+    ),
+    case(
+        "mha-set-k-scale-0",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3), k_scale=0.0),
+        ValueError,
+        "k_scale must be finite and > 0",
+    ),
+    case(
+        "mha-set-v-scale-nan",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3), v_scale=math.nan),
+        ValueError,
+        "v_scale must be finite",
+    ),
+    case(
+        "mha-set-k-scale-str",
+        lambda s: s.mha.set_kv_buffer(5, T([4]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3), k_scale="1"),
+        TypeError,
+        "k_scale must be a number",
+    ),
+    case(
+        "swapool-register-shape",
+        lambda s: s.swa_pool.register_mapping(torch.zeros(5, dtype=torch.int64)),
+        ValueError,
+        r"full_to_swa_index_mapping must have shape \[37\]",
+    ),
+    case(
+        "swapool-register-int32",
+        lambda s: s.swa_pool.register_mapping(torch.zeros(37, dtype=torch.int32)),
+        TypeError,
+        "full_to_swa_index_mapping must have dtype",
+    ),
+    case("swapool-translate-float", lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4.0])), TypeError, "kv_indices must have dtype"),
+    case(
+        "swapool-translate-meta",
+        lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4], device="meta")),
+        ValueError,
+        "kv_indices must be on device",
+    ),
+    case(
+        "swapool-translate-unregistered",
+        lambda s: swa_pool()(s).translate_loc_from_full_to_swa(T([4])),
+        ValueError,
+        "no full_to_swa_index_mapping registered",
+    ),
     case("swapool-get-key-layer-absent", lambda s: s.swa_pool.get_key_buffer(7), ValueError, "layer_id 7 is not in layers_mapping"),
     case("swapool-get-kv-layer-str", lambda s: s.swa_pool.get_kv_buffer("0"), TypeError, "layer_id must be an int"),
     case("swapool-is-swa-layer-bool", lambda s: s.swa_pool.is_swa_layer(False), TypeError, "layer_id must be an int"),
-    case("swapool-set-layer-absent", lambda s: s.swa_pool.set_kv_buffer(3, last_of(s, 0), torch.zeros(1, 1, 4),
-                                                                        torch.zeros(1, 1, 4)), ValueError, "layer_id 3"),
-    case("swapool-set-loc-float", lambda s: s.swa_pool.set_kv_buffer(0, T([4.0]), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)),
-         TypeError, "loc must have dtype"),
-    case("swapool-set-sliding-k-shape", lambda s: s.swa_pool.set_kv_buffer(2, last_of(s, 0), torch.zeros(1, 2, 4),
-                                                                           torch.zeros(1, 1, 4)), ValueError, "cache_k must have shape"),
-    case("swapool-set-full-v-rows", lambda s: s.swa_pool.set_kv_buffer(1, last_of(s, 0), torch.zeros(1, 1, 4),
-                                                                       torch.zeros(3, 1, 4)), ValueError, "cache_v must have shape"),
+    case(
+        "swapool-set-layer-absent",
+        lambda s: s.swa_pool.set_kv_buffer(3, last_of(s, 0), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)),
+        ValueError,
+        "layer_id 3",
+    ),
+    case(
+        "swapool-set-loc-float",
+        lambda s: s.swa_pool.set_kv_buffer(0, T([4.0]), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)),
+        TypeError,
+        "loc must have dtype",
+    ),
+    case(
+        "swapool-set-sliding-k-shape",
+        lambda s: s.swa_pool.set_kv_buffer(2, last_of(s, 0), torch.zeros(1, 2, 4), torch.zeros(1, 1, 4)),
+        ValueError,
+        "cache_k must have shape",
+    ),
+    case(
+        "swapool-set-full-v-rows",
+        lambda s: s.swa_pool.set_kv_buffer(1, last_of(s, 0), torch.zeros(1, 1, 4), torch.zeros(3, 1, 4)),
+        ValueError,
+        "cache_v must have shape",
+    ),
     # evict_swa_window(allocator, req_to_token, req_pool_index, seq_len, window_left, evicted_len)
-    case("evict-allocator-pool", lambda s: evict_swa_window(s.swa_pool, s.rtp.req_to_token, s.row, 6, 1, 0), TypeError,
-         "allocator must be an SWA allocator"),
-    case("evict-rtt-float", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token.float(), s.row, 6, 1, 0), TypeError,
-         "req_to_token must have dtype"),
-    case("evict-rtt-1d", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token[s.row], s.row, 6, 1, 0), ValueError,
-         "req_to_token must have 2 dimensions"),
-    case("evict-row-0", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, 0, 6, 1, 0), ValueError,
-         r"req_pool_index must be a request row 1..3 \(row 0 is padding\), got 0"),
-    case("evict-row-past", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, 4, 6, 1, 0), ValueError,
-         "req_pool_index must be a request row 1..3"),
-    case("evict-row-bool", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, True, 6, 1, 0), TypeError,
-         "req_pool_index must be an int"),
-    case("evict-seq-past-max", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 33, 1, 0), ValueError,
-         r"seq_len \(33\) exceeds req_to_token's max_context_len \(32\)"),
-    case("evict-seq-neg", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, -1, 1, 0), ValueError,
-         "seq_len must be >= 0"),
-    case("evict-evicted-past-seq", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, 1, 8), ValueError,
-         r"evicted_len \(8\) must be <= seq_len \(6\)"),
-    case("evict-evicted-str", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, 1, "0"), TypeError,
-         "evicted_len must be an int"),
-    case("evict-window-below-minus-one", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, -2, 0), ValueError,
-         "window_left must be >= -1"),
-    case("evict-window-float", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, 1.5, 0), TypeError,
-         "window_left must be an int"),
+    case(
+        "evict-allocator-pool",
+        lambda s: evict_swa_window(s.swa_pool, s.rtp.req_to_token, s.row, 6, 1, 0),
+        TypeError,
+        "allocator must be an SWA allocator",
+    ),
+    case(
+        "evict-rtt-float",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token.float(), s.row, 6, 1, 0),
+        TypeError,
+        "req_to_token must have dtype",
+    ),
+    case(
+        "evict-rtt-1d",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token[s.row], s.row, 6, 1, 0),
+        ValueError,
+        "req_to_token must have 2 dimensions",
+    ),
+    case(
+        "evict-row-0",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, 0, 6, 1, 0),
+        ValueError,
+        r"req_pool_index must be a request row 1..3 \(row 0 is padding\), got 0",
+    ),
+    case(
+        "evict-row-past",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, 4, 6, 1, 0),
+        ValueError,
+        "req_pool_index must be a request row 1..3",
+    ),
+    case(
+        "evict-row-bool", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, True, 6, 1, 0), TypeError, "req_pool_index must be an int"
+    ),
+    case(
+        "evict-seq-past-max",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 33, 1, 0),
+        ValueError,
+        r"seq_len \(33\) exceeds req_to_token's max_context_len \(32\)",
+    ),
+    case("evict-seq-neg", lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, -1, 1, 0), ValueError, "seq_len must be >= 0"),
+    case(
+        "evict-evicted-past-seq",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, 1, 8),
+        ValueError,
+        r"evicted_len \(8\) must be <= seq_len \(6\)",
+    ),
+    case(
+        "evict-evicted-str",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, 1, "0"),
+        TypeError,
+        "evicted_len must be an int",
+    ),
+    case(
+        "evict-window-below-minus-one",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, -2, 0),
+        ValueError,
+        "window_left must be >= -1",
+    ),
+    case(
+        "evict-window-float",
+        lambda s: evict_swa_window(s.swa, s.rtp.req_to_token, s.row, 6, 1.5, 0),
+        TypeError,
+        "window_left must be an int",
+    ),
 ]
 
 DEBUG_ONLY = [
-    case("debug-mha-set-loc-out-of-range", lambda s: s.mha.set_kv_buffer(5, T([20]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
-         ValueError, r"loc\[0\] = 20 is outside this pool's slots 0..19"),
-    case("debug-mha-set-loc-negative", lambda s: s.mha.set_kv_buffer(5, T([-3]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
-         ValueError, r"loc\[0\] = -3 is outside"),
-    case("debug-swapool-translate-out-of-range", lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4, 36])), ValueError,
-         "kv_indices holds 36 at flat index 1, outside the full slots 0..35"),
-    case("debug-swapool-set-loc-out-of-range", lambda s: s.swa_pool.set_kv_buffer(1, T([99]), torch.zeros(1, 1, 4),
-                                                                                  torch.zeros(1, 1, 4)), ValueError, "kv_indices|loc"),
+    case(
+        "debug-mha-set-loc-out-of-range",
+        lambda s: s.mha.set_kv_buffer(5, T([20]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        ValueError,
+        r"loc\[0\] = 20 is outside this pool's slots 0..19",
+    ),
+    case(
+        "debug-mha-set-loc-negative",
+        lambda s: s.mha.set_kv_buffer(5, T([-3]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        ValueError,
+        r"loc\[0\] = -3 is outside",
+    ),
+    case(
+        "debug-swapool-translate-out-of-range",
+        lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4, 36])),
+        ValueError,
+        "kv_indices holds 36 at flat index 1, outside the full slots 0..35",
+    ),
+    case(
+        "debug-swapool-set-loc-out-of-range",
+        lambda s: s.swa_pool.set_kv_buffer(1, T([99]), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)),
+        ValueError,
+        "kv_indices|loc",
+    ),
 ]
 
 

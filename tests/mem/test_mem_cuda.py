@@ -39,9 +39,9 @@ def workload(device, ps=4, steps=60, seed=0):
             rows.remove(row)
             history.append(("finish", row))
             continue
-        rtp.req_to_token[row, n:n + new] = slots.int()
+        rtp.req_to_token[row, n : n + new] = slots.int()
         keep = n + int(torch.randint(0, new + 1, (1,), generator=g))
-        alloc.free(rtp.req_to_token[row, keep:n + new])  # the rejected drafts
+        alloc.free(rtp.req_to_token[row, keep : n + new])  # the rejected drafts
         lens[row] = keep
         evicted[row] = evict_swa_window(alloc, rtp.req_to_token, row, keep, 11, evicted[row])
         history.append((row, slots.tolist(), alloc.full_to_swa_index_mapping[slots].tolist()))
@@ -78,16 +78,16 @@ def test_synchronisations_per_call(capsys):
     counts = {}
     out = {}
     counts["alloc"] = _syncs(lambda: out.__setitem__("a", alloc.alloc(2 * ps)))
-    rtp.req_to_token[row, :2 * ps] = out["a"].int()
+    rtp.req_to_token[row, : 2 * ps] = out["a"].int()
     dev = lambda *v: torch.tensor(v, device="cuda")
-    counts["alloc_extend (device lengths)"] = _syncs(lambda: out.__setitem__(
-        "b", alloc.alloc_extend(dev(2 * ps), dev(2 * ps + 5), rtp.req_to_token[row, 2 * ps - 1:2 * ps].long(), 5)))
-    rtp.req_to_token[row, 2 * ps:2 * ps + 5] = out["b"].int()
+    counts["alloc_extend (device lengths)"] = _syncs(
+        lambda: out.__setitem__("b", alloc.alloc_extend(dev(2 * ps), dev(2 * ps + 5), rtp.req_to_token[row, 2 * ps - 1 : 2 * ps].long(), 5))
+    )
+    rtp.req_to_token[row, 2 * ps : 2 * ps + 5] = out["b"].int()
     counts["alloc_decode"] = _syncs(lambda: alloc.alloc_decode(dev(2 * ps + 6), out["b"][-1:]))
-    counts["free (tail)"] = _syncs(lambda: alloc.free(rtp.req_to_token[row, 2 * ps + 2:2 * ps + 5]))
+    counts["free (tail)"] = _syncs(lambda: alloc.free(rtp.req_to_token[row, 2 * ps + 2 : 2 * ps + 5]))
     counts["free_swa"] = _syncs(lambda: alloc.free_swa(rtp.req_to_token[row, :ps]))
-    counts["evict_swa_window (nothing to evict)"] = _syncs(
-        lambda: evict_swa_window(alloc, rtp.req_to_token, row, 2 * ps + 2, 4 * ps, ps))
+    counts["evict_swa_window (nothing to evict)"] = _syncs(lambda: evict_swa_window(alloc, rtp.req_to_token, row, 2 * ps + 2, 4 * ps, ps))
     with capsys.disabled():
         print("\nsynchronisations per call:", counts)
     assert counts["alloc"] == 0

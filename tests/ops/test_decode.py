@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa.ops._common.merge import MAX_SPLITS
 from triton_swa.ops.decode.launcher import _swa_decode_impl, _Tune, swa_decode
 from triton_swa.testing import assert_close, make_pool_state
@@ -47,8 +47,7 @@ class Case:
 
     @property
     def id(self) -> str:
-        parts = [f"B{len(self.seq_lens)}", f"L{max(self.seq_lens)}", f"W{self.window_left}", f"HQ{self.hq}",
-                 f"H{self.h}", f"D{self.d}"]
+        parts = [f"B{len(self.seq_lens)}", f"L{max(self.seq_lens)}", f"W{self.window_left}", f"HQ{self.hq}", f"H{self.h}", f"D{self.d}"]
         if self.dv is not None:
             parts.append(f"DV{self.dv}")
         parts += [f"P{self.page}", self.form, SHORT[self.dtype]]
@@ -89,8 +88,7 @@ def _cpu_cases() -> list[Case]:
         Case((45, 2), 29, 8, 2, 16, page=4, form="paged", softcap=2.0, sinks=True, num_splits=1, block_n=16),
         # fp8 KV with scales (a float and a device tensor), Dv != D.
         Case((40, 11), 27, 4, 2, 16, dv=32, dtype=f16, fp8=True, num_splits=2, block_n=16),
-        Case((40, 11), 27, 4, 2, 16, page=4, form="paged", dtype=f16, fp8=True, sinks=True, num_splits=1,
-             block_n=16),
+        Case((40, 11), 27, 4, 2, 16, page=4, form="paged", dtype=f16, fp8=True, sinks=True, num_splits=1, block_n=16),
         # bf16 through the interpreter's dot shim (SPEC §8).
         Case((29, 8), 17, 4, 2, 16, dtype=bf16, num_splits=2, block_n=16),
         # MQA with a group wider than one program's 64 rows; each program merges its own heads.
@@ -134,15 +132,12 @@ def _gpu_cases() -> list[Case]:
         for dtype in (f16, bf16):
             cases.append(Case(lens, 127, hq, h, d, None, page, form, dtype, softcap=30.0, sinks=True))
             cases.append(Case(lens, 1023, hq, h, d, None, page, form, dtype, fp8=True))
-            cases.append(Case(lens, 1023, hq, h, d, None, page, form, dtype, fp8=True, softcap=30.0, sinks=True,
-                              num_splits=7))
+            cases.append(Case(lens, 1023, hq, h, d, None, page, form, dtype, fp8=True, softcap=30.0, sinks=True, num_splits=7))
     cases.append(Case((0, 900, 0, 5), 511, 16, 4, 128, None, 16, "paged", bf16, sinks=True))
     # Both merges at many splits, wide heads (the fused merge loops over split chunks at D 512).
     for merge in ("fused", "kernel"):
-        cases.append(Case((0, 2900, 1, 777), 2047, 32, 4, 512, None, 16, "paged", bf16, sinks=True, num_splits=37,
-                          merge=merge))
-        cases.append(Case((3, 1500, 64), 1023, 24, 8, 96, 64, 1, "csr", f16, softcap=30.0, num_splits=MAX_SPLITS,
-                          merge=merge))
+        cases.append(Case((0, 2900, 1, 777), 2047, 32, 4, 512, None, 16, "paged", bf16, sinks=True, num_splits=37, merge=merge))
+        cases.append(Case((3, 1500, 64), 1023, 24, 8, 96, 64, 1, "csr", f16, softcap=30.0, num_splits=MAX_SPLITS, merge=merge))
     cases.append(Case((0, 900, 0, 5), 511, 16, 4, 128, None, 1, "csr", bf16, num_splits=MAX_SPLITS))
     cases.append(Case((3000,), 2047, 32, 8, 128, None, 16, "paged", f16, num_splits=1))
     cases.append(Case((45, 700), 300, 8, 2, 128, None, 16, "paged", torch.float32))
@@ -174,17 +169,23 @@ def build(case: Case, device: str, seed: int = 0) -> Built:
     g = torch.Generator().manual_seed(seed)
     full = case.window_left < 0
     state = make_pool_state(
-        seq_lens=list(case.seq_lens), window_left=case.window_left, page_size=case.page,
-        swa_head_num=case.h, swa_head_dim=case.d, full_head_num=case.h, full_head_dim=case.d,
-        dtype=FP8 if case.fp8 else case.dtype, new_tokens=[1 if n else 0 for n in case.seq_lens],
-        chunk=max(5, max(case.seq_lens) // 12), generator=g,
+        seq_lens=list(case.seq_lens),
+        window_left=case.window_left,
+        page_size=case.page,
+        swa_head_num=case.h,
+        swa_head_dim=case.d,
+        full_head_num=case.h,
+        full_head_dim=case.d,
+        dtype=FP8 if case.fp8 else case.dtype,
+        new_tokens=[1 if n else 0 for n in case.seq_lens],
+        chunk=max(5, max(case.seq_lens) // 12),
+        generator=g,
     )
     # Layer 0 is the sliding layer (SWA slots through the mapping), layer 1 the full layer (full slots).
     layer, mapping = (1, None) if full else (0, state.mapping)
     k, v = state.kv_pool.get_kv_buffer(layer)
     rpi, lens = state.req_pool_indices(), state.seq_lens()
-    kv_indptr, kv_indices, starts = ref.decode_window_indices(state.req_to_token, rpi, lens, case.window_left,
-                                                              mapping)
+    kv_indptr, kv_indices, starts = ref.decode_window_indices(state.req_to_token, rpi, lens, case.window_left, mapping)
     page_table = ref.window_page_table(state.req_to_token, rpi, starts, lens, case.page, mapping)
     if case.dv is not None:
         # A V pool of another head dim, NaN except at the windows' slots.
@@ -196,8 +197,7 @@ def build(case: Case, device: str, seed: int = 0) -> Built:
     sinks = torch.randn(case.hq, generator=g) * 2 if case.sinks else None
     k_scale, v_scale = (0.75, torch.tensor([1.25])) if case.fp8 else (None, None)
     to = lambda x: None if x is None else x.to(device)
-    return Built(to(q), to(k), to(v), to(kv_indptr), to(kv_indices), to(page_table), to(starts), to(lens),
-                 to(sinks), k_scale, to(v_scale))
+    return Built(to(q), to(k), to(v), to(kv_indptr), to(kv_indices), to(page_table), to(starts), to(lens), to(sinks), k_scale, to(v_scale))
 
 
 def run(case: Case, b: Built, **kwargs) -> torch.Tensor:
@@ -205,21 +205,42 @@ def run(case: Case, b: Built, **kwargs) -> torch.Tensor:
     if case.form == "csr":
         where = dict(kv_indptr=b.kv_indptr, kv_indices=b.kv_indices)
     else:
-        where = dict(page_table=b.page_table, window_starts=b.window_starts, seq_lens=b.seq_lens,
-                     page_size=case.page)
+        where = dict(page_table=b.page_table, window_starts=b.window_starts, seq_lens=b.seq_lens, page_size=case.page)
     if case.merge is not None:
         kwargs["tune"] = _Tune(fused_merge=case.merge == "fused")
     decode = _swa_decode_impl if "tune" in kwargs else swa_decode
-    got = decode(b.q, b.k, b.v, **where, sm_scale=0.6 / case.d ** 0.5, logit_cap=case.softcap,
-                 sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale, out=out,
-                 num_splits=case.num_splits, block_n=case.block_n, **kwargs)
+    got = decode(
+        b.q,
+        b.k,
+        b.v,
+        **where,
+        sm_scale=0.6 / case.d**0.5,
+        logit_cap=case.softcap,
+        sinks=b.sinks,
+        k_scale=b.k_scale,
+        v_scale=b.v_scale,
+        out=out,
+        num_splits=case.num_splits,
+        block_n=case.block_n,
+        **kwargs,
+    )
     assert got is out
     return got
 
 
 def expected(case: Case, b: Built) -> torch.Tensor:
-    return ref.decode_attention(b.q, b.k, b.v, b.kv_indptr, b.kv_indices, sm_scale=0.6 / case.d ** 0.5,
-                                logit_cap=case.softcap, sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
+    return ref.decode_attention(
+        b.q,
+        b.k,
+        b.v,
+        b.kv_indptr,
+        b.kv_indices,
+        sm_scale=0.6 / case.d**0.5,
+        logit_cap=case.softcap,
+        sinks=b.sinks,
+        k_scale=b.k_scale,
+        v_scale=b.v_scale,
+    )
 
 
 @pytest.mark.interpreter
@@ -267,8 +288,7 @@ def test_decode_merge_in_chunks(merge, device, monkeypatch):
 
     monkeypatch.setattr(merge_mod, "MERGE_TILE", 64)
     monkeypatch.setattr(decode, "_PLANS", PlanCache())
-    case = Case((53, 3, 26), 40, 6, 3, 16, page=4, form="paged", dtype=torch.float16, sinks=True, num_splits=5,
-                block_n=16, merge=merge)
+    case = Case((53, 3, 26), 40, 6, 3, 16, page=4, form="paged", dtype=torch.float16, sinks=True, num_splits=5, block_n=16, merge=merge)
     b = build(case, device)
     assert_close(run(case, b), expected(case, b), name=case.id)
     _assert_counters_reset()
@@ -293,24 +313,53 @@ def test_decode_plan_cache(device):
     assert_close(run(case, second, max_window=13), expected(case, second), name="second")
     # A strided out (every other query head of a wider tensor).
     wide = torch.full((2, 8, 16), float("nan"), dtype=torch.float16, device=device)
-    got = swa_decode(second.q, second.k, second.v, kv_indptr=second.kv_indptr, kv_indices=second.kv_indices,
-                     sm_scale=0.6 / 4, out=wide[:, ::2], num_splits=2, block_n=16, max_window=13)
+    got = swa_decode(
+        second.q,
+        second.k,
+        second.v,
+        kv_indptr=second.kv_indptr,
+        kv_indices=second.kv_indices,
+        sm_scale=0.6 / 4,
+        out=wide[:, ::2],
+        num_splits=2,
+        block_n=16,
+        max_window=13,
+    )
     assert_close(got, expected(case, second), name="strided out")
     assert bool(wide[:, 1::2].isnan().all()), "the other heads must stay untouched"
     with pytest.raises(ValueError, match="sinks must have shape"):
-        swa_decode(second.q, second.k, second.v, kv_indptr=second.kv_indptr, kv_indices=second.kv_indices,
-                   sinks=torch.zeros(3, device=device), num_splits=2, block_n=16, max_window=13)
+        swa_decode(
+            second.q,
+            second.k,
+            second.v,
+            kv_indptr=second.kv_indptr,
+            kv_indices=second.kv_indices,
+            sinks=torch.zeros(3, device=device),
+            num_splits=2,
+            block_n=16,
+            max_window=13,
+        )
     with pytest.raises(TypeError, match="page_size must be an int"):
-        swa_decode(second.q, second.k, second.v, kv_indptr=second.kv_indptr, kv_indices=second.kv_indices,
-                   page_size=True, num_splits=2, block_n=16, max_window=13)
+        swa_decode(
+            second.q,
+            second.k,
+            second.v,
+            kv_indptr=second.kv_indptr,
+            kv_indices=second.kv_indices,
+            page_size=True,
+            num_splits=2,
+            block_n=16,
+            max_window=13,
+        )
 
 
 @pytest.mark.interpreter
 def test_decode_empty_batch(device):
     q = torch.zeros(0, 4, 16, device=device)
     k = torch.zeros(8, 2, 16, device=device)
-    got = swa_decode(q, k, k, kv_indptr=torch.zeros(1, dtype=torch.int32, device=device),
-                     kv_indices=torch.zeros(0, dtype=torch.int32, device=device))
+    got = swa_decode(
+        q, k, k, kv_indptr=torch.zeros(1, dtype=torch.int32, device=device), kv_indices=torch.zeros(0, dtype=torch.int32, device=device)
+    )
     assert got.shape == (0, 4, 16)
 
 
@@ -326,9 +375,13 @@ def _valid(device="cpu"):
 def _paged(device="cpu"):
     args = _valid(device)
     del args["kv_indptr"], args["kv_indices"]
-    return dict(args, page_table=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
-                window_starts=torch.tensor([2, 0], dtype=torch.int32),
-                seq_lens=torch.tensor([9, 4], dtype=torch.int64), page_size=4)
+    return dict(
+        args,
+        page_table=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+        window_starts=torch.tensor([2, 0], dtype=torch.int32),
+        seq_lens=torch.tensor([9, 4], dtype=torch.int64),
+        page_size=4,
+    )
 
 
 def _with(base, **changes):
@@ -345,22 +398,29 @@ _DROP = object()
 _BAD = [
     ("q-2d", lambda a: _with(a, q=a["q"][0]), ValueError, "q must have 3 dimensions"),
     ("q-int", lambda a: _with(a, q=a["q"].long()), TypeError, "q must have dtype"),
-    ("k-dtype", lambda a: _with(a, k_buffer=a["k_buffer"].half(), v_buffer=a["v_buffer"].half()),
-     TypeError, "k_buffer must have q's dtype"),
+    (
+        "k-dtype",
+        lambda a: _with(a, k_buffer=a["k_buffer"].half(), v_buffer=a["v_buffer"].half()),
+        TypeError,
+        "k_buffer must have q's dtype",
+    ),
     ("v-dtype", lambda a: _with(a, v_buffer=a["v_buffer"].double()), TypeError, "v_buffer must have k_buffer's"),
     ("head-ratio", lambda a: _with(a, q=torch.randn(2, 3, 16)), ValueError, "multiple of KV heads"),
     ("k-head-dim", lambda a: _with(a, k_buffer=torch.randn(16, 2, 8)), ValueError, "k_buffer head dim"),
     ("v-slots", lambda a: _with(a, v_buffer=torch.randn(15, 2, 8)), ValueError, "v_buffer must have k_buffer's"),
     ("dv-too-wide", lambda a: _with(a, v_buffer=torch.randn(16, 2, 520)), ValueError, "v head dim"),
-    ("k-stride", lambda a: _with(a, k_buffer=torch.randn(16, 2, 32)[..., ::2]), ValueError,
-     "k_buffer must have a contiguous last dimension"),
+    (
+        "k-stride",
+        lambda a: _with(a, k_buffer=torch.randn(16, 2, 32)[..., ::2]),
+        ValueError,
+        "k_buffer must have a contiguous last dimension",
+    ),
     ("no-window", lambda a: _with(a, kv_indptr=_DROP, kv_indices=_DROP), ValueError, "either as kv_indptr"),
     ("both-forms", lambda a: _with(a, page_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError, "not both"),
     ("indptr-only", lambda a: _with(a, kv_indices=_DROP), ValueError, "needs both kv_indptr and kv_indices"),
     ("indptr-shape", lambda a: _with(a, kv_indptr=a["kv_indptr"][:2]), ValueError, "kv_indptr must have shape"),
     ("indices-float", lambda a: _with(a, kv_indices=a["kv_indices"].float()), TypeError, "kv_indices must have"),
-    ("indices-device", lambda a: _with(a, kv_indices=a["kv_indices"].to("meta")), ValueError,
-     "kv_indices must be on device"),
+    ("indices-device", lambda a: _with(a, kv_indices=a["kv_indices"].to("meta")), ValueError, "kv_indices must be on device"),
     ("csr-page", lambda a: _with(a, page_size=16), ValueError, "page_size must be 1 with CSR"),
     ("page-zero", lambda a: _with(a, page_size=0), ValueError, "page_size must be >= 1"),
     ("sinks-shape", lambda a: _with(a, sinks=torch.zeros(2)), ValueError, "sinks must have shape"),
@@ -375,15 +435,17 @@ _BAD = [
     ("max-window", lambda a: _with(a, max_window=-1), ValueError, "max_window"),
 ]
 _BAD_PAGED = [
-    ("table-rows", lambda a: _with(a, page_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
-     "page_table must have 2 rows"),
+    ("table-rows", lambda a: _with(a, page_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError, "page_table must have 2 rows"),
     ("table-missing", lambda a: _with(a, page_table=_DROP), ValueError, "needs page_table"),
-    ("starts-shape", lambda a: _with(a, window_starts=torch.zeros(3, dtype=torch.int32)), ValueError,
-     "window_starts must have shape"),
+    ("starts-shape", lambda a: _with(a, window_starts=torch.zeros(3, dtype=torch.int32)), ValueError, "window_starts must have shape"),
     ("lens-dtype", lambda a: _with(a, seq_lens=torch.zeros(2)), TypeError, "seq_lens must have dtype"),
     ("pool-pages", lambda a: _with(a, page_size=5), ValueError, "not a whole number of pages"),
-    ("table-stride", lambda a: _with(a, page_table=torch.zeros(2, 4, dtype=torch.int32)[:, ::2]), ValueError,
-     "page_table must have a contiguous last dimension"),
+    (
+        "table-stride",
+        lambda a: _with(a, page_table=torch.zeros(2, 4, dtype=torch.int32)[:, ::2]),
+        ValueError,
+        "page_table must have a contiguous last dimension",
+    ),
 ]
 
 
@@ -433,10 +495,15 @@ def test_decode_cuda_graph_replay(form):
     n_idx = max(len(first.kv_indices), len(second.kv_indices)) + 64
     width = max(first.page_table.shape[1], second.page_table.shape[1]) + 2
     static = {
-        "q": first.q.clone(), "k": torch.cat([first.k, second.k]), "v": torch.cat([first.v, second.v]),
-        "kv_indptr": first.kv_indptr.clone(), "kv_indices": torch.zeros(n_idx, dtype=torch.int32, device="cuda"),
+        "q": first.q.clone(),
+        "k": torch.cat([first.k, second.k]),
+        "v": torch.cat([first.v, second.v]),
+        "kv_indptr": first.kv_indptr.clone(),
+        "kv_indices": torch.zeros(n_idx, dtype=torch.int32, device="cuda"),
         "page_table": torch.zeros(3, width, dtype=torch.int32, device="cuda"),
-        "window_starts": first.window_starts.clone(), "seq_lens": first.seq_lens.clone(), "sinks": first.sinks,
+        "window_starts": first.window_starts.clone(),
+        "seq_lens": first.seq_lens.clone(),
+        "sinks": first.sinks,
     }
     offset_slots = first.k.shape[0]
 
@@ -455,11 +522,11 @@ def test_decode_cuda_graph_replay(form):
     if form == "csr":
         where = dict(kv_indptr=static["kv_indptr"], kv_indices=static["kv_indices"])
     else:
-        where = dict(page_table=static["page_table"], window_starts=static["window_starts"],
-                     seq_lens=static["seq_lens"], page_size=16)
+        where = dict(page_table=static["page_table"], window_starts=static["window_starts"], seq_lens=static["seq_lens"], page_size=16)
     # The same score scale as ``expected`` (the test once left the kernel's default 1 / sqrt(D) here).
-    call = lambda: swa_decode(static["q"], static["k"], static["v"], **where, sm_scale=0.6 / base.d ** 0.5,
-                              sinks=static["sinks"], out=out, max_window=1024)
+    call = lambda: swa_decode(
+        static["q"], static["k"], static["v"], **where, sm_scale=0.6 / base.d**0.5, sinks=static["sinks"], out=out, max_window=1024
+    )
     load(first, 0)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

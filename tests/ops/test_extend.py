@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
+from triton_swa.ops.extend import extend_config, extend_grid, extend_num_splits, swa_extend
 from triton_swa.ops.extend.config import _pow2_divisor
 from triton_swa.runtime.launch import Launcher
-from triton_swa.ops.extend import extend_config, extend_grid, extend_num_splits, swa_extend
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = pytest.mark.interpreter
@@ -54,8 +54,15 @@ class Case:
 
     @property
     def id(self) -> str:
-        parts = [f"B{len(self.seq_lens)}", f"L{max(self.seq_lens)}", f"E{sum(self.new)}", f"W{self.W}",
-                 f"HQ{self.HQ}", f"H{self.H}", f"D{self.D}"]
+        parts = [
+            f"B{len(self.seq_lens)}",
+            f"L{max(self.seq_lens)}",
+            f"E{sum(self.new)}",
+            f"W{self.W}",
+            f"HQ{self.HQ}",
+            f"H{self.H}",
+            f"D{self.D}",
+        ]
         if self.DV is not None:
             parts.append(f"DV{self.DV}")
         parts.append(f"P{self.ps}" + ("pt" if self.paged else "csr"))
@@ -94,9 +101,18 @@ def build(case: Case, device, seed: int = 0) -> dict:
     """Pool state, new tokens and every argument of both the kernel and the reference."""
     g = torch.Generator().manual_seed(seed)
     pool_dtype = torch.float8_e4m3fn if case.fp8 else case.dtype
-    state = make_pool_state(seq_lens=list(case.seq_lens), window_left=case.W, page_size=case.ps,
-                            new_tokens=list(case.new), swa_head_num=case.H, swa_head_dim=case.D,
-                            dtype=pool_dtype, device=device, chunk=case.chunk, generator=g)
+    state = make_pool_state(
+        seq_lens=list(case.seq_lens),
+        window_left=case.W,
+        page_size=case.ps,
+        new_tokens=list(case.new),
+        swa_head_num=case.H,
+        swa_head_dim=case.D,
+        dtype=pool_dtype,
+        device=device,
+        chunk=case.chunk,
+        generator=g,
+    )
     k_buf, v_buf = state.kv_pool.swa_kv_pool.get_kv_buffer(0)
     dv = case.DV or case.D
     if dv != case.D:
@@ -107,16 +123,21 @@ def build(case: Case, device, seed: int = 0) -> dict:
         v_buf = values.to(pool_dtype).to(device)
     prefix_lens = state.prefix_lens().to(device)
     rpi = state.req_pool_indices()
-    kv_indptr, kv_indices, starts = ref.extend_window_indices(state.req_to_token, rpi, prefix_lens, case.W,
-                                                              state.mapping)
+    kv_indptr, kv_indices, starts = ref.extend_window_indices(state.req_to_token, rpi, prefix_lens, case.W, state.mapping)
     T = sum(case.new)
     qo_indptr = torch.zeros(len(case.new) + 1, dtype=torch.int32)
     qo_indptr[1:] = torch.cumsum(torch.tensor(case.new), 0)
     rnd = lambda *shape: torch.randn(*shape, generator=g).to(case.dtype).to(device)
-    args = dict(q=rnd(T, case.HQ, case.D), k=rnd(T, case.H, case.D), v=rnd(T, case.H, dv),
-                k_buffer=k_buf, v_buffer=v_buf, qo_indptr=qo_indptr.to(device), prefix_lens=prefix_lens)
-    kw = dict(window_left=case.W, sm_scale=case.D ** -0.5 * 1.3, logit_cap=case.softcap,
-              causal=case.mode != "noncausal")
+    args = dict(
+        q=rnd(T, case.HQ, case.D),
+        k=rnd(T, case.H, case.D),
+        v=rnd(T, case.H, dv),
+        k_buffer=k_buf,
+        v_buffer=v_buf,
+        qo_indptr=qo_indptr.to(device),
+        prefix_lens=prefix_lens,
+    )
+    kw = dict(window_left=case.W, sm_scale=case.D**-0.5 * 1.3, logit_cap=case.softcap, causal=case.mode != "noncausal")
     if case.sinks:
         kw["sinks"] = (torch.randn(case.HQ, generator=g) * 2).to(device)
     if case.fp8:
@@ -125,8 +146,7 @@ def build(case: Case, device, seed: int = 0) -> dict:
         kw["v_scale"] = vs if case.fp8 == "float" else torch.tensor([vs], device=device)
     if case.mode == "chain_qpos":
         # explicit positions that equal the default ones: the general new-key path, causal
-        kw["q_positions"] = torch.cat([p + torch.arange(n) for p, n in zip(prefix_lens.tolist(), case.new)]).to(
-            device)
+        kw["q_positions"] = torch.cat([p + torch.arange(n) for p, n in zip(prefix_lens.tolist(), case.new)]).to(device)
     if case.mode in ("tree", "mask_empty_rows"):
         blocks, positions, offsets = [], [], [0]
         for p, n in zip(prefix_lens.tolist(), case.new):
@@ -146,8 +166,9 @@ def build(case: Case, device, seed: int = 0) -> dict:
     for key in ("k_scale", "v_scale"):
         if isinstance(ref_kw.get(key), torch.Tensor):
             ref_kw[key] = float(ref_kw[key])
-    expected = ref.extend_attention(args["q"], args["k"], args["v"], k_buf, v_buf, args["qo_indptr"], kv_indptr,
-                                    kv_indices, prefix_lens, **ref_kw)
+    expected = ref.extend_attention(
+        args["q"], args["k"], args["v"], k_buf, v_buf, args["qo_indptr"], kv_indptr, kv_indices, prefix_lens, **ref_kw
+    )
     if case.paged:
         page_table = ref.window_page_table(state.req_to_token, rpi, starts, prefix_lens, case.ps, state.mapping)
         index = dict(page_table=page_table, window_starts=starts, page_size=case.ps)
@@ -160,8 +181,17 @@ def run_kernel(case: Case, built: dict, **extra) -> torch.Tensor:
     args = built["args"]
     T, HQ = args["q"].shape[:2]
     out = torch.full((T, HQ, case.DV or case.D), NAN, dtype=case.dtype, device=args["q"].device)
-    got = swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=case.bm,
-                     block_n=case.bn, pack=case.pack, edge_in_loop=case.edge, **extra)
+    got = swa_extend(
+        *args.values(),
+        **built["index"],
+        **built["kw"],
+        out=out,
+        block_m=case.bm,
+        block_n=case.bn,
+        pack=case.pack,
+        edge_in_loop=case.edge,
+        **extra,
+    )
     assert got is out
     return out
 
@@ -206,8 +236,7 @@ def cpu_cases() -> list[Case]:
         # bf16 through the interpreter's float32 dots (UPCAST_DOT, SPEC §8): prefill, chunked prefill,
         # one-token extends, over a CSR list and a page table with softcap and sinks, and chain verify
         Case(**_mix((45, 21), (19, 19), (30, 1), (9, 0)), W=11, dtype=torch.bfloat16),
-        Case(**_mix((45, 21), (19, 19), (30, 1)), W=10, dtype=torch.bfloat16, paged=True, ps=4, softcap=2.5,
-             sinks=True),
+        Case(**_mix((45, 21), (19, 19), (30, 1)), W=10, dtype=torch.bfloat16, paged=True, ps=4, softcap=2.5, sinks=True),
         Case(**_mix((50, 8), (37, 8)), W=19, HQ=8, dtype=torch.bfloat16),
         Case(**_mix((40, 6), (9, 5)), W=12, mode="tree", HQ=8, dtype=torch.bfloat16, fp8="float"),
         Case(**_mix(*MIX), W=10, softcap=2.5),
@@ -229,8 +258,7 @@ def gpu_cases() -> list[Case]:
     cases = []
     for d, w in ((64, 127), (128, 1023), (256, 255), (512, 127)):
         for ps, paged in ((1, False), (16, True), (64, True)):
-            cases.append(Case(**long_mix, W=w, HQ=8, H=2, D=d, ps=ps, paged=paged, dtype=torch.bfloat16,
-                              bm=None, bn=None, chunk=128))
+            cases.append(Case(**long_mix, W=w, HQ=8, H=2, D=d, ps=ps, paged=paged, dtype=torch.bfloat16, bm=None, bn=None, chunk=128))
     big = dict(bm=None, bn=None, chunk=128)
     cases += [
         Case(**long_mix, W=1023, HQ=8, H=2, D=128, dtype=torch.float16, **big),
@@ -242,14 +270,25 @@ def gpu_cases() -> list[Case]:
         Case(**long_mix, W=511, HQ=8, H=2, D=128, dtype=torch.bfloat16, fp8="tensor", paged=True, ps=16, **big),
         Case(**long_mix, W=200, HQ=8, H=2, D=128, dtype=torch.bfloat16, bm=64, bn=32, pack=2, chunk=128),
         Case(**_mix((300, 100), (50, 50), (90, 1)), W=63, HQ=8, H=2, D=64, dtype=torch.float32, **big),
-        Case(**_mix(*[(300 + 97 * i, 8) for i in range(24)]), W=1023, HQ=32, H=8, D=128, dtype=torch.bfloat16,
-             paged=True, ps=16, **big),  # chain verify
-        Case(**_mix(*[(300 + 97 * i, 16) for i in range(12)]), W=1023, HQ=16, H=4, D=256, dtype=torch.bfloat16,
-             mode="tree", paged=True, ps=64, **big),
-        Case(**_mix(*[(300 + 97 * i, 16) for i in range(12)]), W=255, HQ=16, H=4, D=128, dtype=torch.bfloat16,
-             mode="noncausal", **big),
-        Case(**_mix(*[(1 + 97 * i, 1) for i in range(40)]), W=511, HQ=32, H=8, D=256, dtype=torch.bfloat16,
-             paged=True, ps=16, **big),  # one-token extends
+        Case(
+            **_mix(*[(300 + 97 * i, 8) for i in range(24)]), W=1023, HQ=32, H=8, D=128, dtype=torch.bfloat16, paged=True, ps=16, **big
+        ),  # chain verify
+        Case(
+            **_mix(*[(300 + 97 * i, 16) for i in range(12)]),
+            W=1023,
+            HQ=16,
+            H=4,
+            D=256,
+            dtype=torch.bfloat16,
+            mode="tree",
+            paged=True,
+            ps=64,
+            **big,
+        ),
+        Case(**_mix(*[(300 + 97 * i, 16) for i in range(12)]), W=255, HQ=16, H=4, D=128, dtype=torch.bfloat16, mode="noncausal", **big),
+        Case(
+            **_mix(*[(1 + 97 * i, 1) for i in range(40)]), W=511, HQ=32, H=8, D=256, dtype=torch.bfloat16, paged=True, ps=16, **big
+        ),  # one-token extends
     ]
     return cases
 
@@ -292,16 +331,40 @@ def test_default_tiles_keep_wgmma_async():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma pipelines are Hopper's")
     for d, fp8, paged in ((128, "", False), (256, "", True), (128, "tensor", True)):
-        case = Case(**_mix((700, 300), (200, 200)), W=127, HQ=8, H=2, D=d, ps=16, paged=paged,
-                    dtype=torch.bfloat16, fp8=fp8, bm=None, bn=None, chunk=128)
+        case = Case(
+            **_mix((700, 300), (200, 200)),
+            W=127,
+            HQ=8,
+            H=2,
+            D=d,
+            ps=16,
+            paged=paged,
+            dtype=torch.bfloat16,
+            fp8=fp8,
+            bm=None,
+            bn=None,
+            chunk=128,
+        )
         built = build(case, "cuda")
         # unsplit, and split-KV (forced: a prefill does not split itself)
         for splits in (1, 2):
             got = run_kernel(case, built, num_splits=splits)
             assert_close(got, built["expected"], name=f"{case.id} num_splits={splits}")
         # the verify tiles, split as the heuristic splits them on a big GPU
-        verify = Case(**_mix((3000, 8), (2000, 8)), W=1023, HQ=32, H=8, D=d, ps=16, paged=paged,
-                      dtype=torch.bfloat16, fp8=fp8, bm=None, bn=None, chunk=128)
+        verify = Case(
+            **_mix((3000, 8), (2000, 8)),
+            W=1023,
+            HQ=32,
+            H=8,
+            D=d,
+            ps=16,
+            paged=paged,
+            dtype=torch.bfloat16,
+            fp8=fp8,
+            bm=None,
+            bn=None,
+            chunk=128,
+        )
         built = build(verify, "cuda")
         assert_close(run_kernel(verify, built, num_splits=4), built["expected"], name=f"{verify.id} num_splits=4")
     variants = _compiled_variants()  # these nine and whatever earlier tests compiled
@@ -311,8 +374,9 @@ def test_default_tiles_keep_wgmma_async():
             ptx = os.path.join(tmp, "k.ptx")
             with open(ptx, "w") as f:
                 f.write(kern.asm["ptx"])
-            info = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx, "-o", ptx + ".cubin"],
-                                  capture_output=True, text=True)
+            info = subprocess.run(
+                [knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx, "-o", ptx + ".cubin"], capture_output=True, text=True
+            )
         assert "C7515" not in info.stderr + info.stdout, info.stderr[-2000:]
 
 
@@ -320,8 +384,7 @@ def test_fully_masked_rows_are_zero(device):
     case = Case(**_mix((9, 9), (5, 5)), W=4, mode="mask_empty_rows")
     built = build(case, device)
     out = run_kernel(case, built)
-    empty = torch.cat([(m.reshape(n, n).sum(1) == 0) for m, n in
-                       zip(torch.split(built["kw"]["custom_mask"].cpu(), [81, 25]), case.new)])
+    empty = torch.cat([(m.reshape(n, n).sum(1) == 0) for m, n in zip(torch.split(built["kw"]["custom_mask"].cpu(), [81, 25]), case.new)])
     assert int(empty.sum()) >= 2, "the case must hold rows that see nothing"
     assert torch.equal(out[empty.to(out.device)], torch.zeros_like(out[empty.to(out.device)]))
     assert_close(out, built["expected"])
@@ -340,8 +403,7 @@ def test_writes_only_request_rows(num_splits, device):
         args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
     out = torch.full((args["q"].shape[0], case.HQ, case.D), NAN, device=args["q"].device)
     with _spy_launches() as grids:
-        swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16,
-                   num_splits=num_splits)
+        swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16, num_splits=num_splits)
     if num_splits:
         assert len(grids["merge"]) == 1
     # automatic: no split on the interpreter's 4 SMs, splits on a big GPU (two key tiles of prefix)
@@ -363,8 +425,7 @@ def test_reads_only_the_window(device):
     in_window = torch.cat([torch.arange(int(n)) >= int(n) - min(int(n), case.W) for n in prefix.cpu()])
     indices = torch.where(in_window.to(indices.device), indices, torch.zeros_like(indices))
     out = torch.full_like(built["expected"], NAN, dtype=case.dtype)
-    swa_extend(*built["args"].values(), kv_indptr=indptr, kv_indices=indices, **built["kw"], out=out,
-               block_m=16, block_n=16)
+    swa_extend(*built["args"].values(), kv_indptr=indptr, kv_indices=indices, **built["kw"], out=out, block_m=16, block_n=16)
     assert_close(out, built["expected"], name="csr over the whole prefix")
 
     table = ref.window_page_table(state.req_to_token, rpi, zeros, prefix, case.ps, state.mapping)
@@ -372,8 +433,16 @@ def test_reads_only_the_window(device):
     cols = torch.arange(table.shape[1])
     table = torch.where(cols[None, :] < first_page[:, None], 0, table.cpu()).to(table)
     out = torch.full_like(built["expected"], NAN, dtype=case.dtype)
-    swa_extend(*built["args"].values(), page_table=table, window_starts=zeros.to(torch.int32),
-               page_size=case.ps, **built["kw"], out=out, block_m=16, block_n=16)
+    swa_extend(
+        *built["args"].values(),
+        page_table=table,
+        window_starts=zeros.to(torch.int32),
+        page_size=case.ps,
+        **built["kw"],
+        out=out,
+        block_m=16,
+        block_n=16,
+    )
     assert_close(out, built["expected"], name="page table from position 0")
 
 
@@ -389,8 +458,9 @@ def test_default_config_and_empty_batch(device):
     assert out.shape == (0, case.HQ, case.D)
 
 
-@pytest.mark.parametrize("d, dv, group, e", [(128, 128, 4, 8192), (256, 256, 2, 8192), (512, 512, 8, 100),
-                                             (128, 128, 4, 8), (80, 80, 6, 3), (128, 64, 1, 1)])
+@pytest.mark.parametrize(
+    "d, dv, group, e", [(128, 128, 4, 8192), (256, 256, 2, 8192), (512, 512, 8, 100), (128, 128, 4, 8), (80, 80, 6, 3), (128, 64, 1, 1)]
+)
 def test_config_heuristic_is_legal(d, dv, group, e):
     cfg = extend_config(d, dv, group, e)
     assert cfg.block_m >= 16 and cfg.block_n >= 16 and cfg.block_m % cfg.pack == 0 and group % cfg.pack == 0
@@ -405,16 +475,19 @@ def _bad_inputs():
     def with_(name, value):
         def mutate(a, i, k):
             a[name] = value(a) if callable(value) else value
+
         return mutate
 
     def kw(name, value):
         def mutate(a, i, k):
             k[name] = value(a) if callable(value) else value
+
         return mutate
 
     def idx(name, value):
         def mutate(a, i, k):
             i[name] = value(i) if callable(value) else value
+
         return mutate
 
     return [
@@ -429,26 +502,39 @@ def _bad_inputs():
         ("vbuf-slots", with_("v_buffer", lambda a: a["v_buffer"][1:]), ValueError, "v_buffer must have shape"),
         ("qo-len", with_("qo_indptr", lambda a: a["qo_indptr"][:-1]), ValueError, "qo_indptr must have shape"),
         ("qo-float", with_("qo_indptr", lambda a: a["qo_indptr"].float()), TypeError, "qo_indptr must have dtype"),
-        ("q-stride", with_("q", lambda a: a["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
-         "contiguous along its last"),
+        ("q-stride", with_("q", lambda a: a["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "contiguous along its last"),
         ("window", kw("window_left", -2), ValueError, "window_left must be >= -1"),
         ("window-float", kw("window_left", 3.0), TypeError, "window_left must be an int"),
         ("no-index", idx("kv_indices", None), ValueError, "cached window is missing"),
-        ("both-index", idx("page_table", lambda i: torch.zeros(6, 1, dtype=torch.int32,
-                                                              device=i["kv_indptr"].device)),
-         ValueError, "not both"),
+        (
+            "both-index",
+            idx("page_table", lambda i: torch.zeros(6, 1, dtype=torch.int32, device=i["kv_indptr"].device)),
+            ValueError,
+            "not both",
+        ),
         ("indptr-len", idx("kv_indptr", lambda i: i["kv_indptr"][:-1]), ValueError, "kv_indptr must have shape"),
-        ("mask-no-indptr", kw("custom_mask", lambda a: torch.ones(10, dtype=torch.bool, device=a["q"].device)),
-         ValueError, "needs mask_indptr"),
-        ("qpos-len", kw("q_positions", lambda a: torch.zeros(3, dtype=torch.int32, device=a["q"].device)),
-         ValueError, "q_positions must have shape"),
+        (
+            "mask-no-indptr",
+            kw("custom_mask", lambda a: torch.ones(10, dtype=torch.bool, device=a["q"].device)),
+            ValueError,
+            "needs mask_indptr",
+        ),
+        (
+            "qpos-len",
+            kw("q_positions", lambda a: torch.zeros(3, dtype=torch.int32, device=a["q"].device)),
+            ValueError,
+            "q_positions must have shape",
+        ),
         ("sinks-len", kw("sinks", lambda a: torch.zeros(3, device=a["q"].device)), ValueError, "sinks must have shape"),
         ("softcap", kw("logit_cap", -1.0), ValueError, "logit_cap"),
         ("scale-shape", kw("k_scale", lambda a: torch.ones(2, device=a["q"].device)), ValueError, "one value"),
-        ("out-dtype", kw("out", lambda a: torch.empty(a["q"].shape, dtype=torch.float64, device=a["q"].device)),
-         TypeError, "out must have dtype"),
-        ("out-shape", kw("out", lambda a: torch.empty(1, 4, 16, device=a["q"].device)), ValueError,
-         "out must have shape"),
+        (
+            "out-dtype",
+            kw("out", lambda a: torch.empty(a["q"].shape, dtype=torch.float64, device=a["q"].device)),
+            TypeError,
+            "out must have dtype",
+        ),
+        ("out-shape", kw("out", lambda a: torch.empty(1, 4, 16, device=a["q"].device)), ValueError, "out must have shape"),
         ("block", kw("block_n", 24), ValueError, "block_n must be a power of two"),
         ("pack", kw("pack", 3), ValueError, "pack"),
         ("causal", kw("causal", 1), TypeError, "causal must be a bool"),
@@ -478,13 +564,12 @@ def test_cases_cover_the_issue():
     assert {"causal", "noncausal", "tree", "mask_empty_rows"} <= modes
     assert {0, -1} <= {c.W for c in cases} and any(c.paged for c in cases) and any(c.fp8 for c in cases)
     mix = [c for c in cases if c.seq_lens == _mix(*MIX)["seq_lens"]][0]
-    kinds = {("no-prefix" if s == n else "zero" if n == 0 else "one" if n == 1 else "prefix")
-             for s, n in zip(mix.seq_lens, mix.new)}
+    kinds = {("no-prefix" if s == n else "zero" if n == 0 else "one" if n == 1 else "prefix") for s, n in zip(mix.seq_lens, mix.new)}
     assert kinds == {"no-prefix", "zero", "one", "prefix"}
     assert replace(mix, W=11).id == cases[0].id
 
 
-# ---- split-KV (num_splits): the cached prefix divided among programs, merged by decode's merge ----
+# ---- split-KV (num_splits): the cached prefix divided among programs, merged by the shared merge kernel ----
 
 
 class _spy_launches:
@@ -629,8 +714,20 @@ def split_gpu_cases() -> list:
                 if b > 1:
                     pairs[1], pairs[2] = (45, 8), (400, 0)
                 cases.append(Case(**_mix(*pairs), W=1023, HQ=32, H=8, D=d, ps=ps, paged=paged, **big))
-    cases.append(Case(**_mix(*[(2000 + 977 * i + 16, 16) for i in range(4)]), W=1023, HQ=32, H=8, D=128,
-                      mode="tree", paged=True, ps=16, sinks=True, **big))
+    cases.append(
+        Case(
+            **_mix(*[(2000 + 977 * i + 16, 16) for i in range(4)]),
+            W=1023,
+            HQ=32,
+            H=8,
+            D=128,
+            mode="tree",
+            paged=True,
+            ps=16,
+            sinks=True,
+            **big,
+        )
+    )
     return [pytest.param(c, n, id=f"{c.id}-S{n or 'auto'}") for c in cases for n in (None, 3)]
 
 
@@ -643,7 +740,7 @@ def test_split_gpu_verify(case, num_splits, device):
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     programs, bn = _programs(max(case.new), len(case.new), case.HQ, case.H, case.D)
     index = built["index"]
-    bound = (index["page_table"].shape[1] * case.ps if case.paged else index["kv_indices"].numel())
+    bound = index["page_table"].shape[1] * case.ps if case.paged else index["kv_indices"].numel()
     want = num_splits or extend_num_splits(programs, min(bound, case.W + 1), bn, sms)
     assert grids["main"][0][0] * grids["main"][0][1] * grids["main"][0][2] == programs * want
     assert len(grids["merge"]) == (want > 1)
@@ -655,8 +752,7 @@ def test_split_gpu_verify(case, num_splits, device):
 def test_split_cuda_graph_replay(device):
     """A split verify captured in a CUDA graph replays what eager computes, also after new inputs
     are copied into the captured tensors."""
-    case = Case(**_mix((5000, 8)), W=1023, HQ=32, H=8, D=128, ps=16, paged=True, dtype=torch.bfloat16,
-                bm=None, bn=None, chunk=128)
+    case = Case(**_mix((5000, 8)), W=1023, HQ=32, H=8, D=128, ps=16, paged=True, dtype=torch.bfloat16, bm=None, bn=None, chunk=128)
     built = build(case, device, seed=17)
     args, index, kw = built["args"], built["index"], built["kw"]
     call = lambda out: swa_extend(*args.values(), **index, **kw, out=out, max_extend_len=8)
@@ -709,10 +805,20 @@ def test_huge_batch_raises_before_launch(device):
     buf = torch.randn(8, 1, D, device=device)
     out = torch.full_like(q, NAN)
     with _spy_launches() as grids, pytest.raises(ValueError, match="65535"):
-        swa_extend(q, q, q, buf, buf, torch.arange(B + 1, dtype=torch.int32, device=device),
-                   torch.zeros(B, dtype=torch.int32, device=device), window_left=4,
-                   kv_indptr=torch.zeros(B + 1, dtype=torch.int32, device=device),
-                   kv_indices=torch.zeros(0, dtype=torch.int32, device=device), out=out, max_extend_len=1)
+        swa_extend(
+            q,
+            q,
+            q,
+            buf,
+            buf,
+            torch.arange(B + 1, dtype=torch.int32, device=device),
+            torch.zeros(B, dtype=torch.int32, device=device),
+            window_left=4,
+            kv_indptr=torch.zeros(B + 1, dtype=torch.int32, device=device),
+            kv_indices=torch.zeros(0, dtype=torch.int32, device=device),
+            out=out,
+            max_extend_len=1,
+        )
     assert grids["main"] == [] and bool(out.isnan().all())
 
 
@@ -750,8 +856,8 @@ def test_strided_views_where_strides_are_passed(device):
     for name in ("k_buffer", "v_buffer"):
         buf = args[name]
         wide = torch.full((buf.shape[0], buf.shape[1] + 1, D), NAN, dtype=buf.dtype, device=buf.device)
-        wide[:, :buf.shape[1]] = buf
-        args[name] = wide[:, :buf.shape[1]]
+        wide[:, : buf.shape[1]] = buf
+        args[name] = wide[:, : buf.shape[1]]
     wide_out = torch.full((T, 2 * case.HQ, D), NAN, device=args["q"].device)
     got = swa_extend(*args.values(), **built["index"], **built["kw"], out=wide_out[:, ::2], block_m=16, block_n=16)
     assert_close(got, built["expected"])

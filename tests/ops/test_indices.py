@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa import (
     WindowIndices,
     WindowPageTable,
@@ -38,8 +38,7 @@ SENTINEL = -7777
 def _state(seq_lens, window_left, page_size, new_tokens=1, chunk=5, seed=0):
     """A pool state built on the CPU (fast), plus its tensors on the test device."""
     g = torch.Generator().manual_seed(seed)
-    return make_pool_state(seq_lens=seq_lens, window_left=window_left, page_size=page_size,
-                           new_tokens=new_tokens, chunk=chunk, generator=g)
+    return make_pool_state(seq_lens=seq_lens, window_left=window_left, page_size=page_size, new_tokens=new_tokens, chunk=chunk, generator=g)
 
 
 def _batch(state, device, *, pad: int = 1):
@@ -93,10 +92,9 @@ def csr_cases():
 
 
 @pytest.mark.parametrize("seq_lens, new_tokens, window_left, page_size, _", csr_cases())
-@pytest.mark.parametrize("overrides", [
-    pytest.param({}, id="heuristic"),
-    pytest.param({"block": 4, "num_splits": 2, "block_reqs": 2}, id="blk4-split2-reqs2"),
-])
+@pytest.mark.parametrize(
+    "overrides", [pytest.param({}, id="heuristic"), pytest.param({"block": 4, "num_splits": 2, "block_reqs": 2}, id="blk4-split2-reqs2")]
+)
 def test_decode_window_indices(device, seq_lens, new_tokens, window_left, page_size, _, overrides):
     state = _state(seq_lens, window_left, page_size, new_tokens)
     rt, mapping, rpi, seq, pre = _batch(state, device)
@@ -125,10 +123,9 @@ def extend_cases():
 
 
 @pytest.mark.parametrize("seq_lens, new_tokens, window_left, page_size", extend_cases())
-@pytest.mark.parametrize("overrides", [
-    pytest.param({}, id="heuristic"),
-    pytest.param({"block": 2, "num_splits": 3, "block_reqs": 1}, id="blk2-split3-reqs1"),
-])
+@pytest.mark.parametrize(
+    "overrides", [pytest.param({}, id="heuristic"), pytest.param({"block": 2, "num_splits": 3, "block_reqs": 1}, id="blk2-split3-reqs1")]
+)
 def test_extend_window_indices(device, seq_lens, new_tokens, window_left, page_size, overrides):
     """Extend, chunked prefill and verify: the cached prefix window ahead of the new/draft tokens."""
     state = _state(seq_lens, window_left, page_size, new_tokens)
@@ -147,8 +144,9 @@ def test_evicted_slots_translate_to_zero(device):
     _check_csr(got, expected, 0, sliding=False)
     assert int((expected[1] == 0).sum()) > 10  # the case really holds evicted slots
     table = build_window_page_table(rt, rpi, seq, window_left=-1, page_size=1, mapping=mapping, block=16)
-    assert_close(table.page_table, ref.window_page_table(rt.cpu(), rpi.cpu(), seq.cpu() * 0, seq.cpu(), 1,
-                                                         mapping.cpu()), name="page_table")
+    assert_close(
+        table.page_table, ref.window_page_table(rt.cpu(), rpi.cpu(), seq.cpu() * 0, seq.cpu(), 1, mapping.cpu()), name="page_table"
+    )
 
 
 def test_out_buffers_csr(device):
@@ -162,11 +160,10 @@ def test_out_buffers_csr(device):
     assert got.kv_indices.data_ptr() == out.kv_indices.data_ptr()
     expected = _reference(rt, rpi, seq, pre, 5, mapping, extend=False)
     _check_csr(got, expected, 3, sliding=True)
-    assert bool((got.kv_indices[int(expected[0][-1]):] == SENTINEL).all())
+    assert bool((got.kv_indices[int(expected[0][-1]) :] == SENTINEL).all())
     # An undersized buffer truncates and never writes past its end.
     backing = torch.full((14,), SENTINEL, dtype=torch.int32, device=device)
-    out = WindowIndices(torch.empty(B + 1, dtype=torch.int32, device=device), backing[:7],
-                        torch.empty(B, dtype=torch.int32, device=device))
+    out = WindowIndices(torch.empty(B + 1, dtype=torch.int32, device=device), backing[:7], torch.empty(B, dtype=torch.int32, device=device))
     build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, out=out, block=4)
     assert_close(backing[:7], expected[1][:7], name="truncated kv_indices")
     assert bool((backing[7:] == SENTINEL).all())
@@ -189,8 +186,16 @@ def page_table_cases():
             for extend in (False, True):
                 lens = torch.randint(1, 400, (9,), generator=g)
                 new = torch.minimum(lens, torch.randint(0, 6, (9,), generator=g)) if extend else torch.ones(9).long()
-                wide.append(pytest.param(lens.tolist(), new.tolist(), W, ps, extend,
-                                         id=f"B9-L{int(lens.max())}-W{W}-P{ps}-{'extend' if extend else 'decode'}"))
+                wide.append(
+                    pytest.param(
+                        lens.tolist(),
+                        new.tolist(),
+                        W,
+                        ps,
+                        extend,
+                        id=f"B9-L{int(lens.max())}-W{W}-P{ps}-{'extend' if extend else 'decode'}",
+                    )
+                )
     return small + wide
 
 
@@ -204,18 +209,17 @@ def test_window_page_table(device, seq_lens, new_tokens, window_left, page_size,
     for w, m in ((window_left, mapping), (-1, None)):
         starts = start_fn(lens.cpu(), w)
         # Default width (the widest window), then a wider fixed buffer with a row stride.
-        expected = ref.window_page_table(rt.cpu(), rpi.cpu(), starts, lens.cpu(), page_size,
-                                         m.cpu() if m is not None else None)
+        expected = ref.window_page_table(rt.cpu(), rpi.cpu(), starts, lens.cpu(), page_size, m.cpu() if m is not None else None)
         got = build_window_page_table(rt, rpi, seq, window_left=w, page_size=page_size, mapping=m, **kw)
         assert_close(got.page_table, expected, name="page_table")
         assert_close(got.window_starts, starts.int(), name="window_starts")
         width = expected.shape[1] + 3
         backing = torch.full((rpi.shape[0], width + 2), SENTINEL, dtype=torch.int32, device=device)
         out = WindowPageTable(backing[:, :width], torch.full_like(rpi, SENTINEL, dtype=torch.int32))
-        build_window_page_table(rt, rpi, seq, window_left=w, page_size=page_size, mapping=m, out=out,
-                                block=2, num_splits=2, **kw)
-        expected = ref.window_page_table(rt.cpu(), rpi.cpu(), starts, lens.cpu(), page_size,
-                                         m.cpu() if m is not None else None, max_pages=width)
+        build_window_page_table(rt, rpi, seq, window_left=w, page_size=page_size, mapping=m, out=out, block=2, num_splits=2, **kw)
+        expected = ref.window_page_table(
+            rt.cpu(), rpi.cpu(), starts, lens.cpu(), page_size, m.cpu() if m is not None else None, max_pages=width
+        )
         assert_close(backing[:, :width], expected, name="page_table (out)")
         assert bool((backing[:, width:] == SENTINEL).all())
         assert_close(out.window_starts, starts.int(), name="window_starts (out)")
@@ -255,9 +259,18 @@ def store_cases():
 def test_store_kv(device, dtype, x_dtype, scale, layer):
     """Sliding layers write at mapping[loc] in the same kernel; values bit-equal to the reference."""
     sliding = layer.startswith("swa")
-    state = make_pool_state(seq_lens=[12, 30, 9], window_left=6, page_size=16, new_tokens=[3, 1, 5], dtype=dtype,
-                            swa_head_num=3, swa_head_dim=20, full_head_num=2, full_head_dim=16,
-                            generator=torch.Generator().manual_seed(4))
+    state = make_pool_state(
+        seq_lens=[12, 30, 9],
+        window_left=6,
+        page_size=16,
+        new_tokens=[3, 1, 5],
+        dtype=dtype,
+        swa_head_num=3,
+        swa_head_dim=20,
+        full_head_num=2,
+        full_head_dim=16,
+        generator=torch.Generator().manual_seed(4),
+    )
     pool = state.kv_pool.swa_kv_pool if sliding else state.kv_pool.full_kv_pool
     layer_in_pool = 0
     loc = state.new_slots()
@@ -273,14 +286,19 @@ def test_store_kv(device, dtype, x_dtype, scale, layer):
         k_scale, v_scale = scale, scale * 2
     typed = (pool.get_key_buffer(layer_in_pool), pool.get_value_buffer(layer_in_pool))
     expected = [b.clone() for b in typed]
-    ref.store_kv(*expected, loc, k, v, mapping=state.mapping if sliding else None, k_scale=k_scale,
-                 v_scale=v_scale)
+    ref.store_kv(*expected, loc, k, v, mapping=state.mapping if sliding else None, k_scale=k_scale, v_scale=v_scale)
     bufs = (pool.k_buffer[layer_in_pool], pool.v_buffer[layer_in_pool]) if "uint8" in layer else typed
     dev_bufs = [b.to(device) for b in bufs]
     to_dev = lambda s: s.to(device) if isinstance(s, torch.Tensor) else s
-    store_kv(*dev_bufs, loc.to(device), k.to(device), v.to(device),
-             mapping=state.mapping.to(device) if sliding else None, k_scale=to_dev(k_scale),
-             v_scale=to_dev(v_scale))
+    store_kv(
+        *dev_bufs,
+        loc.to(device),
+        k.to(device),
+        v.to(device),
+        mapping=state.mapping.to(device) if sliding else None,
+        k_scale=to_dev(k_scale),
+        v_scale=to_dev(v_scale),
+    )
     for got, exp, name in zip(dev_bufs, expected, ("k_buffer", "v_buffer")):
         got, exp = got.cpu(), exp
         if dtype == torch.float8_e4m3fn or dtype == torch.bfloat16 or dtype == torch.float16:
@@ -314,8 +332,7 @@ def test_negative_slots_follow_torch_indexing(device):
     rpi, seq = torch.tensor([1, 0], device=device), torch.tensor([8, 1], device=device)
     for m in (mapping, None):
         got = build_window_page_table(rt, rpi, seq, window_left=-1, page_size=ps, mapping=m)
-        expected = ref.window_page_table(rt.cpu(), rpi.cpu(), seq.cpu() * 0, seq.cpu(), ps,
-                                         m.cpu() if m is not None else None)
+        expected = ref.window_page_table(rt.cpu(), rpi.cpu(), seq.cpu() * 0, seq.cpu(), ps, m.cpu() if m is not None else None)
         assert int(expected[0, 1]) == -1
         assert_close(got.page_table, expected, name="page_table")
         got = build_window_indices(rt, rpi, seq, window_left=-1, mapping=m)
@@ -362,16 +379,24 @@ def test_bad_input_raises_before_launch(device):
     with pytest.raises(TypeError, match="mapping"):
         build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping.float())
     B = rpi.shape[0]
-    bad = WindowIndices(torch.zeros(B + 1, dtype=torch.int64, device=device),
-                        torch.zeros(64, dtype=torch.int32, device=device), torch.zeros(B, dtype=torch.int32, device=device))
+    bad = WindowIndices(
+        torch.zeros(B + 1, dtype=torch.int64, device=device),
+        torch.zeros(64, dtype=torch.int32, device=device),
+        torch.zeros(B, dtype=torch.int32, device=device),
+    )
     with pytest.raises(TypeError, match="kv_indptr"):
         build_window_indices(rt, rpi, seq, out=bad, **ok)
     with pytest.raises(ValueError, match="power of two"):
         build_window_indices(rt, rpi, seq, block=6, **ok)
     with pytest.raises(ValueError, match="page_table"):
-        build_window_page_table(rt, rpi, seq, page_size=16,
-                                out=WindowPageTable(torch.zeros(B + 1, 4, dtype=torch.int32, device=device),
-                                                    torch.zeros(B, dtype=torch.int32, device=device)), **ok)
+        build_window_page_table(
+            rt,
+            rpi,
+            seq,
+            page_size=16,
+            out=WindowPageTable(torch.zeros(B + 1, 4, dtype=torch.int32, device=device), torch.zeros(B, dtype=torch.int32, device=device)),
+            **ok,
+        )
     with pytest.raises(TypeError, match="out_cache_loc"):
         swa_out_cache_loc(seq.float(), mapping)
     with pytest.raises(ValueError, match="fewer"):
@@ -380,8 +405,9 @@ def test_bad_input_raises_before_launch(device):
     with pytest.raises(ValueError, match="k must have shape"):
         store_kv(kb, kb, seq, torch.zeros(B, 2, 5, device=device), torch.zeros(B, 2, 4, device=device))
     with pytest.raises(ValueError, match="k_scale"):
-        store_kv(kb, kb, seq, torch.zeros(B, 2, 4, device=device), torch.zeros(B, 2, 4, device=device),
-                 k_scale=torch.ones(2, device=device))
+        store_kv(
+            kb, kb, seq, torch.zeros(B, 2, 4, device=device), torch.zeros(B, 2, 4, device=device), k_scale=torch.ones(2, device=device)
+        )
 
 
 # GPU tier: big batches, 1M-token contexts (int64 address math), CUDA-graph capture.
@@ -392,18 +418,30 @@ def test_bad_input_raises_before_launch(device):
 def test_large_batch_gpu(page_size):
     g = torch.Generator().manual_seed(6)
     lens = torch.randint(1, 60, (4096,), generator=g).tolist()
-    state = make_pool_state(seq_lens=lens, window_left=9, page_size=page_size, chunk=64, swa_head_num=1,
-                            swa_head_dim=1, full_head_num=1, full_head_dim=1, generator=g)
+    state = make_pool_state(
+        seq_lens=lens,
+        window_left=9,
+        page_size=page_size,
+        chunk=64,
+        swa_head_num=1,
+        swa_head_dim=1,
+        full_head_num=1,
+        full_head_dim=1,
+        generator=g,
+    )
     rt, mapping, rpi, seq, pre = _batch(state, "cuda", pad=0)
     got = build_window_indices(rt, rpi, seq, window_left=9, mapping=mapping, page_size=page_size)
     _check_csr(got, _reference(rt, rpi, seq, pre, 9, mapping, extend=False), len(lens), sliding=True)
     got = build_window_indices(rt, rpi, seq, window_left=-1, num_indices=sum(lens))
     _check_csr(got, _reference(rt, rpi, seq, pre, -1, None, extend=False), len(lens), sliding=False)
     starts = ref.decode_window_start(seq.cpu(), 9)
-    table = build_window_page_table(rt, rpi, seq, window_left=9, page_size=page_size, mapping=mapping,
-                                    max_pages=max_window_pages(9, page_size, rt.shape[1]))
-    assert_close(table.page_table, ref.window_page_table(rt.cpu(), rpi.cpu(), starts, seq.cpu(), page_size,
-                                                         mapping.cpu(), max_pages=table.page_table.shape[1]))
+    table = build_window_page_table(
+        rt, rpi, seq, window_left=9, page_size=page_size, mapping=mapping, max_pages=max_window_pages(9, page_size, rt.shape[1])
+    )
+    assert_close(
+        table.page_table,
+        ref.window_page_table(rt.cpu(), rpi.cpu(), starts, seq.cpu(), page_size, mapping.cpu(), max_pages=table.page_table.shape[1]),
+    )
 
 
 @pytest.mark.gpu
@@ -439,8 +477,14 @@ def test_cuda_graph_capture_gpu():
     """Build + page table + swa_out_cache_loc + store_kv captured once with fixed buffers; replays after
     the inputs change equal the eager reference."""
     W, ps, max_bs = 11, 16, 8
-    state = make_pool_state(seq_lens=[5, 40, 77, 23, 61, 9, 100], window_left=W, page_size=ps, swa_head_num=2,
-                            swa_head_dim=8, generator=torch.Generator().manual_seed(8))
+    state = make_pool_state(
+        seq_lens=[5, 40, 77, 23, 61, 9, 100],
+        window_left=W,
+        page_size=ps,
+        swa_head_num=2,
+        swa_head_dim=8,
+        generator=torch.Generator().manual_seed(8),
+    )
     rt, mapping = state.req_to_token.cuda(), state.mapping.cuda()
     C = rt.shape[1]
     rpi = torch.zeros(max_bs, dtype=torch.int64, device="cuda")
@@ -450,11 +494,15 @@ def test_cuda_graph_capture_gpu():
     k_scale = torch.ones(1, device="cuda")
     kb = torch.full((state.kv_pool.swa_kv_pool.size + ps, 2, 8), float("nan"), device="cuda")
     vb = kb.clone()
-    csr = WindowIndices(torch.empty(max_bs + 1, dtype=torch.int32, device="cuda"),
-                        torch.full((max_bs * max_window_len(W, C),), SENTINEL, dtype=torch.int32, device="cuda"),
-                        torch.empty(max_bs, dtype=torch.int32, device="cuda"))
-    table = WindowPageTable(torch.empty(max_bs, max_window_pages(W, ps, C), dtype=torch.int32, device="cuda"),
-                            torch.empty(max_bs, dtype=torch.int32, device="cuda"))
+    csr = WindowIndices(
+        torch.empty(max_bs + 1, dtype=torch.int32, device="cuda"),
+        torch.full((max_bs * max_window_len(W, C),), SENTINEL, dtype=torch.int32, device="cuda"),
+        torch.empty(max_bs, dtype=torch.int32, device="cuda"),
+    )
+    table = WindowPageTable(
+        torch.empty(max_bs, max_window_pages(W, ps, C), dtype=torch.int32, device="cuda"),
+        torch.empty(max_bs, dtype=torch.int32, device="cuda"),
+    )
     swa_loc = torch.empty(max_bs + 4, dtype=torch.int32, device="cuda")
 
     def step():
@@ -490,14 +538,15 @@ def test_cuda_graph_capture_gpu():
         expected = _reference(rt, rpi, seq, seq, W, mapping, extend=False)
         _check_csr(csr, expected, n, sliding=True)
         starts = ref.decode_window_start(seq.cpu(), W)
-        assert_close(table.page_table, ref.window_page_table(rt.cpu(), rpi.cpu(), starts, seq.cpu(), ps,
-                                                             mapping.cpu(), max_pages=table.page_table.shape[1]))
+        assert_close(
+            table.page_table,
+            ref.window_page_table(rt.cpu(), rpi.cpu(), starts, seq.cpu(), ps, mapping.cpu(), max_pages=table.page_table.shape[1]),
+        )
         assert_close(swa_loc, ref.swa_out_cache_loc(loc.cpu(), mapping.cpu(), swa_loc.shape[0]), name="swa_loc")
         exp_k = torch.full_like(kb, float("nan")).cpu()
         exp_v = exp_k.clone()
         # Padding tokens all write the dummy slot 0; compare the real rows only.
-        ref.store_kv(exp_k, exp_v, loc[:n].cpu(), k[:n].cpu(), k[:n].cpu(), mapping=mapping.cpu(),
-                     k_scale=scale, v_scale=scale)
+        ref.store_kv(exp_k, exp_v, loc[:n].cpu(), k[:n].cpu(), k[:n].cpu(), mapping=mapping.cpu(), k_scale=scale, v_scale=scale)
         assert_close(kb[1:], exp_k[1:].cuda(), atol=0, rtol=0, name="k_buffer")
 
 
@@ -586,7 +635,7 @@ def test_poisoned_index_buffers(device, monkeypatch):
     """Under TRITON_SWA_POISON=1 (the suite's default) the index buffers an op allocates start as the
     int32 minimum: entries past kv_indptr[B] (documented as untouched) keep it, every other entry is
     the reference's; with the switch off, the same call gives the same written entries."""
-    from triton_swa.runtime import poison as _poison
+    from triton_swa.runtime import poison
     from triton_swa.runtime.poison import INT_POISON, empty, poison_enabled
 
     state = _state([9, 17], 5, 4)
@@ -598,17 +647,17 @@ def test_poisoned_index_buffers(device, monkeypatch):
     want = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
     assert torch.equal(got.kv_indices[:exact], want.kv_indices) and torch.equal(got.kv_indptr, want.kv_indptr)
     assert bool(empty(4, dtype=torch.float32, device=device).isnan().all())
-    monkeypatch.setattr(_poison, "_ENABLED", False)
+    monkeypatch.setattr(poison, "_ENABLED", False)
     assert not poison_enabled()
     again = build_window_indices(rt, rpi, seq, window_left=5, mapping=mapping, num_indices=exact)
     assert torch.equal(again.kv_indices, want.kv_indices)
 
 
 def test_poison_switch_is_read_from_the_environment_on_refresh(monkeypatch):
-    from triton_swa.runtime import poison as _poison
+    from triton_swa.runtime import poison
 
-    monkeypatch.setattr(_poison, "_ENABLED", _poison._ENABLED)  # restored after the test
+    monkeypatch.setattr(poison, "_ENABLED", poison._ENABLED)  # restored after the test
     monkeypatch.setenv("TRITON_SWA_POISON", "0")
-    assert _poison.refresh_poison_env() is False and not _poison.poison_enabled()
+    assert poison.refresh_poison_env() is False and not poison.poison_enabled()
     monkeypatch.setenv("TRITON_SWA_POISON", "1")
-    assert _poison.refresh_poison_env() is True and _poison.poison_enabled()
+    assert poison.refresh_poison_env() is True and poison.poison_enabled()

@@ -2,7 +2,7 @@
 
 - rows that see no key (empty decode windows, W = 0 under a custom mask that hides the row itself,
   masked-out rows without a prefix), with and without sinks, through every output path (decode
-  direct, decode's merge kernel and in-place merge, extend direct and split-KV);
+  direct, the merge kernel and decode's in-place merge, extend direct and split-KV);
 - empty requests (0 new tokens), lengths 0 and 1;
 - sinks of -inf (the same as no sink) and very large finite ones (all weight on the sink: zeros);
 - logits near the fp16/bf16 limits (q and k scaled up until q . k approaches the dtype's and
@@ -23,8 +23,8 @@ import test_extend as ext
 import torch
 import triton
 import triton.language as tl
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa import store_kv
 from triton_swa.ops._common.softmax import fold_sink as _fold_sink
 from triton_swa.testing import DEFAULT_TOLERANCES, assert_close
@@ -57,9 +57,20 @@ def test_fold_sink_has_no_nan(device):
     (decode's direct path used to compute exp2(-inf - -inf) there), folds without NaN: (m, l, alpha)
     equal the float64 fold, with a row that has no key left at l = 0 or alpha = 0 (zeros out)."""
     cases = [  # (m_i, l_i, sink) in log2 units
-        (-INF, 0.0, -INF), (-INF, 0.0, 0.0), (-INF, 0.0, 3.0), (-INF, 0.0, 1e30), (-INF, 0.0, INF),
-        (2.0, 1.5, -INF), (2.0, 1.5, 2.0), (2.0, 1.5, 5.0), (2.0, 1.5, -5.0), (2.0, 1.5, 1e30), (2.0, 1.5, INF),
-        (-1e30, 1.0, -INF), (1e30, 2.0, 0.0), (0.0, 1.0, -1e30),
+        (-INF, 0.0, -INF),
+        (-INF, 0.0, 0.0),
+        (-INF, 0.0, 3.0),
+        (-INF, 0.0, 1e30),
+        (-INF, 0.0, INF),
+        (2.0, 1.5, -INF),
+        (2.0, 1.5, 2.0),
+        (2.0, 1.5, 5.0),
+        (2.0, 1.5, -5.0),
+        (2.0, 1.5, 1e30),
+        (2.0, 1.5, INF),
+        (-1e30, 1.0, -INF),
+        (1e30, 2.0, 0.0),
+        (0.0, 1.0, -1e30),
     ]
     n = 16
     cases += [cases[0]] * (n - len(cases))
@@ -98,8 +109,12 @@ def _decode_paths(case: dec.Case) -> list:
     ]
 
 
-SINK_VALUES = [pytest.param(-INF, id="sink-ninf"), pytest.param(0.5, id="sink-finite"),
-               pytest.param(1e4, id="sink-huge"), pytest.param(None, id="no-sink")]
+SINK_VALUES = [
+    pytest.param(-INF, id="sink-ninf"),
+    pytest.param(0.5, id="sink-finite"),
+    pytest.param(1e4, id="sink-huge"),
+    pytest.param(None, id="no-sink"),
+]
 
 
 @pytest.mark.parametrize("sink", SINK_VALUES)
@@ -187,15 +202,24 @@ def _extend_with_sinks(case: ext.Case, built: dict, sinks: torch.Tensor, device,
     ref_kw = dict(built["kw"])
     args = built["args"]
     built["expected"] = ref.extend_attention(
-        args["q"], args["k"], args["v"], args["k_buffer"], args["v_buffer"], args["qo_indptr"],
-        *_csr(case, built), args["prefix_lens"], **ref_kw)
+        args["q"],
+        args["k"],
+        args["v"],
+        args["k_buffer"],
+        args["v_buffer"],
+        args["qo_indptr"],
+        *_csr(case, built),
+        args["prefix_lens"],
+        **ref_kw,
+    )
     return ext.run_kernel(case, built, num_splits=num_splits)
 
 
 def _csr(case: ext.Case, built: dict):
     state = built["state"]
-    indptr, indices, _ = ref.extend_window_indices(state.req_to_token, state.req_pool_indices(),
-                                                   built["args"]["prefix_lens"], case.W, state.mapping)
+    indptr, indices, _ = ref.extend_window_indices(
+        state.req_to_token, state.req_pool_indices(), built["args"]["prefix_lens"], case.W, state.mapping
+    )
     return indptr.to(built["args"]["q"].device), indices.to(built["args"]["q"].device)
 
 
@@ -232,8 +256,16 @@ def test_extend_large_logits(dtype, mult, v_mult, cap, num_splits, device):
     for name, m in (("q", mult), ("k", mult), ("v", v_mult), ("k_buffer", mult), ("v_buffer", v_mult)):
         args[name] = (args[name].float() * m).to(dtype)
     built["expected"] = ref.extend_attention(
-        args["q"], args["k"], args["v"], args["k_buffer"], args["v_buffer"], args["qo_indptr"],
-        *_csr(case, built), args["prefix_lens"], **built["kw"])
+        args["q"],
+        args["k"],
+        args["v"],
+        args["k_buffer"],
+        args["v_buffer"],
+        args["qo_indptr"],
+        *_csr(case, built),
+        args["prefix_lens"],
+        **built["kw"],
+    )
     got = ext.run_kernel(case, built, num_splits=num_splits)
     _assert_no_nan(got, case.id)
     if device == "cuda" and cap == 0 and mult > 1e3:
@@ -250,8 +282,9 @@ E4M3_MAX = 448.0
 def test_store_kv_fp8_saturates(device):
     """Values beyond +-448 (after the scale), +-inf included, are stored as +-448 (bytes 0x7E/0xFE),
     bit for bit as the reference's store; only a NaN input gives a NaN byte."""
-    values = torch.tensor([447.0, 448.0, 449.0, 463.9, 464.0, 465.0, 500.0, 1e6, 3e38, INF,
-                           -449.0, -464.0, -1e6, -INF, 0.0, -0.0, 1e-12, 240.0, 7.99, NAN])
+    values = torch.tensor(
+        [447.0, 448.0, 449.0, 463.9, 464.0, 465.0, 500.0, 1e6, 3e38, INF, -449.0, -464.0, -1e6, -INF, 0.0, -0.0, 1e-12, 240.0, 7.99, NAN]
+    )
     n = values.numel()
     kb = torch.zeros(n + 4, 1, 1, dtype=torch.uint8, device=device)
     vb = torch.zeros(n + 4, 1, 1, dtype=torch.uint8, device=device)
@@ -262,16 +295,16 @@ def test_store_kv_fp8_saturates(device):
     exp_v = exp_k.clone()
     ref.store_kv(exp_k, exp_v, loc.cpu(), x.cpu(), x.cpu() * 3, v_scale=0.5)
     for got, exp, name in ((kb, exp_k, "k_buffer"), (vb, exp_v, "v_buffer")):
-        bits = got.cpu().reshape(-1)[1:n + 1]
-        assert torch.equal(bits, exp.view(torch.uint8).reshape(-1)[1:n + 1]), name
+        bits = got.cpu().reshape(-1)[1 : n + 1]
+        assert torch.equal(bits, exp.view(torch.uint8).reshape(-1)[1 : n + 1]), name
         finite_or_inf = ~torch.isnan(values)
         nan_bytes = (bits & 0x7F) == 0x7F
         assert not bool(nan_bytes[finite_or_inf].any()), f"{name}: a non-NaN input became a NaN byte"
         decoded = bits.view(torch.float8_e4m3fn).float()
         assert bool((decoded[finite_or_inf].abs() <= E4M3_MAX).all())
     big = values.abs() > 464  # past the rounding boundary of 448
-    assert bool((kb.cpu().reshape(-1)[1:n + 1][big & (values > 0)] == 0x7E).all())
-    assert bool((kb.cpu().reshape(-1)[1:n + 1][big & (values < 0)] == 0xFE).all())
+    assert bool((kb.cpu().reshape(-1)[1 : n + 1][big & (values > 0)] == 0x7E).all())
+    assert bool((kb.cpu().reshape(-1)[1 : n + 1][big & (values < 0)] == 0xFE).all())
 
 
 def test_attention_over_saturated_fp8_pool(device):

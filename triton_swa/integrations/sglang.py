@@ -96,14 +96,16 @@ class _VerifySpec:
             size = n * (p + n)
             if at + size > mask.numel():
                 break
-            blocks.append(mask[at:at + size].view(n, p + n)[:, p:].reshape(-1))
+            blocks.append(mask[at : at + size].view(n, p + n)[:, p:].reshape(-1))
             at += size
         if at != mask.numel():
-            raise ValueError(f"spec_info.custom_mask has {mask.numel()} entries; SGLang's layout ([drafts, prefix + "
-                             f"drafts] per request over seq_lens {lens.tolist()}) does not add up to it")
+            raise ValueError(
+                f"spec_info.custom_mask has {mask.numel()} entries; SGLang's layout ([drafts, prefix + "
+                f"drafts] per request over seq_lens {lens.tolist()}) does not add up to it"
+            )
         self.custom_mask = torch.cat(blocks)
         positions = getattr(forward_batch, "positions", None)
-        self.positions = None if positions is None else positions[:len(blocks) * n].to(torch.int64)
+        self.positions = None if positions is None else positions[: len(blocks) * n].to(torch.int64)
 
 
 class _Batch:
@@ -131,22 +133,32 @@ class _Core(TritonSWAAttnBackend):
         if write_mapping is not None:  # the layer lives in an SWA sub-pool
             swa_loc = self.swa_loc
             if swa_loc is None:
-                raise ValueError(f"layer {layer.layer_id} writes an SWA sub-pool but the step has no SWA write ids "
-                                 "(init_forward_metadata must run with forward_batch.out_cache_loc)")
+                raise ValueError(
+                    f"layer {layer.layer_id} writes an SWA sub-pool but the step has no SWA write ids "
+                    "(init_forward_metadata must run with forward_batch.out_cache_loc)"
+                )
         radix = layer.radix
         if k_buf.dtype != k.dtype:
             # SGLang's pool divides quantized writes by the scale in place: keep the caller's k, v
             k, v = k.clone(), v.clone()
-        self.kv_pool.set_kv_buffer(radix, KVWriteLoc.for_layer(forward_batch, radix, swa_loc=swa_loc), k, v,
-                                   getattr(radix, "k_scale", None), getattr(radix, "v_scale", None))
+        self.kv_pool.set_kv_buffer(
+            radix,
+            KVWriteLoc.for_layer(forward_batch, radix, swa_loc=swa_loc),
+            k,
+            v,
+            getattr(radix, "k_scale", None),
+            getattr(radix, "v_scale", None),
+        )
 
 
 def _check_layout(pool) -> None:
     for sub in (pool, getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)):
         layout = getattr(sub, "kv_cache_layout", "nhd")
         if sub is not None and (getattr(sub, "use_hnd", False) or str(layout).lower() not in ("nhd", "none")):
-            raise ValueError(f"the KV pool ({type(sub).__name__}) uses the {layout!r} layout; the triton_swa SGLang "
-                             "backend reads token-major (NHD) buffers: unset SGLANG_USE_HND_KVCACHE")
+            raise ValueError(
+                f"the KV pool ({type(sub).__name__}) uses the {layout!r} layout; the triton_swa SGLang "
+                "backend reads token-major (NHD) buffers: unset SGLANG_USE_HND_KVCACHE"
+            )
 
 
 class TritonSWASGLangBackend(AttentionBackend):
@@ -164,8 +176,10 @@ class TritonSWASGLangBackend(AttentionBackend):
         super().__init__()
         translator = getattr(model_runner, "kv_index_translator", None)
         if translator is not None and bool(getattr(translator, "is_translating", False)):
-            raise ValueError("the runner serves unified KV memory (req_to_token holds virtual ids); the triton_swa "
-                             "SGLang backend reads physical slots only")
+            raise ValueError(
+                "the runner serves unified KV memory (req_to_token holds virtual ids); the triton_swa "
+                "SGLang backend reads physical slots only"
+            )
         # Kept private: SGLang's base reads a backend's public kv_index_translator as "can serve the
         # unified pool", which this backend cannot.
         self._translator = translator
@@ -255,19 +269,19 @@ class TritonSWASGLangBackend(AttentionBackend):
         spec = _VerifySpec(fb.spec_info, fb) if mode.is_target_verify() else None
         if in_capture:
             num_tokens = fb.positions.numel() if getattr(fb, "positions", None) is not None else bs
-            self.core.init_forward_metadata_capture_cuda_graph(bs, num_tokens, fb.req_pool_indices, fb.seq_lens,
-                                                               None, mode, spec)
+            self.core.init_forward_metadata_capture_cuda_graph(bs, num_tokens, fb.req_pool_indices, fb.seq_lens, None, mode, spec)
         else:
-            self.core.init_forward_metadata_replay_cuda_graph(bs, fb.req_pool_indices, fb.seq_lens,
-                                                              getattr(fb, "seq_lens_sum", None), None, mode, spec,
-                                                              getattr(fb, "seq_lens_cpu", None))
+            self.core.init_forward_metadata_replay_cuda_graph(
+                bs, fb.req_pool_indices, fb.seq_lens, getattr(fb, "seq_lens_sum", None), None, mode, spec, getattr(fb, "seq_lens_cpu", None)
+            )
         self.core.swa_loc = None
         loc = getattr(fb, "out_cache_loc", None)
         if self.core.use_sliding_window_kv_pool and loc is not None:
             n = loc.shape[0]
             if n > self._graph_swa_loc.numel():
-                raise ValueError(f"out_cache_loc has {n} entries, more than the max_num_tokens="
-                                 f"{self._graph_swa_loc.numel()} of init_cuda_graph_state")
+                raise ValueError(
+                    f"out_cache_loc has {n} entries, more than the max_num_tokens={self._graph_swa_loc.numel()} of init_cuda_graph_state"
+                )
             buf = self._graph_swa_loc
             buf[n:].zero_()  # padded writes go to the dummy slot 0
             if in_capture:

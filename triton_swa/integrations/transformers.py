@@ -127,8 +127,10 @@ def _attention_modules(model) -> dict[int, torch.nn.Module]:
         found[m.layer_idx] = m
     want = set(range(config.num_hidden_layers))
     if set(found) != want:
-        raise ValueError(f"found attention modules for layers {sorted(found)}, expected 0..{config.num_hidden_layers - 1}: "
-                         f"not a decoder this integration knows ({type(model).__name__})")
+        raise ValueError(
+            f"found attention modules for layers {sorted(found)}, expected 0..{config.num_hidden_layers - 1}: "
+            f"not a decoder this integration knows ({type(model).__name__})"
+        )
     return found
 
 
@@ -137,8 +139,9 @@ def _hf_sliding_window(module, config) -> int | None:
     config's (Mistral slides every layer)."""
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None and layer_types[module.layer_idx] not in _LAYER_TYPES:
-        raise ValueError(f"layer {module.layer_idx} is {layer_types[module.layer_idx]!r}; triton_swa runs "
-                         f"{' and '.join(_LAYER_TYPES)} layers only")
+        raise ValueError(
+            f"layer {module.layer_idx} is {layer_types[module.layer_idx]!r}; triton_swa runs {' and '.join(_LAYER_TYPES)} layers only"
+        )
     if hasattr(module, "sliding_window"):
         return module.sliding_window
     if layer_types is not None:
@@ -153,11 +156,16 @@ def _kv_source(module, modules: Mapping[int, torch.nn.Module]) -> int | None:
     source = getattr(module, "kv_shared_layer_index", None)  # Gemma 3n names it
     if source is None:
         # Gemma 4: the last earlier layer of the same type stores its K/V for the shared ones
-        source = [i for i, m in modules.items() if getattr(m, "store_full_length_kv", False)
-                  and getattr(m, "layer_type", None) == getattr(module, "layer_type", None)]
+        source = [
+            i
+            for i, m in modules.items()
+            if getattr(m, "store_full_length_kv", False) and getattr(m, "layer_type", None) == getattr(module, "layer_type", None)
+        ]
         if len(source) != 1:
-            raise ValueError(f"layer {module.layer_idx} is KV-shared but {len(source)} layers of its type "
-                             f"({getattr(module, 'layer_type', None)!r}) store K/V for sharing")
+            raise ValueError(
+                f"layer {module.layer_idx} is KV-shared but {len(source)} layers of its type "
+                f"({getattr(module, 'layer_type', None)!r}) store K/V for sharing"
+            )
         source = source[0]
     if getattr(modules[source], "is_kv_shared_layer", False):
         raise ValueError(f"layer {module.layer_idx} reads the K/V of layer {source}, itself KV-shared")
@@ -185,8 +193,7 @@ def model_layer_specs(model) -> list[LayerSpec]:
         hq = m.q_proj.out_features // m.head_dim
         groups = getattr(m, "num_key_value_groups", None)
         h = hq // groups if groups else config.num_key_value_heads
-        specs.append(LayerSpec(i, window_left_from_hf(_hf_sliding_window(m, config)), hq, h, m.head_dim,
-                               _kv_source(m, modules)))
+        specs.append(LayerSpec(i, window_left_from_hf(_hf_sliding_window(m, config)), hq, h, m.head_dim, _kv_source(m, modules)))
     return specs
 
 
@@ -264,12 +271,13 @@ class PagedKV:
         """Slots for ``new[i]`` tokens after ``prefix[i]`` of row ``rows[i]``, recorded in ``req_to_token``."""
         slots = alloc_positions(self.allocator, self.req_to_token_pool.req_to_token, rows, prefix, new)
         if slots is None:
-            raise RuntimeError(f"out of KV slots for {sum(new)} tokens (full free {self.allocator.full_available_size()}, "
-                               f"SWA free {self.allocator.swa_available_size()}): evict, free requests or grow the pools")
+            raise RuntimeError(
+                f"out of KV slots for {sum(new)} tokens (full free {self.allocator.full_available_size()}, "
+                f"SWA free {self.allocator.swa_available_size()}): evict, free requests or grow the pools"
+            )
         return slots
 
-    def context(self, forward_batch, position_ids: torch.Tensor | None = None, observer: Callable | None = None
-                ) -> StepContext:
+    def context(self, forward_batch, position_ids: torch.Tensor | None = None, observer: Callable | None = None) -> StepContext:
         """Build the step's metadata once (``backend.init_forward_metadata``) and the context the model carries.
 
         ``position_ids`` default to :func:`positions_of` the batch; ``observer`` see :class:`StepContext`.
@@ -309,8 +317,7 @@ class PagedKV:
 
     def evict(self, row: int, seq_len: int, evicted_len: int) -> int:
         """Free the SWA slots of row ``row``'s tokens that no later query sees; returns the new ``evicted_len``."""
-        return evict_swa_window(self.allocator, self.req_to_token_pool.req_to_token, row, seq_len, self.window_left,
-                                evicted_len)
+        return evict_swa_window(self.allocator, self.req_to_token_pool.req_to_token, row, seq_len, self.window_left, evicted_len)
 
     def free(self, row: int, start: int, end: int) -> None:
         """Free tokens ``start .. end - 1`` of row ``row`` (full slots and any SWA slots): rejected drafts, a finished request."""
@@ -371,24 +378,43 @@ def build_paged_kv(
 
     swa_h, swa_d = geometry(sliding, "sliding")
     full_h, full_d = geometry(full, "full")
-    pool = SWAKVPool(size, size_swa, page_size, dtype, [s.layer_id for s in sliding], [s.layer_id for s in full], device,
-                     swa_head_num=swa_h, swa_head_dim=swa_d, full_head_num=full_h, full_head_dim=full_d)
+    pool = SWAKVPool(
+        size,
+        size_swa,
+        page_size,
+        dtype,
+        [s.layer_id for s in sliding],
+        [s.layer_id for s in full],
+        device,
+        swa_head_num=swa_h,
+        swa_head_dim=swa_d,
+        full_head_num=full_h,
+        full_head_dim=full_d,
+    )
     if target is None:
         allocator = SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, pool)
         req_to_token_pool = ReqToTokenPool(max_num_reqs, max_context_len, device)
-        runner = ModelRunner(pool, allocator, req_to_token_pool, sliding_window_size=windows[0], device=device,
-                             page_size=page_size)
+        runner = ModelRunner(pool, allocator, req_to_token_pool, sliding_window_size=windows[0], device=device, page_size=page_size)
     else:
         # the DFlash topology: the draft's own pool, the target's slots and mapping
         allocator, req_to_token_pool = target.allocator, target.req_to_token_pool
         pool.register_mapping(allocator.full_to_swa_index_mapping)
-        runner = ModelRunner(pool, allocator, req_to_token_pool, sliding_window_size=windows[0], device=device,
-                             page_size=page_size, is_draft_worker=True, spec_algorithm=SpeculativeAlgorithm.DFLASH)
+        runner = ModelRunner(
+            pool,
+            allocator,
+            req_to_token_pool,
+            sliding_window_size=windows[0],
+            device=device,
+            page_size=page_size,
+            is_draft_worker=True,
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+        )
     return PagedKV(pool, allocator, req_to_token_pool, runner, backend_class(runner), specs)
 
 
-def build_draft_paged_kv(draft_model, target: PagedKV, *, dtype: torch.dtype | None = None,
-                         backend_class: type = TritonSWAAttnBackend) -> PagedKV:
+def build_draft_paged_kv(
+    draft_model, target: PagedKV, *, dtype: torch.dtype | None = None, backend_class: type = TritonSWAAttnBackend
+) -> PagedKV:
     """A draft worker's pools in the Gemma 4 + DFlash topology: its own SWA-backed pool (the draft
     model's geometry, the target's sizes) that registers the target allocator's
     ``full_to_swa_index_mapping``, and the target's allocator and ``req_to_token`` pool, so that one
@@ -404,13 +430,23 @@ def build_draft_paged_kv(draft_model, target: PagedKV, *, dtype: torch.dtype | N
         ValueError: as :func:`build_paged_kv`, or the draft's window differs from the target's.
     """
     alloc = target.allocator
-    kv = build_paged_kv(draft_model, size=alloc.size, size_swa=alloc.size_swa, page_size=alloc.page_size,
-                        max_num_reqs=target.req_to_token_pool.size,
-                        max_context_len=target.req_to_token_pool.max_context_len, dtype=dtype, device=target.device,
-                        target=target, backend_class=backend_class)
+    kv = build_paged_kv(
+        draft_model,
+        size=alloc.size,
+        size_swa=alloc.size_swa,
+        page_size=alloc.page_size,
+        max_num_reqs=target.req_to_token_pool.size,
+        max_context_len=target.req_to_token_pool.max_context_len,
+        dtype=dtype,
+        device=target.device,
+        target=target,
+        backend_class=backend_class,
+    )
     if kv.window_left != target.window_left:
-        raise ValueError(f"the draft's sliding window (window_left {kv.window_left}) differs from the target's "
-                         f"({target.window_left}): they share one slot space and its eviction")
+        raise ValueError(
+            f"the draft's sliding window (window_left {kv.window_left}) differs from the target's "
+            f"({target.window_left}): they share one slot space and its eviction"
+        )
     return kv
 
 
@@ -434,8 +470,9 @@ class ModelWorker:
         return self.model(input_ids=input_ids.view(1, -1), **step.model_kwargs()).logits[0]
 
 
-def triton_swa_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                                 softcap=None, s_aux=None, **kwargs):
+def triton_swa_attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, s_aux=None, **kwargs
+):
     """transformers' attention-function signature over triton-swa's pools, for one layer of one step.
 
     Writes the step's K/V of ``module.layer_idx`` (SWA slots for sliding layers; none for KV-shared
@@ -461,11 +498,15 @@ def triton_swa_attention_forward(module, query, key, value, attention_mask, scal
     """
     step = kwargs.get(STEP_KWARG)
     if not isinstance(step, StepContext):
-        raise ValueError(f"the triton_swa attention needs the step's context: call the model with {STEP_KWARG}=... "
-                         "(PagedKV.extend/decode/verify/context, then model(..., **step.model_kwargs()))")
+        raise ValueError(
+            f"the triton_swa attention needs the step's context: call the model with {STEP_KWARG}=... "
+            "(PagedKV.extend/decode/verify/context, then model(..., **step.model_kwargs()))"
+        )
     if attention_mask is not None:
-        raise ValueError("the triton_swa attention takes no dense attention mask (register() installs its mask builder, "
-                         "and the model must be called without attention_mask)")
+        raise ValueError(
+            "the triton_swa attention takes no dense attention mask (register() installs its mask builder, "
+            "and the model must be called without attention_mask)"
+        )
     if dropout:
         raise ValueError(f"the triton_swa attention is for inference: dropout must be 0, got {dropout}")
     if getattr(module, "is_causal", True) is False:
@@ -476,12 +517,22 @@ def triton_swa_attention_forward(module, query, key, value, attention_mask, scal
     _, hq, t, d = query.shape
     shared = step.kv_shared_layer_ids.get(layer_id)
     if shared is None and key.shape[2] != t:
-        raise ValueError(f"layer {layer_id}: key has {key.shape[2]} tokens but query {t}: an HF cache is in use; call "
-                         "the model with use_cache=False (the pools are the cache)")
-    layer = AttentionLayer(layer_id, hq, key.shape[1], d, v_head_dim=value.shape[-1],
-                           scaling=d**-0.5 if scaling is None else float(scaling), logit_cap=float(softcap or 0.0),
-                           sliding_window_size=window_left_from_hf(sliding_window), sinks=s_aux,
-                           kv_shared_layer_id=shared)
+        raise ValueError(
+            f"layer {layer_id}: key has {key.shape[2]} tokens but query {t}: an HF cache is in use; call "
+            "the model with use_cache=False (the pools are the cache)"
+        )
+    layer = AttentionLayer(
+        layer_id,
+        hq,
+        key.shape[1],
+        d,
+        v_head_dim=value.shape[-1],
+        scaling=d**-0.5 if scaling is None else float(scaling),
+        logit_cap=float(softcap or 0.0),
+        sliding_window_size=window_left_from_hf(sliding_window),
+        sinks=s_aux,
+        kv_shared_layer_id=shared,
+    )
     q = query[0].transpose(0, 1).contiguous()
     k = v = None
     if shared is None:
@@ -501,8 +552,10 @@ def _no_dense_mask(*args, attention_mask=None, **kwargs):
         ValueError: a 2-D padding mask that masks something: the step's tokens must come packed, unpadded.
     """
     if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("the triton_swa attention takes no padding mask: pack the step's tokens of every request "
-                         "along one sequence (batch dim 1), without padding")
+        raise ValueError(
+            "the triton_swa attention takes no padding mask: pack the step's tokens of every request "
+            "along one sequence (batch dim 1), without padding"
+        )
     return None
 
 

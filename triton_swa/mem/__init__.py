@@ -1,12 +1,6 @@
 """Memory model: request rows, KV pools, the SWA pool and the allocators (SPEC §2)."""
 
-from .allocators import (
-    PagedTokenToKVPoolAllocator,
-    SWATokenToKVPoolAllocator,
-    TokenToKVPoolAllocator,
-    alloc_positions,
-    evict_swa_window,
-)
+from .allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator, alloc_positions, evict_swa_window
 from .invariants import check_allocator_invariants
 from .pools import SWA_POOL_PROTOCOL, BaseSWAKVPool, MHATokenToKVPool, ReqToTokenPool, SWAKVPool, is_swa_kv_pool
 

@@ -157,8 +157,7 @@ class PagedTokenToKVPoolAllocator:
             raise ValueError(f"prefix_lens must be >= 0, got prefix_lens[{b}] = {int(prefix[b])}")
         if bool((seq < prefix).any()):
             b = int((seq < prefix).nonzero()[0])
-            raise ValueError(f"seq_lens must be >= prefix_lens, got seq_lens[{b}] = {int(seq[b])} "
-                             f"< prefix_lens[{b}] = {int(prefix[b])}")
+            raise ValueError(f"seq_lens must be >= prefix_lens, got seq_lens[{b}] = {int(seq[b])} < prefix_lens[{b}] = {int(prefix[b])}")
         total = int((seq - prefix).sum())
         if extend_num_tokens is not None and extend_num_tokens != total:
             raise ValueError(f"extend_num_tokens ({extend_num_tokens}) != sum(seq_lens - prefix_lens) ({total})")
@@ -174,15 +173,15 @@ class PagedTokenToKVPoolAllocator:
         bad = (last != -1) & ((last < ps) | (last >= self.num_slots))
         if bool(bad.any()):
             b = int(bad.nonzero()[0])
-            raise ValueError(f"{name}[{b}] = {int(last[b])} is neither -1 nor a slot of this pool "
-                             f"({ps}..{self.num_slots - 1})")
+            raise ValueError(f"{name}[{b}] = {int(last[b])} is neither -1 nor a slot of this pool ({ps}..{self.num_slots - 1})")
         cont = self._continuing(prefix, seq)
         wrong = cont & ((last < 0) | (last % ps != (prefix - 1) % ps))
         if bool(wrong.any()):
             b = int(wrong.nonzero()[0])
             raise ValueError(
                 f"{name}[{b}] = {int(last[b])} is not the slot of token prefix_lens[{b}] - 1 = {int(prefix[b]) - 1}: "
-                f"with page_size {ps} that token sits at offset {(int(prefix[b]) - 1) % ps} of its page")
+                f"with page_size {ps} that token sits at offset {(int(prefix[b]) - 1) % ps} of its page"
+            )
         pages = last[cont] // ps
         if pages.unique().numel() != pages.numel():
             raise ValueError(f"{name}: two requests continue the same page ({sorted(pages.tolist())})")
@@ -205,14 +204,15 @@ class PagedTokenToKVPoolAllocator:
         for j, b in enumerate(cont):
             p, s, lloc = int(prefix[b]), int(seq[b]), int(last[b])
             if not rows[j, lloc % ps]:
-                raise ValueError(f"{name}[{b}] = {lloc} is a {what} that is not allocated: "
-                                 f"cannot continue its page for token {p}")
+                raise ValueError(f"{name}[{b}] = {lloc} is a {what} that is not allocated: cannot continue its page for token {p}")
             first, upto = p % ps, min(ps, p % ps + s - p)
             taken = rows[j, first:upto].nonzero().flatten()
             if taken.numel():
                 slot = lloc - lloc % ps + first + int(taken[0])
-                raise ValueError(f"{name}[{b}] = {lloc}: {what} {slot} after it is already allocated "
-                                 f"(continuing the page for token {p} would hand it out twice)")
+                raise ValueError(
+                    f"{name}[{b}] = {lloc}: {what} {slot} after it is already allocated "
+                    f"(continuing the page for token {p} would hand it out twice)"
+                )
 
     def _layout(self, prefix, seq, last, fresh) -> torch.Tensor:
         """Host slots of tokens ``[prefix[b], seq[b])`` of each request, concatenated."""
@@ -226,8 +226,7 @@ class PagedTokenToKVPoolAllocator:
             # earlier positions continue the page of last_loc.
             first_fresh = (p + ps - 1) // ps
             rel = pos // ps - first_fresh
-            page_of = torch.where(rel < 0, torch.full_like(pos, max(lloc, 0) // ps),
-                                  fresh[used + rel.clamp(min=0)] if n else pos * 0)
+            page_of = torch.where(rel < 0, torch.full_like(pos, max(lloc, 0) // ps), fresh[used + rel.clamp(min=0)] if n else pos * 0)
             out.append(page_of * ps + pos % ps)
             used += n
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
@@ -292,8 +291,10 @@ class PagedTokenToKVPoolAllocator:
         out = (slots < ps) | (slots >= self.num_slots)
         if bool(out.any()):
             s = int(slots[out][0])
-            raise ValueError(f"{name} holds {what} {s}, outside this pool's slots {ps}..{self.num_slots - 1} "
-                             f"(pages 1..{self.num_pages}; slot 0 is the dummy and is skipped)")
+            raise ValueError(
+                f"{name} holds {what} {s}, outside this pool's slots {ps}..{self.num_slots - 1} "
+                f"(pages 1..{self.num_pages}; slot 0 is the dummy and is skipped)"
+            )
         if slots.numel() > 1 and bool((slots[1:] == slots[:-1]).any()):
             s = int(slots[1:][slots[1:] == slots[:-1]][0])
             raise ValueError(f"{name} holds {what} {s} twice")
@@ -366,11 +367,11 @@ class SWATokenToKVPoolAllocator:
         req_to_token_pool: accepted for SGLang's signature; not used.
     """
 
-    def __init__(self, size: int, size_swa: int, page_size: int, dtype, device, kvcache, need_sort: bool = False,
-                 req_to_token_pool=None):
+    def __init__(self, size: int, size_swa: int, page_size: int, dtype, device, kvcache, need_sort: bool = False, req_to_token_pool=None):
         if not (is_swa_kv_pool(kvcache) and callable(getattr(kvcache, "register_mapping", None))):
-            raise TypeError(f"kvcache must be an SWA pool (with swa_kv_pool, full_kv_pool and register_mapping), "
-                            f"got {type(kvcache).__name__}")
+            raise TypeError(
+                f"kvcache must be an SWA pool (with swa_kv_pool, full_kv_pool and register_mapping), got {type(kvcache).__name__}"
+            )
         check_int("page_size", page_size, minimum=1)
         check_int("size", size, minimum=1)
         check_int("size_swa", size_swa, minimum=1)
@@ -383,11 +384,11 @@ class SWATokenToKVPoolAllocator:
             if sub_page != page_size:
                 raise ValueError(f"page_size ({page_size}) disagrees with the {side} sub-pool's page_size ({sub_page})")
             if isinstance(sub_size, int) and value > sub_size:
-                raise ValueError(f"{name} ({value}) exceeds the {side} sub-pool's size ({sub_size} slots): "
-                                 f"it would hand out slots past its buffers")
+                raise ValueError(
+                    f"{name} ({value}) exceeds the {side} sub-pool's size ({sub_size} slots): it would hand out slots past its buffers"
+                )
         self.full_attn_allocator = PagedTokenToKVPoolAllocator(size, page_size, dtype, device, full_pool, need_sort)
-        self.swa_attn_allocator = PagedTokenToKVPoolAllocator(size_swa, page_size, dtype, device, kvcache.swa_kv_pool,
-                                                              need_sort)
+        self.swa_attn_allocator = PagedTokenToKVPoolAllocator(size_swa, page_size, dtype, device, kvcache.swa_kv_pool, need_sort)
         self.size, self.size_swa, self.page_size = size, size_swa, page_size
         self.dtype, self.device = dtype, self.full_attn_allocator.device
         self.need_sort = need_sort
@@ -445,18 +446,18 @@ class SWATokenToKVPoolAllocator:
         cont = full_a._continuing(prefix, seq)
         last_dev = _to_device(last[cont], self.device)
         swa_last_dev = self.full_to_swa_index_mapping[last_dev]
-        parts = [full_a.free_pages[:num], swa_a.free_pages[:num], full_a._rows_of(last_dev), swa_last_dev,
-                 swa_a._rows_of(swa_last_dev)]
-        fresh_full, fresh_swa, rows_full, swa_last_c, rows_swa = torch.cat(parts).cpu().split(
-            [p.numel() for p in parts])
+        parts = [full_a.free_pages[:num], swa_a.free_pages[:num], full_a._rows_of(last_dev), swa_last_dev, swa_a._rows_of(swa_last_dev)]
+        fresh_full, fresh_swa, rows_full, swa_last_c, rows_swa = torch.cat(parts).cpu().split([p.numel() for p in parts])
         full_a._check_continued(prefix, seq, last, rows_full, "last_loc")
         swa_last = torch.full_like(last, -1)
         swa_last[cont] = swa_last_c
         no_swa = cont & (swa_last <= 0)
         if bool(no_swa.any()):
             b = int(no_swa.nonzero()[0])
-            raise ValueError(f"last_loc[{b}] = {int(last[b])} has no SWA slot (evicted, or never allocated): "
-                             f"cannot continue its SWA page for token {int(prefix[b])}")
+            raise ValueError(
+                f"last_loc[{b}] = {int(last[b])} has no SWA slot (evicted, or never allocated): "
+                f"cannot continue its SWA page for token {int(prefix[b])}"
+            )
         swa_a._check_last_loc(prefix, seq, swa_last, "mapping[last_loc]")
         swa_a._check_continued(prefix, seq, swa_last, rows_swa, "mapping[last_loc]", "SWA slot")
         full_host = full_a._layout(prefix, seq, last, fresh_full)
@@ -514,12 +515,7 @@ class SWATokenToKVPoolAllocator:
 
 
 def evict_swa_window(
-    allocator: SWATokenToKVPoolAllocator,
-    req_to_token: torch.Tensor,
-    req_pool_index: int,
-    seq_len: int,
-    window_left: int,
-    evicted_len: int,
+    allocator: SWATokenToKVPoolAllocator, req_to_token: torch.Tensor, req_pool_index: int, seq_len: int, window_left: int, evicted_len: int
 ) -> int:
     """Free the SWA slots of one request's tokens that no later query can see; return the new mark.
 
@@ -585,6 +581,6 @@ def alloc_positions(allocator, req_to_token: torch.Tensor, rows, starts, counts)
         return None
     at = 0
     for r, s, m in zip(rows, starts, counts):
-        req_to_token[r, s:s + m] = slots[at:at + m].to(torch.int32)
+        req_to_token[r, s : s + m] = slots[at : at + m].to(torch.int32)
         at += m
     return slots

@@ -59,8 +59,9 @@ def _check_side(alloc, live: torch.Tensor, where, side: str) -> None:
         raise AssertionError(f"{side}: {where[i]} uses slot {s}, which the allocator does not own (freed or never allocated)")
     leaked = owned & ~live_mask
     if leaked.any():
-        raise AssertionError(f"{side}: slot {int(leaked.nonzero()[0])} is owned but no live token uses it (leaked); "
-                             f"{int(leaked.sum())} such slots")
+        raise AssertionError(
+            f"{side}: slot {int(leaked.nonzero()[0])} is owned but no live token uses it (leaked); {int(leaked.sum())} such slots"
+        )
     held = owned.view(-1, ps).any(1)
     on_free = torch.zeros(num_pages + 1, dtype=torch.bool)
     on_free[free] = True
@@ -73,9 +74,11 @@ def _check_side(alloc, live: torch.Tensor, where, side: str) -> None:
     lost = ~held & ~on_free
     lost[0] = False
     if lost.any():
-        raise AssertionError(f"{side}: pages leaked: {int(lost.sum())} pages are neither free nor hold an owned slot "
-                             f"(first: page {int(lost.nonzero()[0])}); free {free.numel()} + held "
-                             f"{int(held.sum())} != {num_pages}")
+        raise AssertionError(
+            f"{side}: pages leaked: {int(lost.sum())} pages are neither free nor hold an owned slot "
+            f"(first: page {int(lost.nonzero()[0])}); free {free.numel()} + held "
+            f"{int(held.sum())} != {num_pages}"
+        )
 
 
 def _distinct(slots: torch.Tensor, where, side: str) -> None:
@@ -128,13 +131,16 @@ def check_allocator_invariants(allocator, req_to_token: torch.Tensor, requests) 
         bad = (full < ps) | (full >= full_alloc.num_slots)
         if bad.any():
             t = int(bad.nonzero()[0])
-            raise AssertionError(f"request row {row}: token {t} maps to full slot {int(full[t])}, "
-                                 f"not a slot of the pool ({ps}..{full_alloc.num_slots - 1}; page 0 is the dummy)")
+            raise AssertionError(
+                f"request row {row}: token {t} maps to full slot {int(full[t])}, "
+                f"not a slot of the pool ({ps}..{full_alloc.num_slots - 1}; page 0 is the dummy)"
+            )
         off = full % ps != pos % ps
         if off.any():
             t = int(off.nonzero()[0])
-            raise AssertionError(f"request row {row}: token {t} sits at offset {int(full[t]) % ps} of its page "
-                                 f"(full slot {int(full[t])}), expected {t % ps}")
+            raise AssertionError(
+                f"request row {row}: token {t} sits at offset {int(full[t]) % ps} of its page (full slot {int(full[t])}), expected {t % ps}"
+            )
         full_parts.append(full)
         full_where.append((row, 0, full, None))
         if mapping is None:
@@ -143,19 +149,25 @@ def check_allocator_invariants(allocator, req_to_token: torch.Tensor, requests) 
         ev = swa[:e] != 0
         if ev.any():
             t = int(ev.nonzero()[0])
-            raise AssertionError(f"request row {row}: evicted token {t} (full slot {int(full[t])}, evicted_len {e}) "
-                                 f"maps to SWA slot {int(swa[t])}, expected 0")
+            raise AssertionError(
+                f"request row {row}: evicted token {t} (full slot {int(full[t])}, evicted_len {e}) "
+                f"maps to SWA slot {int(swa[t])}, expected 0"
+            )
         win = swa[e:]
         bad = (win < ps) | (win >= swa_alloc.num_slots)
         if bad.any():
             t = e + int(bad.nonzero()[0])
-            raise AssertionError(f"request row {row}: in-window token {t} (full slot {int(full[t])}, evicted_len {e}) "
-                                 f"maps to SWA slot {int(swa[t])}, not a live SWA slot ({ps}..{swa_alloc.num_slots - 1})")
+            raise AssertionError(
+                f"request row {row}: in-window token {t} (full slot {int(full[t])}, evicted_len {e}) "
+                f"maps to SWA slot {int(swa[t])}, not a live SWA slot ({ps}..{swa_alloc.num_slots - 1})"
+            )
         off = win % ps != full[e:] % ps
         if off.any():
             t = e + int(off.nonzero()[0])
-            raise AssertionError(f"request row {row}: token {t}: SWA slot {int(swa[t])} and full slot {int(full[t])} "
-                                 f"sit at different offsets of their pages (lockstep broken)")
+            raise AssertionError(
+                f"request row {row}: token {t}: SWA slot {int(swa[t])} and full slot {int(full[t])} "
+                f"sit at different offsets of their pages (lockstep broken)"
+            )
         swa_parts.append(win)
         swa_where.append((row, e, full[e:], win))
     empty = torch.zeros(0, dtype=torch.int64)
@@ -169,8 +181,9 @@ def check_allocator_invariants(allocator, req_to_token: torch.Tensor, requests) 
     _distinct(live_swa, swa_where, "SWA")
     _check_side(swa_alloc, live_swa, swa_where, "SWA")
     if mapping.shape[0] != full_alloc.num_slots + 1 or int(mapping[-1]) != -1:
-        raise AssertionError(f"mapping must have {full_alloc.num_slots + 1} entries ending in -1, "
-                             f"got {mapping.shape[0]} ending in {int(mapping[-1])}")
+        raise AssertionError(
+            f"mapping must have {full_alloc.num_slots + 1} entries ending in -1, got {mapping.shape[0]} ending in {int(mapping[-1])}"
+        )
     dead = torch.ones(full_alloc.num_slots, dtype=torch.bool)
     dead[live_full] = False
     stale = dead & (mapping[:-1] != 0)

@@ -67,8 +67,7 @@ class ReqToTokenPool:
     def _rows(self, free_index) -> list[int]:
         if isinstance(free_index, torch.Tensor):
             if free_index.dtype not in INDEX_DTYPES:
-                raise TypeError(f"free_index must be an int, a list of ints or an int32/int64 tensor, "
-                                f"got a {free_index.dtype} tensor")
+                raise TypeError(f"free_index must be an int, a list of ints or an int32/int64 tensor, got a {free_index.dtype} tensor")
             if free_index.dim() > 1:
                 raise ValueError(f"free_index must be a 0-/1-D tensor, got shape {list(free_index.shape)}")
             return [int(r) for r in free_index.reshape(-1).tolist()]
@@ -234,8 +233,7 @@ class MHATokenToKVPool:
 
 
 # What a pool with an SWA sub-pool exposes (SPEC §2/§3): ours, SGLang's or any engine's.
-SWA_POOL_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping",
-                     "translate_loc_from_full_to_swa")
+SWA_POOL_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping", "translate_loc_from_full_to_swa")
 _SGLANG_BASE_SWA_MODULE = "sglang.srt.mem_cache.base_swa_memory_pool"
 
 
@@ -268,9 +266,11 @@ def is_swa_kv_pool(pool) -> bool:
     if "translate_loc_from_full_to_swa" in present and not callable(pool.translate_loc_from_full_to_swa):
         problems.append("translate_loc_from_full_to_swa is not callable")
     if problems:
-        raise ValueError(f"cannot tell whether the {type(pool).__name__} pool has an SWA sub-pool: it exposes "
-                         f"{', '.join(present)} but {'; '.join(problems)} (an SWA pool exposes all of "
-                         f"{', '.join(SWA_POOL_PROTOCOL)})")
+        raise ValueError(
+            f"cannot tell whether the {type(pool).__name__} pool has an SWA sub-pool: it exposes "
+            f"{', '.join(present)} but {'; '.join(problems)} (an SWA pool exposes all of "
+            f"{', '.join(SWA_POOL_PROTOCOL)})"
+        )
     return True
 
 
@@ -332,9 +332,17 @@ class SWAKVPool(BaseSWAKVPool):
             raise ValueError(f"layer ids {sorted(set(swa_ids) & set(full_ids))} are both sliding and full")
         if not swa_ids:
             raise ValueError("swa_attention_layer_ids must name at least one layer")
-        geometry = {"head_num": head_num, "head_dim": head_dim, "v_head_dim": v_head_dim,
-                    "swa_head_num": swa_head_num, "swa_head_dim": swa_head_dim, "swa_v_head_dim": swa_v_head_dim,
-                    "full_head_num": full_head_num, "full_head_dim": full_head_dim, "full_v_head_dim": full_v_head_dim}
+        geometry = {
+            "head_num": head_num,
+            "head_dim": head_dim,
+            "v_head_dim": v_head_dim,
+            "swa_head_num": swa_head_num,
+            "swa_head_dim": swa_head_dim,
+            "swa_v_head_dim": swa_v_head_dim,
+            "full_head_num": full_head_num,
+            "full_head_dim": full_head_dim,
+            "full_v_head_dim": full_v_head_dim,
+        }
         for name, value in geometry.items():
             if value is not None:
                 check_int(name, value, minimum=1)
@@ -353,14 +361,26 @@ class SWAKVPool(BaseSWAKVPool):
         self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
         swa_hd = pick("swa", swa_head_dim, head_dim)
         self.swa_kv_pool = MHATokenToKVPool(
-            size_swa, page_size, dtype, pick("swa", swa_head_num, head_num), swa_hd, len(swa_ids), device,
+            size_swa,
+            page_size,
+            dtype,
+            pick("swa", swa_head_num, head_num),
+            swa_hd,
+            len(swa_ids),
+            device,
             v_head_dim=first(swa_v_head_dim, v_head_dim, swa_hd),
         )
         self.full_kv_pool = None
         if full_ids:
             full_hd = pick("full", full_head_dim, head_dim)
             self.full_kv_pool = MHATokenToKVPool(
-                size, page_size, dtype, pick("full", full_head_num, head_num), full_hd, len(full_ids), device,
+                size,
+                page_size,
+                dtype,
+                pick("full", full_head_num, head_num),
+                full_hd,
+                len(full_ids),
+                device,
                 v_head_dim=first(full_v_head_dim, v_head_dim, full_hd),
             )
         self.layers_mapping = {}
@@ -372,8 +392,13 @@ class SWAKVPool(BaseSWAKVPool):
 
     def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
         """Share the SWA allocator's mapping (by reference: later allocations show up here)."""
-        check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=torch.int64,
-                     device=self.device, shape=(self.size + self.page_size + 1,))
+        check_tensor(
+            "full_to_swa_index_mapping",
+            full_to_swa_index_mapping,
+            dtype=torch.int64,
+            device=self.device,
+            shape=(self.size + self.page_size + 1,),
+        )
         self.full_to_swa_index_mapping = full_to_swa_index_mapping
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
@@ -386,8 +411,9 @@ class SWAKVPool(BaseSWAKVPool):
             bad = (kv_indices < -1) | (kv_indices >= n - 1)
             if bool(bad.any()):
                 j = int(bad.reshape(-1).nonzero()[0])
-                raise ValueError(f"kv_indices holds {int(kv_indices.reshape(-1)[j])} at flat index {j}, "
-                                 f"outside the full slots 0..{n - 2} (or -1)")
+                raise ValueError(
+                    f"kv_indices holds {int(kv_indices.reshape(-1)[j])} at flat index {j}, outside the full slots 0..{n - 2} (or -1)"
+                )
         return self.full_to_swa_index_mapping[kv_indices.long()].to(torch.int32)
 
     def route(self, layer_id: int) -> tuple[MHATokenToKVPool, int, bool]:

@@ -71,12 +71,20 @@ class WindowPageTable(NamedTuple):
 
 @triton.jit(do_not_specialize=["shift", "capacity", "num_splits", "n_mapping"])
 def _swa_window_indices_kernel(
-    req_to_token, stride_rt_r, stride_rt_t,
-    req_pool_indices, lens,
-    mapping, n_mapping,
-    out, stride_out_b,
-    indptr, starts,
-    shift, capacity, num_splits,
+    req_to_token,
+    stride_rt_r,
+    stride_rt_t,
+    req_pool_indices,
+    lens,
+    mapping,
+    n_mapping,
+    out,
+    stride_out_b,
+    indptr,
+    starts,
+    shift,
+    capacity,
+    num_splits,
     HAS_WINDOW: tl.constexpr,
     HAS_MAPPING: tl.constexpr,
     PAGE_TABLE: tl.constexpr,
@@ -240,8 +248,7 @@ def window_index_count(seq_lens, window_left: int, prefix_lens=None) -> int:
     if prefix_lens is not None:
         lens = _host_lens("prefix_lens", prefix_lens, True)
         if lens.shape[0] != _host_len_count(seq_lens):
-            raise ValueError(f"prefix_lens must have one entry per request ({_host_len_count(seq_lens)}), "
-                             f"got {lens.shape[0]}")
+            raise ValueError(f"prefix_lens must have one entry per request ({_host_len_count(seq_lens)}), got {lens.shape[0]}")
     if window_left >= 0:
         lens = lens.clamp(max=window_left + (0 if prefix_lens is not None else 1))
     return int(lens.sum())
@@ -278,11 +285,11 @@ def check_mapping(mapping, device, page_size: int | None) -> None:
         raise ValueError(
             f"page_size={page_size} disagrees with the pool: full_to_swa_index_mapping has "
             f"{mapping.numel()} entries, which is not size + page_size + 1 for a size that is a multiple "
-            f"of page_size")
+            f"of page_size"
+        )
 
 
-def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping,
-                         page_size):
+def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size):
     check_tensor("req_to_token", req_to_token, dtype=torch.int32, ndim=2)
     device = req_to_token.device
     check_tensor("req_pool_indices", req_pool_indices, dtype=INDEX_DTYPES, device=device, ndim=1)
@@ -300,9 +307,25 @@ def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, 
     return B
 
 
-def _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_window, mapping, out, stride_out_b,
-                          indptr, starts, capacity, page_table, page_size, max_extent, block, num_splits,
-                          block_reqs):
+def _launch_window_kernel(
+    req_to_token,
+    req_pool_indices,
+    lens,
+    shift,
+    has_window,
+    mapping,
+    out,
+    stride_out_b,
+    indptr,
+    starts,
+    capacity,
+    page_table,
+    page_size,
+    max_extent,
+    block,
+    num_splits,
+    block_reqs,
+):
     B = req_pool_indices.shape[0]
     block = _index_block(max_extent) if block is None else block
     num_splits = _index_splits(B, max_extent, block, req_to_token.device) if num_splits is None else num_splits
@@ -315,14 +338,26 @@ def _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_windo
     if B == 0:
         return
     _swa_window_indices_kernel[(B, num_splits)](
-        req_to_token, req_to_token.stride(0), req_to_token.stride(1),
-        req_pool_indices, lens,
-        mapping if mapping is not None else req_to_token, mapping.numel() if mapping is not None else 0,
-        out, stride_out_b,
-        indptr, starts,
-        shift, capacity, num_splits,
-        HAS_WINDOW=has_window, HAS_MAPPING=mapping is not None, PAGE_TABLE=page_table,
-        PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs,
+        req_to_token,
+        req_to_token.stride(0),
+        req_to_token.stride(1),
+        req_pool_indices,
+        lens,
+        mapping if mapping is not None else req_to_token,
+        mapping.numel() if mapping is not None else 0,
+        out,
+        stride_out_b,
+        indptr,
+        starts,
+        shift,
+        capacity,
+        num_splits,
+        HAS_WINDOW=has_window,
+        HAS_MAPPING=mapping is not None,
+        PAGE_TABLE=page_table,
+        PAGE_SIZE=page_size,
+        BLOCK=block,
+        BLOCK_B=block_reqs,
     )
 
 
@@ -389,8 +424,7 @@ def build_window_indices(
         TypeError, ValueError: on a wrong dtype, device or shape, ``window_left < -1``, or a page size
             that disagrees with the mapping; raised before any launch.
     """
-    B = _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping,
-                             page_size)
+    B = _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size)
     device = req_to_token.device
     lens, shift, has_window = _mode(seq_lens, prefix_lens, window_left)
     if out is None:
@@ -409,15 +443,30 @@ def build_window_indices(
             raise TypeError(f"out must be a WindowIndices of buffers, got {type(out).__name__}")
         check_tensor("out.kv_indptr", out.kv_indptr, dtype=torch.int32, device=device, shape=(B + 1,), contiguous=True)
         check_tensor("out.kv_indices", out.kv_indices, dtype=torch.int32, device=device, ndim=1, contiguous=True)
-        check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,),
-                     contiguous=True)
+        check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,), contiguous=True)
     if B == 0:
         out.kv_indptr.zero_()
         return out
     max_extent = max_window_len(window_left, req_to_token.shape[1], extend=prefix_lens is not None)
-    _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_window, mapping, out.kv_indices, 0,
-                          out.kv_indptr, out.window_starts, out.kv_indices.numel(), False, 1, max_extent, block,
-                          num_splits, block_reqs)
+    _launch_window_kernel(
+        req_to_token,
+        req_pool_indices,
+        lens,
+        shift,
+        has_window,
+        mapping,
+        out.kv_indices,
+        0,
+        out.kv_indptr,
+        out.window_starts,
+        out.kv_indices.numel(),
+        False,
+        1,
+        max_extent,
+        block,
+        num_splits,
+        block_reqs,
+    )
     return out
 
 
@@ -466,8 +515,7 @@ def build_window_page_table(
     Raises:
         TypeError, ValueError: as :func:`build_window_indices`, before any launch.
     """
-    B = _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping,
-                             page_size)
+    B = _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size)
     device = req_to_token.device
     lens, shift, has_window = _mode(seq_lens, prefix_lens, window_left)
     if out is None:
@@ -478,8 +526,9 @@ def build_window_page_table(
             spans = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, 0)
             max_pages = int(spans.max()) if B else 0
         check_int("max_pages", max_pages, minimum=0)
-        out = WindowPageTable(poison.empty(B, max_pages, dtype=torch.int32, device=device),
-                              poison.empty(B, dtype=torch.int32, device=device))
+        out = WindowPageTable(
+            poison.empty(B, max_pages, dtype=torch.int32, device=device), poison.empty(B, dtype=torch.int32, device=device)
+        )
     else:
         if max_pages is not None:
             raise ValueError("give max_pages or out, not both (out's page_table width is max_pages)")
@@ -488,18 +537,34 @@ def build_window_page_table(
         check_tensor("out.page_table", out.page_table, dtype=torch.int32, device=device, shape=(B, None))
         if out.page_table.shape[1] > 1 and out.page_table.stride(1) != 1:
             raise ValueError("out.page_table rows must be contiguous")
-        check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,),
-                     contiguous=True)
+        check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,), contiguous=True)
     width = out.page_table.shape[1]
-    _launch_window_kernel(req_to_token, req_pool_indices, lens, shift, has_window, mapping, out.page_table,
-                          out.page_table.stride(0), out.window_starts, out.window_starts, width, True, page_size,
-                          width, block, num_splits, 16)  # block_reqs: no prefix sum in table mode
+    _launch_window_kernel(
+        req_to_token,
+        req_pool_indices,
+        lens,
+        shift,
+        has_window,
+        mapping,
+        out.page_table,
+        out.page_table.stride(0),
+        out.window_starts,
+        out.window_starts,
+        width,
+        True,
+        page_size,
+        width,
+        block,
+        num_splits,
+        16,
+    )  # block_reqs: no prefix sum in table mode
     return out
 
 
 @guarded(check_swa_out_cache_loc)
-def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out: torch.Tensor | None = None,
-                      block: int | None = None) -> torch.Tensor:
+def swa_out_cache_loc(
+    out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out: torch.Tensor | None = None, block: int | None = None
+) -> torch.Tensor:
     """The new tokens' SWA slots ``mapping[out_cache_loc]`` as int32, in one launch.
 
     Args:
@@ -533,5 +598,6 @@ def swa_out_cache_loc(out_cache_loc: torch.Tensor, mapping: torch.Tensor, *, out
     block = 1024 if block is None else check_pow2("block", block)
     if capacity:
         _swa_translate_kernel[(triton.cdiv(capacity, block),)](
-            out_cache_loc, out_cache_loc.stride(0), mapping, mapping.numel(), out, n, capacity, BLOCK=block)
+            out_cache_loc, out_cache_loc.stride(0), mapping, mapping.numel(), out, n, capacity, BLOCK=block
+        )
     return out

@@ -60,10 +60,28 @@ def _bf16_bits(x):
 
 
 @triton.jit
-def _swa_store_rows(buf, stride_buf_s, stride_buf_h, stride_buf_d, slot, num_slots,
-                    x, stride_x_n, stride_x_h, stride_x_d, i_n,
-                    scale, scale_ptr, H, D, i_h,
-                    SCALE: tl.constexpr, ENC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _swa_store_rows(
+    buf,
+    stride_buf_s,
+    stride_buf_h,
+    stride_buf_d,
+    slot,
+    num_slots,
+    x,
+    stride_x_n,
+    stride_x_h,
+    stride_x_d,
+    i_n,
+    scale,
+    scale_ptr,
+    H,
+    D,
+    i_h,
+    SCALE: tl.constexpr,
+    ENC: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``,
     unless ``slot`` lies outside ``[0, num_slots)`` (then nothing is written: no store can land past
     the buffer, whatever the indices hold).
@@ -75,8 +93,7 @@ def _swa_store_rows(buf, stride_buf_s, stride_buf_h, stride_buf_d, slot, num_slo
     o_d = tl.arange(0, BLOCK_D)
     m_hd = (o_h < H)[:, None] & (o_d < D)[None, :] & ((slot >= 0) & (slot < num_slots))
     # [BLOCK_H, BLOCK_D]
-    b_x = tl.load(x + i_n * stride_x_n + o_h[:, None] * stride_x_h + o_d[None, :] * stride_x_d,
-                  mask=m_hd, other=0.0).to(tl.float32)
+    b_x = tl.load(x + i_n * stride_x_n + o_h[:, None] * stride_x_h + o_d[None, :] * stride_x_d, mask=m_hd, other=0.0).to(tl.float32)
     # Correctly rounded division, as torch's x / scale (Triton's `/` on fp32 is approximate).
     # (div_rn does not broadcast: the scale is spread over the tile first.)
     if SCALE == 1:
@@ -94,13 +111,36 @@ def _swa_store_rows(buf, stride_buf_s, stride_buf_h, stride_buf_d, slot, num_slo
 
 @triton.jit(do_not_specialize=["n_mapping", "num_slots_k", "num_slots_v"])
 def _swa_store_kv_kernel(
-    k_buffer, stride_kb_s, stride_kb_h, stride_kb_d,
-    v_buffer, stride_vb_s, stride_vb_h, stride_vb_d,
-    k, stride_k_n, stride_k_h, stride_k_d,
-    v, stride_v_n, stride_v_h, stride_v_d,
-    loc, stride_loc, mapping, n_mapping, num_slots_k, num_slots_v,
-    k_scale, k_scale_ptr, v_scale, v_scale_ptr,
-    H, D, HV, DV,
+    k_buffer,
+    stride_kb_s,
+    stride_kb_h,
+    stride_kb_d,
+    v_buffer,
+    stride_vb_s,
+    stride_vb_h,
+    stride_vb_d,
+    k,
+    stride_k_n,
+    stride_k_h,
+    stride_k_d,
+    v,
+    stride_v_n,
+    stride_v_h,
+    stride_v_d,
+    loc,
+    stride_loc,
+    mapping,
+    n_mapping,
+    num_slots_k,
+    num_slots_v,
+    k_scale,
+    k_scale_ptr,
+    v_scale,
+    v_scale_ptr,
+    H,
+    D,
+    HV,
+    DV,
     HAS_MAPPING: tl.constexpr,
     K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr,
@@ -128,12 +168,50 @@ def _swa_store_kv_kernel(
         slot = tl.where(m_map, slot, -4611686018427387904)
     slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
     slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
-    _swa_store_rows(k_buffer, stride_kb_s, stride_kb_h, stride_kb_d, slot_k, num_slots_k,
-                    k, stride_k_n, stride_k_h, stride_k_d, i_n, k_scale, k_scale_ptr, H, D, i_h,
-                    K_SCALE, K_ENC, BLOCK_H, BLOCK_D)
-    _swa_store_rows(v_buffer, stride_vb_s, stride_vb_h, stride_vb_d, slot_v, num_slots_v,
-                    v, stride_v_n, stride_v_h, stride_v_d, i_n, v_scale, v_scale_ptr, HV, DV, i_h,
-                    V_SCALE, V_ENC, BLOCK_H, BLOCK_DV)
+    _swa_store_rows(
+        k_buffer,
+        stride_kb_s,
+        stride_kb_h,
+        stride_kb_d,
+        slot_k,
+        num_slots_k,
+        k,
+        stride_k_n,
+        stride_k_h,
+        stride_k_d,
+        i_n,
+        k_scale,
+        k_scale_ptr,
+        H,
+        D,
+        i_h,
+        K_SCALE,
+        K_ENC,
+        BLOCK_H,
+        BLOCK_D,
+    )
+    _swa_store_rows(
+        v_buffer,
+        stride_vb_s,
+        stride_vb_h,
+        stride_vb_d,
+        slot_v,
+        num_slots_v,
+        v,
+        stride_v_n,
+        stride_v_h,
+        stride_v_d,
+        i_n,
+        v_scale,
+        v_scale_ptr,
+        HV,
+        DV,
+        i_h,
+        V_SCALE,
+        V_ENC,
+        BLOCK_H,
+        BLOCK_DV,
+    )
 
 
 def _store_blocks(H: int, D: int, DV: int) -> tuple[int, int, int]:
@@ -234,12 +312,34 @@ def store_kv(
     block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
     grid = (n, triton.cdiv(max(H, HV), block_h))
     _swa_store_kv_kernel[grid](
-        kb, *kb.stride(), vb, *vb.stride(), k, *k.stride(), v, *v.stride(),
-        loc, loc.stride(0), mapping if mapping is not None else loc, mapping.numel() if mapping is not None else 0,
-        kb.shape[0], vb.shape[0],
-        k_val, k_ptr if k_ptr is not None else kb, v_val, v_ptr if v_ptr is not None else vb,
-        H, D, HV, DV,
-        HAS_MAPPING=mapping is not None, K_SCALE=k_mode, V_SCALE=v_mode,
-        K_ENC=k_enc, V_ENC=v_enc,
-        BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        kb,
+        *kb.stride(),
+        vb,
+        *vb.stride(),
+        k,
+        *k.stride(),
+        v,
+        *v.stride(),
+        loc,
+        loc.stride(0),
+        mapping if mapping is not None else loc,
+        mapping.numel() if mapping is not None else 0,
+        kb.shape[0],
+        vb.shape[0],
+        k_val,
+        k_ptr if k_ptr is not None else kb,
+        v_val,
+        v_ptr if v_ptr is not None else vb,
+        H,
+        D,
+        HV,
+        DV,
+        HAS_MAPPING=mapping is not None,
+        K_SCALE=k_mode,
+        V_SCALE=v_mode,
+        K_ENC=k_enc,
+        V_ENC=v_enc,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
     )

@@ -174,6 +174,7 @@ def check_grid(op: str, grid: Sequence[int], what: Sequence[str]) -> tuple[int, 
     """Raise ValueError before a launch whose grid exceeds CUDA's limits; ``what`` names each axis."""
     for axis, (n, limit) in enumerate(zip(grid, GRID_LIMITS)):
         if n > limit:
-            raise ValueError(f"{op}: {what[axis]} gives {n} programs on grid axis {axis}, more than CUDA's "
-                             f"limit of {limit}; split the batch")
+            raise ValueError(
+                f"{op}: {what[axis]} gives {n} programs on grid axis {axis}, more than CUDA's limit of {limit}; split the batch"
+            )
     return tuple(grid)

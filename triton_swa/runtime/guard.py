@@ -236,8 +236,7 @@ def _check_cpu_copies(op: str, arguments: dict) -> None:
             _fail(op, f"request {i} (batch index): {name}[{i}] = {int(cpu[i])} disagrees with {name[:-4]}[{i}] = {int(dev[i])}")
 
 
-def _check_indptr(op: str, name: str, ptr: torch.Tensor, end_max: int | None, *, end_exact: int | None = None,
-                  what: str) -> torch.Tensor:
+def _check_indptr(op: str, name: str, ptr: torch.Tensor, end_max: int | None, *, end_exact: int | None = None, what: str) -> torch.Tensor:
     """A host ``[B + 1]`` offsets vector: 0 first, never decreasing, ending in bounds; returns the counts."""
     if ptr.numel() == 0:
         _defer(f"{name} must have B + 1 entries, got none")
@@ -296,12 +295,18 @@ def _check_csr(op: str, kv_indptr, kv_indices, rows: int, B: int, *, need=None, 
     if need is not None:
         b = _first(counts < need)
         if b is not None:
-            _fail(op, f"request {b} (batch index): its cached prefix list holds {int(counts[b])} keys in kv_indices, "
-                      f"fewer than the window's {int(need[b])} (positions [{int(prefix[b] - need[b])}, {int(prefix[b])}))")
+            _fail(
+                op,
+                f"request {b} (batch index): its cached prefix list holds {int(counts[b])} keys in kv_indices, "
+                f"fewer than the window's {int(need[b])} (positions [{int(prefix[b] - need[b])}, {int(prefix[b])}))",
+            )
         b = _first(counts > prefix)
         if b is not None:
-            _fail(op, f"request {b} (batch index): its cached prefix list holds {int(counts[b])} keys in kv_indices, more "
-                      f"than its {int(prefix[b])} prefix tokens (a list that ends at position prefix_lens - 1)")
+            _fail(
+                op,
+                f"request {b} (batch index): its cached prefix list holds {int(counts[b])} keys in kv_indices, more "
+                f"than its {int(prefix[b])} prefix tokens (a list that ends at position prefix_lens - 1)",
+            )
     if max_count is not None:
         b = _first(counts > max_count)
         if b is not None:
@@ -314,12 +319,25 @@ def _check_csr(op: str, kv_indptr, kv_indices, rows: int, B: int, *, need=None, 
     pos = off if need is None else prefix[req] - read[req] + off
     _check_slots(op, slots, req, pos, at, rows, read, pos_is_offset=need is None)
     where = "window entry" if need is None else "position"
-    _duplicates(op, req * rows + slots, off,
-                lambda i: f"request {int(req[i])} (batch index) {where} {int(pos[i])} (slot {int(slots[i])}, kv_indices[{int(at[i])}])")
+    _duplicates(
+        op,
+        req * rows + slots,
+        off,
+        lambda i: f"request {int(req[i])} (batch index) {where} {int(pos[i])} (slot {int(slots[i])}, kv_indices[{int(at[i])}])",
+    )
 
 
-def _check_page_table(op: str, page_table, starts: torch.Tensor, ends: torch.Tensor, page_size: int, rows: int,
-                      *, ends_name: str, read_from: torch.Tensor | None = None) -> None:
+def _check_page_table(
+    op: str,
+    page_table,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    page_size: int,
+    rows: int,
+    *,
+    ends_name: str,
+    read_from: torch.Tensor | None = None,
+) -> None:
     """A page table whose row ``b`` starts at the page of position ``starts[b]``: the columns of every
     position the kernel reads, ``[read_from, ends)`` (default ``[starts, ends)``), exist and hold pages
     in ``[1, num_pages)``."""
@@ -333,8 +351,11 @@ def _check_page_table(op: str, page_table, starts: torch.Tensor, ends: torch.Ten
     read_from = starts if read_from is None else read_from
     b = _first(read_from < starts)
     if b is not None:
-        _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(starts[b])} is past the first position the "
-                  f"window reads, {int(read_from[b])}")
+        _fail(
+            op,
+            f"request {b} (batch index): window_starts[{b}] = {int(starts[b])} is past the first position the "
+            f"window reads, {int(read_from[b])}",
+        )
     b = _first(ends < read_from)
     if b is not None:
         _fail(op, f"request {b} (batch index): window_starts[{b}] = {int(read_from[b])} is past {ends_name}[{b}] = {int(ends[b])}")
@@ -343,8 +364,11 @@ def _check_page_table(op: str, page_table, starts: torch.Tensor, ends: torch.Ten
     pages = torch.where(ends > read_from, (ends - 1) // page_size + 1 - base, torch.zeros_like(starts))
     b = _first(pages > width)
     if b is not None:
-        _fail(op, f"request {b} (batch index): window [{int(read_from[b])}, {int(ends[b])}) needs {int(pages[b])} "
-                  f"page_table columns from window_starts {int(starts[b])}, more than the page_table's {width}")
+        _fail(
+            op,
+            f"request {b} (batch index): window [{int(read_from[b])}, {int(ends[b])}) needs {int(pages[b])} "
+            f"page_table columns from window_starts {int(starts[b])}, more than the page_table's {width}",
+        )
     used = torch.where(ends > read_from, pages - lo, torch.zeros_like(pages))
     req, off = _flat(used)
     j = lo[req] + off
@@ -359,11 +383,20 @@ def _check_page_table(op: str, page_table, starts: torch.Tensor, ends: torch.Ten
         b, p = int(req[i]), int(entries[i])
         pos = max(int(read_from[b]), (int(base[b]) + int(j[i])) * page_size)
         slot = p * page_size + pos % page_size
-        why = ("is the dummy page 0 (an evicted or unmapped SWA page translates to 0)" if p == 0
-               else "is negative" if p < 0 else f"is past the buffer's {num_pages} pages")
+        why = (
+            "is the dummy page 0 (an evicted or unmapped SWA page translates to 0)"
+            if p == 0
+            else "is negative"
+            if p < 0
+            else f"is past the buffer's {num_pages} pages"
+        )
         _fail(op, f"request {b} (batch index), position {pos}: slot {slot} on page {p} (page_table[{b}, {int(j[i])}]) {why}")
-    _duplicates(op, req * num_pages + entries, j,
-                lambda i: f"request {int(req[i])} (batch index) page_table[{int(req[i])}, {int(j[i])}] (page {int(entries[i])})")
+    _duplicates(
+        op,
+        req * num_pages + entries,
+        j,
+        lambda i: f"request {int(req[i])} (batch index) page_table[{int(req[i])}, {int(j[i])}] (page {int(entries[i])})",
+    )
 
 
 def _check_count(name: str, value) -> None:
@@ -406,8 +439,20 @@ def _duplicates(op: str, values: torch.Tensor, keys: torch.Tensor, describe) -> 
 # ----- swa_decode ------------------------------------------------------------------------------------
 
 
-def check_swa_decode(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, page_table=None, window_starts=None,
-                     seq_lens=None, page_size=1, max_window=None, **extra) -> None:
+def check_swa_decode(
+    q,
+    k_buffer,
+    v_buffer,
+    *,
+    kv_indptr=None,
+    kv_indices=None,
+    page_table=None,
+    window_starts=None,
+    seq_lens=None,
+    page_size=1,
+    max_window=None,
+    **extra,
+) -> None:
     """The debug check of :func:`~triton_swa.swa_decode` (module docstring); raises ValueError."""
     op = "swa_decode"
     _check_page_size(page_size)
@@ -423,17 +468,37 @@ def check_swa_decode(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
         if max_window is not None:
             b = _first(ends - starts > max_window)
             if b is not None:
-                _fail(op, f"request {b} (batch index): window [{int(starts[b])}, {int(ends[b])}) holds more than "
-                          f"max_window={max_window} keys")
+                _fail(
+                    op, f"request {b} (batch index): window [{int(starts[b])}, {int(ends[b])}) holds more than max_window={max_window} keys"
+                )
         _check_page_table(op, page_table, starts, ends, page_size, rows, ends_name="seq_lens")
 
 
 # ----- swa_extend ------------------------------------------------------------------------------------
 
 
-def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, window_left, kv_indptr=None,
-                     kv_indices=None, page_table=None, window_starts=None, page_size=1, custom_mask=None,
-                     mask_indptr=None, q_positions=None, max_extend_len=None, max_window=None, **extra) -> None:
+def check_swa_extend(
+    q,
+    k,
+    v,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    prefix_lens,
+    *,
+    window_left,
+    kv_indptr=None,
+    kv_indices=None,
+    page_table=None,
+    window_starts=None,
+    page_size=1,
+    custom_mask=None,
+    mask_indptr=None,
+    q_positions=None,
+    max_extend_len=None,
+    max_window=None,
+    **extra,
+) -> None:
     """The debug check of :func:`~triton_swa.swa_extend` (module docstring); raises ValueError."""
     op = "swa_extend"
     _check_window_left(window_left)
@@ -457,8 +522,11 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
     if max_extend_len is not None and B:
         b = _first(E > max_extend_len)
         if b is not None:
-            _fail(op, f"request {b} (batch index): {int(E[b])} new tokens, more than max_extend_len={max_extend_len} "
-                      "(the grid would skip the rest)")
+            _fail(
+                op,
+                f"request {b} (batch index): {int(E[b])} new tokens, more than max_extend_len={max_extend_len} "
+                "(the grid would skip the rest)",
+            )
     # The cached keys a request's new tokens see: [max(0, P - W), P) ([0, P) at W = -1). (max_window
     # only sizes the split count; the kernel covers the whole window whatever it says.)
     start = window_start(P, window_left, extend=True)
@@ -478,8 +546,11 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
         t = _first((pos < P[req]) | (pos >= (P + E)[req]))
         if t is not None:
             b = int(req[t])
-            _fail(op, f"request {b} (batch index), new token {t - int(qo[b])}: q_positions[{t}] = {int(pos[t])} is "
-                      f"outside its new tokens' positions [{int(P[b])}, {int(P[b] + E[b])})")
+            _fail(
+                op,
+                f"request {b} (batch index), new token {t - int(qo[b])}: q_positions[{t}] = {int(pos[t])} is "
+                f"outside its new tokens' positions [{int(P[b])}, {int(P[b] + E[b])})",
+            )
     if custom_mask is not None and mask_indptr is not None:
         _tensor("custom_mask", custom_mask, 1, integer=False)
         mi = _host("mask_indptr", mask_indptr)
@@ -491,13 +562,19 @@ def check_swa_extend(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, *, win
             _fail(op, f"request {b} (batch index): mask_indptr[{b}] = {int(mi[b])} is negative")
         b = _first(mi[:B] + size > custom_mask.numel())
         if b is not None:
-            _fail(op, f"request {b} (batch index): its [{int(E[b])}, {int(E[b])}] mask block at mask_indptr[{b}] = "
-                      f"{int(mi[b])} runs past custom_mask's {custom_mask.numel()} entries")
+            _fail(
+                op,
+                f"request {b} (batch index): its [{int(E[b])}, {int(E[b])}] mask block at mask_indptr[{b}] = "
+                f"{int(mi[b])} runs past custom_mask's {custom_mask.numel()} entries",
+            )
         if mi.numel() == B + 1:
             b = _first(mi[1:] - mi[:-1] != size)
             if b is not None:
-                _fail(op, f"request {b} (batch index): mask_indptr steps by {int(mi[b + 1] - mi[b])}, but its mask block "
-                          f"is [{int(E[b])}, {int(E[b])}] = {int(size[b])} entries")
+                _fail(
+                    op,
+                    f"request {b} (batch index): mask_indptr steps by {int(mi[b + 1] - mi[b])}, but its mask block "
+                    f"is [{int(E[b])}, {int(E[b])}] = {int(size[b])} entries",
+                )
 
 
 # ----- index builders --------------------------------------------------------------------------------
@@ -532,8 +609,7 @@ def _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, pr
     return rows, starts, ends
 
 
-def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page_size=None, *, slot_rows=None,
-                        swa_rows=None) -> None:
+def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page_size=None, *, slot_rows=None, swa_rows=None) -> None:
     """Every in-window token of every request (row 0, padding, exempt) has a full slot in range, and with a
     mapping a live SWA slot; no slot is shared between two tokens; paged: offsets and pages agree."""
     dev = req_to_token.device
@@ -555,8 +631,13 @@ def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page
     i = _first(bad)
     if i is not None:
         s = int(full[i])
-        why = ("is 0, the dummy slot (an unwritten req_to_token entry)" if s == 0 else "is negative" if s < 0
-               else f"is past the {upper} full slots")
+        why = (
+            "is 0, the dummy slot (an unwritten req_to_token entry)"
+            if s == 0
+            else "is negative"
+            if s < 0
+            else f"is past the {upper} full slots"
+        )
         _fail(op, f"{name(i)} (req_to_token[{int(row[i])}, {int(pos[i])}]): full slot {s} {why}")
     # Requests may share full slots (a cached common prefix), one request's positions may not; two
     # different full slots never share an SWA slot.
@@ -569,8 +650,13 @@ def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page
         i = _first(bad)
         if i is not None:
             s = int(swa[i])
-            why = ("is 0: evicted or never allocated, though inside the window" if s == 0
-                   else "is negative" if s < 0 else f"is past the SWA buffer's {swa_rows} rows")
+            why = (
+                "is 0: evicted or never allocated, though inside the window"
+                if s == 0
+                else "is negative"
+                if s < 0
+                else f"is past the SWA buffer's {swa_rows} rows"
+            )
             _fail(op, f"{name(i)}: SWA slot {s} (mapping[{int(full[i])}]) {why}")
         _duplicates(op, swa, full, lambda i: f"{name(i)} (full slot {int(full[i])}, SWA slot {int(swa[i])})")
     if page_size is not None and page_size > 1:
@@ -585,16 +671,33 @@ def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page
                 head_slot = mapping.detach()[head.clamp(0, mapping.numel() - 1).to(mapping.device)].to("cpu", torch.int64)
             i = _first(slot % ps != pos % ps)
             if i is not None:
-                _fail(op, f"{name(i)}: {kind} slot {int(slot[i])} sits at offset {int(slot[i] % ps)} of its page, not at "
-                          f"the position's offset {int(pos[i] % ps)} (page_size {ps})")
+                _fail(
+                    op,
+                    f"{name(i)}: {kind} slot {int(slot[i])} sits at offset {int(slot[i] % ps)} of its page, not at "
+                    f"the position's offset {int(pos[i] % ps)} (page_size {ps})",
+                )
             i = _first(slot // ps != head_slot // ps)
             if i is not None:
-                _fail(op, f"{name(i)}: {kind} slot {int(slot[i])} is on page {int(slot[i] // ps)}, but its page's first "
-                          f"token (position {int(head_pos[i])}) is on page {int(head_slot[i] // ps)}")
+                _fail(
+                    op,
+                    f"{name(i)}: {kind} slot {int(slot[i])} is on page {int(slot[i] // ps)}, but its page's first "
+                    f"token (position {int(head_pos[i])}) is on page {int(head_slot[i] // ps)}",
+                )
 
 
-def check_build_window_indices(req_to_token, req_pool_indices, seq_lens, *, window_left, prefix_lens=None, mapping=None,
-                               page_size=None, num_indices=None, out=None, **extra) -> None:
+def check_build_window_indices(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    *,
+    window_left,
+    prefix_lens=None,
+    mapping=None,
+    page_size=None,
+    num_indices=None,
+    out=None,
+    **extra,
+) -> None:
     """The debug check of :func:`~triton_swa.build_window_indices` (module docstring); raises ValueError."""
     op = "build_window_indices"
     _check_count("num_indices", num_indices)
@@ -609,8 +712,9 @@ def check_build_window_indices(req_to_token, req_pool_indices, seq_lens, *, wind
     _check_window_slots(op, req_to_token, rows, starts, ends, mapping)
 
 
-def check_build_window_page_table(req_to_token, req_pool_indices, seq_lens, *, window_left, page_size, prefix_lens=None,
-                                  mapping=None, max_pages=None, out=None, **extra) -> None:
+def check_build_window_page_table(
+    req_to_token, req_pool_indices, seq_lens, *, window_left, page_size, prefix_lens=None, mapping=None, max_pages=None, out=None, **extra
+) -> None:
     """The debug check of :func:`~triton_swa.build_window_page_table` (module docstring); raises ValueError."""
     op = "build_window_page_table"
     _check_count("max_pages", max_pages)
@@ -624,8 +728,11 @@ def check_build_window_page_table(req_to_token, req_pool_indices, seq_lens, *, w
         pages = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, torch.zeros_like(ends))
         b = _first(pages > width)
         if b is not None:
-            _fail(op, f"request {b} (batch index): window [{int(starts[b])}, {int(ends[b])}) spans {int(pages[b])} pages, "
-                      f"more than the table's {width} (they would be dropped)")
+            _fail(
+                op,
+                f"request {b} (batch index): window [{int(starts[b])}, {int(ends[b])}) spans {int(pages[b])} pages, "
+                f"more than the table's {width} (they would be dropped)",
+            )
     _check_window_slots(op, req_to_token, rows, starts, ends, mapping, page_size)
 
 
@@ -648,8 +755,11 @@ def _check_write_slots(op, loc, mapping, rows: int | None, rows_name: str) -> No
         slots = mapping.detach()[locs.to(mapping.device)].to("cpu", torch.int64)
         i = _first((locs > 0) & (slots <= 0))
         if i is not None:
-            _fail(op, f"token {i}: full slot {int(locs[i])} ({source}[{i}]) has SWA slot {int(slots[i])} "
-                      f"(mapping[{int(locs[i])}]: evicted or never allocated); its K/V would be lost")
+            _fail(
+                op,
+                f"token {i}: full slot {int(locs[i])} ({source}[{i}]) has SWA slot {int(slots[i])} "
+                f"(mapping[{int(locs[i])}]: evicted or never allocated); its K/V would be lost",
+            )
     else:
         slots = locs
     if rows is not None:
@@ -838,23 +948,45 @@ def check_forward_metadata(backend, forward_batch) -> None:
             if li.kv_indices.numel() < total:
                 _fail(op, f"{kind} layers: kv_indices holds {li.kv_indices.numel()} entries, the windows {total}")
             req, off = _flat((lens - starts).clamp(min=0))
-            _compare(op, kind, "kv_indices", li.kv_indices[:total], ref_idx,
-                     lambda i: f"request {int(req[i])} (batch index), position {int(starts[req[i]] + off[i])}, kv_indices[{i}]")
+            _compare(
+                op,
+                kind,
+                "kv_indices",
+                li.kv_indices[:total],
+                ref_idx,
+                lambda i: f"request {int(req[i])} (batch index), position {int(starts[req[i]] + off[i])}, kv_indices[{i}]",
+            )
         else:
             table = li.page_table
             want = _host_page_table(op, kind, rtt, rows, starts, lens, ps, m, table.shape[1])
             width = max(table.shape[1], 1)
-            _compare(op, kind, "page_table", table, want,
-                     lambda i: f"request {i // width} (batch index), position "
-                               f"{max(int(starts[i // width]), (int(starts[i // width]) // ps + i % width) * ps)}, "
-                               f"page_table[{i // width}, {i % width}]")
+            _compare(
+                op,
+                kind,
+                "page_table",
+                table,
+                want,
+                lambda i: (
+                    f"request {i // width} (batch index), position "
+                    f"{max(int(starts[i // width]), (int(starts[i // width]) // ps + i % width) * ps)}, "
+                    f"page_table[{i // width}, {i % width}]"
+                ),
+            )
         sub = swa_pool if translate else full_pool
         sub_alloc = getattr(allocator, "swa_attn_allocator" if translate else "full_attn_allocator", None)
         if sub_alloc is None and not translate:
             sub_alloc = allocator  # a plain (full-only) allocator
-        _check_window_slots(op, rtt, rows, starts, lens, m, ps if ps > 1 else None,
-                            slot_rows=_pool_rows(full_pool) if not translate else None,
-                            swa_rows=_pool_rows(sub) if translate else None)
+        _check_window_slots(
+            op,
+            rtt,
+            rows,
+            starts,
+            lens,
+            m,
+            ps if ps > 1 else None,
+            slot_rows=_pool_rows(full_pool) if not translate else None,
+            swa_rows=_pool_rows(sub) if translate else None,
+        )
         free = _free_pages(sub_alloc)
         if free is not None and free.numel():
             _check_not_free(op, kind, rtt, rows, starts, lens, m, ps, free)
@@ -869,15 +1001,21 @@ def check_forward_metadata(backend, forward_batch) -> None:
             _fail(op, f"out_cache_loc has {got.numel()} entries, the step has {want.numel()} new tokens")
         i = _first(got != want)
         if i is not None:
-            _fail(op, f"request {int(req[i])} (batch index), position {int(pos[i])}: out_cache_loc[{i}] = {int(got[i])}, "
-                      f"but req_to_token holds slot {int(want[i])}")
+            _fail(
+                op,
+                f"request {int(req[i])} (batch index), position {int(pos[i])}: out_cache_loc[{i}] = {int(got[i])}, "
+                f"but req_to_token holds slot {int(want[i])}",
+            )
         if mapping is not None and W >= 0 and backend.use_sliding_window_kv_pool:
             real = rows[req] != 0
             swa = mapping.detach()[got.clamp(min=0).to(mapping.device)].to("cpu", torch.int64)
             i = _first(real & (swa <= 0))
             if i is not None:
-                _fail(op, f"request {int(req[i])} (batch index), position {int(pos[i])}: new token's full slot {int(got[i])} "
-                          f"has SWA slot {int(swa[i])} (mapping[{int(got[i])}]): its sliding K/V would be lost")
+                _fail(
+                    op,
+                    f"request {int(req[i])} (batch index), position {int(pos[i])}: new token's full slot {int(got[i])} "
+                    f"has SWA slot {int(swa[i])} (mapping[{int(got[i])}]): its sliding K/V would be lost",
+                )
 
 
 def _check_not_free(op, kind, rtt, rows, starts, ends, mapping, ps, free) -> None:
@@ -893,5 +1031,8 @@ def _check_not_free(op, kind, rtt, rows, starts, ends, mapping, ps, free) -> Non
         slot = mapping.detach()[slot.to(mapping.device)].to("cpu", torch.int64)
     i = _first(torch.isin(slot // ps, free))
     if i is not None:
-        _fail(op, f"{kind} layers: request {int(req[i])} (batch index), position {int(pos[i])}: slot {int(slot[i])} is on a "
-                  f"free page ({int(slot[i] // ps)}) of the {'SWA' if mapping is not None else 'full'} allocator")
+        _fail(
+            op,
+            f"{kind} layers: request {int(req[i])} (batch index), position {int(pos[i])}: slot {int(slot[i])} is on a "
+            f"free page ({int(slot[i] // ps)}) of the {'SWA' if mapping is not None else 'full'} allocator",
+        )

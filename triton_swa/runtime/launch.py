@@ -21,8 +21,7 @@ from triton import knobs
 
 from .device import interpreting
 
-__all__ = ["Launcher", "PlanCache", "current_stream", "fast_launch_enabled", "scale_key", "set_fast_launch",
-           "tensor_key"]
+__all__ = ["Launcher", "PlanCache", "current_stream", "fast_launch_enabled", "scale_key", "set_fast_launch", "tensor_key"]
 
 try:  # Triton's argument specialisation (3.6's native binder), for keys over varying integers
     from triton._C.libtriton import native_specialize_impl as _SPECIALIZE
@@ -96,7 +95,7 @@ class Launcher:
             kernel = self.fn[grid](*args, **self.constexprs, **self.options)
             if all(hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
                 # The launcher takes every parameter in order, the constexprs (the last ones) included.
-                self.tail = tuple(self.constexprs[name] for name in self.fn.arg_names[len(args):])
+                self.tail = tuple(self.constexprs[name] for name in self.fn.arg_names[len(args) :])
                 self.compiled[key] = kernel
             return
         stream = get_stream(device)
@@ -107,8 +106,7 @@ class Launcher:
             meta = enter = leave = None
         else:
             meta = kernel.launch_metadata(grid, stream, *full)
-        kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, meta, enter, leave,
-                   *full)
+        kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, meta, enter, leave, *full)
 
 
 def tensor_key(t):
@@ -133,6 +131,21 @@ class PlanCache:
 
     def get(self, key):
         return self.plans.get(key)
+
+    def get_or_make(self, signature, make, args: tuple):
+        """The plan of ``signature(*args)``, made by ``make(*args)`` (which checks the arguments) on a
+        miss. Arguments that have no signature (not tensors, unhashable options) are never cached:
+        ``make`` names the culprit."""
+        try:
+            key = signature(*args)
+            plan = self.plans.get(key)
+        except (AttributeError, TypeError):
+            key, plan = None, None
+        if plan is None:
+            plan = make(*args)
+            if key is not None:
+                self.put(key, plan)
+        return plan
 
     def put(self, key, plan) -> None:
         if len(self.plans) >= self.max_size:

@@ -14,5 +14,13 @@ from .interpreter import use_interpreter
 from .legacy import legacy_backend, legacy_resolve_by_allocator_type
 from .pool_state import PoolState, Request, make_pool_state
 
-__all__ = ["DEFAULT_TOLERANCES", "PoolState", "Request", "assert_close", "legacy_backend",
-           "legacy_resolve_by_allocator_type", "make_pool_state", "use_interpreter"]
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "PoolState",
+    "Request",
+    "assert_close",
+    "legacy_backend",
+    "legacy_resolve_by_allocator_type",
+    "make_pool_state",
+    "use_interpreter",
+]

@@ -17,8 +17,9 @@ DEFAULT_TOLERANCES = {
 }
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | None = None,
-                 rtol: float | None = None, name: str = "output") -> None:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, *, atol: float | None = None, rtol: float | None = None, name: str = "output"
+) -> None:
     """Fail loudly unless ``|actual - expected| <= atol + rtol * |expected|`` everywhere.
 
     Both are compared in float64. NaN and inf must sit at the same places with the same signs (a NaN
@@ -43,7 +44,8 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
             idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), actual.shape))
             raise AssertionError(
                 f"{name}: {int(bad.sum())} of {bad.numel()} integers differ; first at {idx}: "
-                f"got {int(actual.reshape(-1)[i])}, expected {int(expected.reshape(-1)[i])}")
+                f"got {int(actual.reshape(-1)[i])}, expected {int(expected.reshape(-1)[i])}"
+            )
         return
     d_atol, d_rtol = DEFAULT_TOLERANCES.get(actual.dtype, DEFAULT_TOLERANCES[torch.float32])
     atol = d_atol if atol is None else atol
@@ -51,8 +53,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
     a = actual.detach().cpu().to(torch.float64).reshape(-1)
     e = expected.detach().cpu().to(torch.float64).reshape(-1)
     finite = torch.isfinite(a) & torch.isfinite(e)
-    special_ok = torch.where(finite, torch.ones_like(finite),
-                             (torch.isnan(a) & torch.isnan(e)) | (a == e))
+    special_ok = torch.where(finite, torch.ones_like(finite), (torch.isnan(a) & torch.isnan(e)) | (a == e))
     err = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
     bad = ~special_ok | (err > atol + rtol * e.abs().where(finite, torch.zeros_like(e)))
     if bool(bad.any()):
@@ -64,4 +65,5 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
             f"(atol={atol:g}, rtol={rtol:g}, dtype {actual.dtype}); "
             f"max-abs {float(err.max()):.3e}, RMS {rms:.3e}; "
             f"NaN in actual {int(torch.isnan(a).sum())}, in expected {int(torch.isnan(e).sum())}; "
-            f"first bad index {idx}: got {float(a[i])!r}, expected {float(e[i])!r}")
+            f"first bad index {idx}: got {float(a[i])!r}, expected {float(e[i])!r}"
+        )

@@ -25,6 +25,8 @@ def use_interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
     if "triton" in sys.modules:
-        raise RuntimeError("triton is already imported: set TRITON_INTERPRET=1 before anything imports triton "
-                           "(triton_swa, torch's compiled paths) to run the kernels in Triton's interpreter")
+        raise RuntimeError(
+            "triton is already imported: set TRITON_INTERPRET=1 before anything imports triton "
+            "(triton_swa, torch's compiled paths) to run the kernels in Triton's interpreter"
+        )
     os.environ["TRITON_INTERPRET"] = "1"

@@ -44,40 +44,41 @@ class PoolState:
         return self.allocator.full_to_swa_index_mapping
 
     def req_pool_indices(self) -> torch.Tensor:
-        return torch.tensor([r.req_pool_index for r in self.requests], dtype=torch.int64,
-                            device=self.req_to_token.device)
+        return torch.tensor([r.req_pool_index for r in self.requests], dtype=torch.int64, device=self.req_to_token.device)
 
     def seq_lens(self) -> torch.Tensor:
-        return torch.tensor([r.seq_len for r in self.requests], dtype=torch.int64,
-                            device=self.req_to_token.device)
+        return torch.tensor([r.seq_len for r in self.requests], dtype=torch.int64, device=self.req_to_token.device)
 
     def prefix_lens(self) -> torch.Tensor:
-        return torch.tensor([r.prefix_len for r in self.requests], dtype=torch.int64,
-                            device=self.req_to_token.device)
+        return torch.tensor([r.prefix_len for r in self.requests], dtype=torch.int64, device=self.req_to_token.device)
 
     def new_slots(self) -> torch.Tensor:
         """Full slots of the current step's new tokens, request by request (``out_cache_loc``)."""
-        parts = [self.req_to_token[r.req_pool_index, r.prefix_len:r.seq_len].long() for r in self.requests]
+        parts = [self.req_to_token[r.req_pool_index, r.prefix_len : r.seq_len].long() for r in self.requests]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
     def extend(self, request: Request, num_tokens: int) -> torch.Tensor | None:
         """Allocate ``num_tokens`` more tokens for ``request`` and record them; returns their full slots."""
         dev = self.req_to_token.device
         prefix = torch.tensor([request.seq_len], device=dev)
-        last = self.req_to_token[request.req_pool_index, request.seq_len - 1].long().reshape(1) \
-            if request.seq_len > 0 else torch.tensor([-1], device=dev)
+        last = (
+            self.req_to_token[request.req_pool_index, request.seq_len - 1].long().reshape(1)
+            if request.seq_len > 0
+            else torch.tensor([-1], device=dev)
+        )
         slots = self.allocator.alloc_extend(prefix, prefix + num_tokens, last, num_tokens)
         if slots is None:
             return None
-        self.req_to_token[request.req_pool_index, request.seq_len:request.seq_len + num_tokens] = slots.to(torch.int32)
+        self.req_to_token[request.req_pool_index, request.seq_len : request.seq_len + num_tokens] = slots.to(torch.int32)
         request.seq_len += num_tokens
         return slots
 
     def evict(self) -> None:
         """Window eviction of every request (SWA slots of tokens no later query can see)."""
         for r in self.requests:
-            r.evicted_len = evict_swa_window(self.allocator, self.req_to_token, r.req_pool_index,
-                                             r.seq_len, self.window_left, r.evicted_len)
+            r.evicted_len = evict_swa_window(
+                self.allocator, self.req_to_token, r.req_pool_index, r.seq_len, self.window_left, r.evicted_len
+            )
 
     def fill_kv(self, generator: torch.Generator | None = None, *, window_of=None) -> None:
         """Random K/V in every slot a window may read, NaN everywhere else (dummy slot 0 included).
@@ -93,7 +94,7 @@ class PoolState:
             live = []
             for r in self.requests:
                 first = window_of(r) if is_swa else 0
-                full = self.req_to_token[r.req_pool_index, first:r.seq_len].long()
+                full = self.req_to_token[r.req_pool_index, first : r.seq_len].long()
                 live.append(self.mapping[full] if is_swa else full)
             live = torch.cat(live) if live else torch.zeros(0, dtype=torch.int64)
             for buf in sub.get_kv_buffer(index):
@@ -141,11 +142,17 @@ def make_pool_state(
     pages_swa = sum(-(-min(n, window) // ps) + 2 for n in seq_lens) + spare_pages
     n_layers = num_swa_layers + num_full_layers
     pool = SWAKVPool(
-        pages_full * ps, pages_swa * ps, ps, dtype,
+        pages_full * ps,
+        pages_swa * ps,
+        ps,
+        dtype,
         swa_attention_layer_ids=list(range(num_swa_layers)),
         full_attention_layer_ids=list(range(num_swa_layers, n_layers)),
-        device=device, swa_head_num=swa_head_num, swa_head_dim=swa_head_dim,
-        full_head_num=full_head_num, full_head_dim=full_head_dim,
+        device=device,
+        swa_head_num=swa_head_num,
+        swa_head_dim=swa_head_dim,
+        full_head_num=full_head_num,
+        full_head_dim=full_head_dim,
     )
     allocator = SWATokenToKVPoolAllocator(pages_full * ps, pages_swa * ps, ps, dtype, device, pool)
     allocator.full_attn_allocator.shuffle_free_list(g)

@@ -25,9 +25,23 @@ MERGE_TILE = 8192
 
 @triton.jit
 def merge_partials(
-    part, sinks, out, i_r, o_hq, m_h, num_splits, lse_offset, stride_or, stride_oh, HQ,
-    DV: tl.constexpr, MERGE_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_SINK: tl.constexpr, CACHE: tl.constexpr,
+    part,
+    sinks,
+    out,
+    i_r,
+    o_hq,
+    m_h,
+    num_splits,
+    lse_offset,
+    stride_or,
+    stride_oh,
+    HQ,
+    DV: tl.constexpr,
+    MERGE_G: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    CACHE: tl.constexpr,
 ):
     """``out[i_r, o_hq] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + 2^sink)`` over the splits of query heads
     ``o_hq`` (`[MERGE_G]`, int64, valid where ``m_h``) of row ``i_r``, online over chunks of
@@ -46,8 +60,9 @@ def merge_partials(
         b_lse = tl.load(part + lse_offset + o_hs, mask=m_hs, other=float("-inf"), cache_modifier=CACHE)
         # [MERGE_G, BLOCK_S, BLOCK_DV]; every split wrote its row (an empty one zeros), so these loads do
         # not wait for the lse.
-        b_o = tl.load(part + o_hs[:, :, None] * DV + o_dv[None, None, :],
-                      mask=m_hs[:, :, None] & m_dv[None, None, :], other=0.0, cache_modifier=CACHE)
+        b_o = tl.load(
+            part + o_hs[:, :, None] * DV + o_dv[None, None, :], mask=m_hs[:, :, None] & m_dv[None, None, :], other=0.0, cache_modifier=CACHE
+        )
         m_new = tl.maximum(m_i, tl.max(b_lse, 1))
         # All splits so far empty: weights stay 0 (and no -inf - -inf).
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -68,9 +83,20 @@ def merge_partials(
 
 @triton.jit
 def _swa_merge_kernel(
-    part, sinks, out, qo_indptr,
-    num_splits, lse_offset, stride_or, stride_oh, HQ, B,
-    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr,
+    part,
+    sinks,
+    out,
+    qo_indptr,
+    num_splits,
+    lse_offset,
+    stride_or,
+    stride_oh,
+    HQ,
+    B,
+    DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    HAS_SINK: tl.constexpr,
     SKIP_PADDING: tl.constexpr,
 ):
     """One program per (row, query head). ``SKIP_PADDING`` (extend): rows outside ``[qo_indptr[0],
@@ -83,9 +109,25 @@ def _swa_merge_kernel(
             return
     # [1]
     o_hq = i_rh % HQ + tl.arange(0, 1)
-    merge_partials(part, sinks, out, i_r.to(tl.int64), o_hq.to(tl.int64), o_hq < HQ, num_splits, lse_offset,
-                   stride_or, stride_oh, HQ, DV=DV, MERGE_G=1, BLOCK_S=BLOCK_S, BLOCK_DV=BLOCK_DV,
-                   HAS_SINK=HAS_SINK, CACHE="")
+    merge_partials(
+        part,
+        sinks,
+        out,
+        i_r.to(tl.int64),
+        o_hq.to(tl.int64),
+        o_hq < HQ,
+        num_splits,
+        lse_offset,
+        stride_or,
+        stride_oh,
+        HQ,
+        DV=DV,
+        MERGE_G=1,
+        BLOCK_S=BLOCK_S,
+        BLOCK_DV=BLOCK_DV,
+        HAS_SINK=HAS_SINK,
+        CACHE="",
+    )
 
 
 def merge_block_s(num_splits: int, block_dv: int, heads: int = 1) -> int:
@@ -93,13 +135,10 @@ def merge_block_s(num_splits: int, block_dv: int, heads: int = 1) -> int:
     return max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // (heads * block_dv)))
 
 
-def merge_launcher(rows: int | None, heads: int, dv: int, num_splits: int, has_sink: bool,
-                   skip_padding: bool) -> Launcher:
+def merge_launcher(rows: int | None, heads: int, dv: int, num_splits: int, has_sink: bool, skip_padding: bool) -> Launcher:
     """The merge of ``num_splits`` partials per (row, head): over a fixed grid of ``rows`` (decode's
     plans, arguments of fixed dtypes) or, with ``rows=None``, a grid given per call (extend)."""
     block_dv = triton.next_power_of_2(dv)
-    constexprs = dict(DV=dv, BLOCK_S=merge_block_s(num_splits, block_dv), BLOCK_DV=block_dv, HAS_SINK=has_sink,
-                      SKIP_PADDING=skip_padding)
+    constexprs = dict(DV=dv, BLOCK_S=merge_block_s(num_splits, block_dv), BLOCK_DV=block_dv, HAS_SINK=has_sink, SKIP_PADDING=skip_padding)
     grid = None if rows is None else (rows * heads, 1, 1)
-    return Launcher(_swa_merge_kernel, grid, constexprs, 4 if rows is not None else None,
-                    4 if block_dv >= 256 else 2)
+    return Launcher(_swa_merge_kernel, grid, constexprs, 4 if rows is not None else None, 4 if block_dv >= 256 else 2)

@@ -3,5 +3,4 @@
 from .config import DecodeConfig, decode_block_config, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .launcher import swa_decode
 
-__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits",
-           "decode_resident_programs", "swa_decode"]
+__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits", "decode_resident_programs", "swa_decode"]

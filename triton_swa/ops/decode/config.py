@@ -8,8 +8,7 @@ import triton
 
 from .._common.merge import MAX_SPLITS
 
-__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits",
-           "decode_resident_programs"]
+__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits", "decode_resident_programs"]
 
 # A split reads at least this many times the bytes of the float32 partial output it writes (and the
 # merge reads back): G x Dv x 4 bytes per KV head against split_len x (D + Dv) x itemsize.
@@ -29,8 +28,7 @@ class DecodeConfig(NamedTuple):
     num_stages: int
 
 
-def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize: int,
-                        interpret: bool = False) -> DecodeConfig:
+def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize: int, interpret: bool = False) -> DecodeConfig:
     """Tiles for a head geometry.
 
     - ``block_g``: the query heads of one KV head form the M side of both dots, which needs at least 16
@@ -70,8 +68,9 @@ def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_items
     return max(1, triton.cdiv(SPLIT_READ_RATIO * partial, (head_dim + v_head_dim) * kv_itemsize))
 
 
-def decode_resident_programs(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int,
-                             smem_per_sm: int = 228 * 1024, num_warps: int = 4) -> int:
+def decode_resident_programs(
+    block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int, smem_per_sm: int = 228 * 1024, num_warps: int = 4
+) -> int:
     """Split-kernel programs one SM holds at once (at most 8), bounded by shared memory and registers.
 
     Both bounds are fitted to what Triton 3.6 compiles for sm_90 (``bench/probe_decode.py stats``,
@@ -94,8 +93,7 @@ def decode_resident_programs(block_n: int, head_dim: int, v_head_dim: int, kv_it
     return max(1, min(8, smem_per_sm // shared, 65536 // (threads * registers)))
 
 
-def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, min_tokens: int = 128,
-                      resident: int = 2) -> int:
+def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, min_tokens: int = 128, resident: int = 2) -> int:
     """Splits of each window, from the longest window and the GPU's size (never from context length).
 
     With ``slots = num_sms * resident`` programs running at once (:func:`decode_resident_programs`):

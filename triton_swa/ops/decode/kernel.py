@@ -18,24 +18,55 @@ from .._common.softmax import LOG2E, fold_sink, soft_cap
 
 @triton.jit
 def _swa_decode_kernel(
-    q, k_buffer, v_buffer, out, part, semaphores,
-    kv_indptr, kv_indices, page_table, window_starts, seq_lens,
-    sinks, k_scale_ptr, v_scale_ptr,
-    sm_scale, v_scale, logit_cap,
-    num_splits, lse_offset,
-    stride_qb, stride_qh,
-    stride_kn, stride_kh,
-    stride_vn, stride_vh,
-    stride_ob, stride_oh,
+    q,
+    k_buffer,
+    v_buffer,
+    out,
+    part,
+    semaphores,
+    kv_indptr,
+    kv_indices,
+    page_table,
+    window_starts,
+    seq_lens,
+    sinks,
+    k_scale_ptr,
+    v_scale_ptr,
+    sm_scale,
+    v_scale,
+    logit_cap,
+    num_splits,
+    lse_offset,
+    stride_qb,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_ob,
+    stride_oh,
     stride_pt,
-    H, G, NUM_GB,
-    D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE: tl.constexpr, PAGED: tl.constexpr,
-    K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_SINK: tl.constexpr,
-    SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    H,
+    G,
+    NUM_GB,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
+    PAGED: tl.constexpr,
+    K_SCALE_PTR: tl.constexpr,
+    V_SCALE_PTR: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
+    MERGE_G: tl.constexpr,
+    MERGE_S: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # One program: request i_b, KV head i_h, query heads [i_gb * BLOCK_G, +BLOCK_G) of its group, and
     # split i_s of the window. Scores live in the log2 domain (exp2 is the cheap exponential).
@@ -148,9 +179,25 @@ def _swa_decode_kernel(
             n_done = tl.atomic_add(p_sem, 1, sem="acq_rel", scope="gpu")
             if n_done == num_splits - 1:
                 o_mg = i_gb * BLOCK_G + tl.arange(0, MERGE_G)
-                merge_partials(part, sinks, out, i_b, (i_h * G + o_mg).to(tl.int64), o_mg < G, num_splits,
-                               lse_offset, stride_ob, stride_oh, HQ, DV=DV, MERGE_G=MERGE_G, BLOCK_S=MERGE_S,
-                               BLOCK_DV=BLOCK_DV, HAS_SINK=HAS_SINK, CACHE=".cg")
+                merge_partials(
+                    part,
+                    sinks,
+                    out,
+                    i_b,
+                    (i_h * G + o_mg).to(tl.int64),
+                    o_mg < G,
+                    num_splits,
+                    lse_offset,
+                    stride_ob,
+                    stride_oh,
+                    HQ,
+                    DV=DV,
+                    MERGE_G=MERGE_G,
+                    BLOCK_S=MERGE_S,
+                    BLOCK_DV=BLOCK_DV,
+                    HAS_SINK=HAS_SINK,
+                    CACHE=".cg",
+                )
                 tl.atomic_xchg(p_sem, 0, sem="relaxed", scope="gpu")
     else:
         if HAS_SINK:
@@ -162,4 +209,3 @@ def _swa_decode_kernel(
         b_o = acc * (v_scale / l_safe)[:, None]
         p_o = out + i_b * stride_ob + o_hq[:, None] * stride_oh + o_dv[None, :]
         tl.store(p_o, b_o.to(out.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
-

@@ -75,7 +75,6 @@ def _semaphores(device: torch.device, n: int) -> torch.Tensor | None:
     return buf
 
 
-
 class _Tune(NamedTuple):
     """Launcher overrides beyond the public ``num_splits``/``block_n`` (benchmarks sweep them).
 
@@ -91,15 +90,45 @@ class _Tune(NamedTuple):
 class _Plan:
     """Everything a checked signature of inputs decides: kernels, grids, integer arguments, buffers."""
 
-    __slots__ = ("out_shape", "default_scale", "fp8_view", "split", "fused", "programs", "part_numel",
-                 "ints", "main", "merge", "merge_ints", "fallback")
+    __slots__ = (
+        "out_shape",
+        "default_scale",
+        "fp8_view",
+        "split",
+        "fused",
+        "programs",
+        "part_numel",
+        "ints",
+        "main",
+        "merge",
+        "merge_ints",
+        "fallback",
+    )
 
 
 _PLANS = PlanCache()
 
 
-def _signature(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size,
-               sinks, k_scale, v_scale, out, max_window, num_splits, block_n, softcap, tune) -> tuple:
+def _signature(
+    q,
+    k_buffer,
+    v_buffer,
+    kv_indptr,
+    kv_indices,
+    page_table,
+    window_starts,
+    seq_lens,
+    page_size,
+    sinks,
+    k_scale,
+    v_scale,
+    out,
+    max_window,
+    num_splits,
+    block_n,
+    softcap,
+    tune,
+) -> tuple:
     """What the checks and the plan depend on: dtypes, shapes, strides and devices of the tensors, the
     types and values of the options. CSR indices enter by dtype, device and contiguity only (their length
     changes every step), unless their length is the default ``max_window``."""
@@ -110,16 +139,51 @@ def _signature(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_
     else:
         indices = (kv_indices.dtype, kv_indices.dim(), kv_indices.is_contiguous(), kv_indices.device)
     return (
-        tensor_key(q), tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(kv_indptr), indices,
-        tensor_key(page_table), tensor_key(window_starts), tensor_key(seq_lens), tensor_key(sinks),
-        tensor_key(out), scale_key(k_scale), scale_key(v_scale), softcap,
-        type(page_size), page_size, type(max_window), max_window, type(num_splits), num_splits,
-        type(block_n), block_n, tune,
+        tensor_key(q),
+        tensor_key(k_buffer),
+        tensor_key(v_buffer),
+        tensor_key(kv_indptr),
+        indices,
+        tensor_key(page_table),
+        tensor_key(window_starts),
+        tensor_key(seq_lens),
+        tensor_key(sinks),
+        tensor_key(out),
+        scale_key(k_scale),
+        scale_key(v_scale),
+        softcap,
+        type(page_size),
+        page_size,
+        type(max_window),
+        max_window,
+        type(num_splits),
+        num_splits,
+        type(block_n),
+        block_n,
+        tune,
     )
 
 
-def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size,
-               sinks, k_scale, v_scale, out, max_window, num_splits, block_n, softcap, tune) -> _Plan:
+def _check_and_plan(
+    q,
+    k_buffer,
+    v_buffer,
+    kv_indptr,
+    kv_indices,
+    page_table,
+    window_starts,
+    seq_lens,
+    page_size,
+    sinks,
+    k_scale,
+    v_scale,
+    out,
+    max_window,
+    num_splits,
+    block_n,
+    softcap,
+    tune,
+) -> _Plan:
     """Check the inputs (raising TypeError/ValueError naming the argument) and plan the launch."""
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
     device = q.device
@@ -128,8 +192,7 @@ def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, wi
     check_tensor("v_buffer", v_buffer, device=device, ndim=3)
     kv_dtype = k_buffer.dtype
     if kv_dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
-        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), "
-                        f"got {kv_dtype}")
+        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), got {kv_dtype}")
     if v_buffer.dtype != kv_dtype:
         raise TypeError(f"v_buffer must have k_buffer's dtype {kv_dtype}, got {v_buffer.dtype}")
     fp8_view = kv_dtype == torch.uint8
@@ -140,8 +203,7 @@ def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, wi
     if Dk != D:
         raise ValueError(f"k_buffer head dim {Dk} != q head dim {D}")
     if v_buffer.shape[:2] != k_buffer.shape[:2]:
-        raise ValueError(f"v_buffer must have k_buffer's [slots, H] = {list(k_buffer.shape[:2])}, "
-                         f"got {list(v_buffer.shape[:2])}")
+        raise ValueError(f"v_buffer must have k_buffer's [slots, H] = {list(k_buffer.shape[:2])}, got {list(v_buffer.shape[:2])}")
     if HQ % H != 0:
         raise ValueError(f"query heads ({HQ}) must be a multiple of KV heads ({H})")
     for name, dim in (("head dim D", D), ("v head dim Dv", DV)):
@@ -154,8 +216,9 @@ def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, wi
     csr = kv_indptr is not None or kv_indices is not None
     paged = page_table is not None or window_starts is not None or seq_lens is not None
     if csr == paged:
-        raise ValueError("give the window either as kv_indptr + kv_indices (CSR) or as page_table + "
-                         "window_starts + seq_lens, not both and not neither")
+        raise ValueError(
+            "give the window either as kv_indptr + kv_indices (CSR) or as page_table + window_starts + seq_lens, not both and not neither"
+        )
     check_int("page_size", page_size, minimum=1)
     if csr:
         if kv_indptr is None or kv_indices is None:
@@ -163,8 +226,9 @@ def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, wi
         check_tensor("kv_indptr", kv_indptr, dtype=INDEX_DTYPES, device=device, shape=(B + 1,), contiguous=True)
         check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=device, ndim=1, contiguous=True)
         if page_size != 1:
-            raise ValueError(f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; "
-                             "pass a page_table for the paged form")
+            raise ValueError(
+                f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; pass a page_table for the paged form"
+            )
         default_window = kv_indices.numel()
     else:
         if page_table is None or window_starts is None or seq_lens is None:
@@ -232,9 +296,20 @@ def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, wi
     lse_offset = B * HQ * num_splits * DV
     plan.part_numel = lse_offset + B * HQ * num_splits if split else 0
     plan.ints = (
-        num_splits, lse_offset,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        stride_ob, stride_oh, page_table.stride(0) if paged else 0, H, G, num_gb,
+        num_splits,
+        lse_offset,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        stride_ob,
+        stride_oh,
+        page_table.stride(0) if paged else 0,
+        H,
+        G,
+        num_gb,
     )
     num_warps = tune.num_warps or cfg.num_warps
     num_stages = tune.num_stages or cfg.num_stages
@@ -242,11 +317,22 @@ def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, wi
     def main(fused_merge: bool) -> Launcher:
         merge_s = merge_block_s(num_splits, block_dv, merge_g)
         constexprs = dict(
-            D=D, DV=DV, BLOCK_G=cfg.block_g, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=block_dv,
-            BLOCK_N=block_n, PAGE=page_size if paged else 1, PAGED=paged,
-            K_SCALE_PTR=k_scale_t is not None, V_SCALE_PTR=v_scale_t is not None,
-            SOFTCAP=softcap, HAS_SINK=sinks is not None,
-            SPLIT=split, FUSED_MERGE=fused_merge, MERGE_G=merge_g, MERGE_S=merge_s,
+            D=D,
+            DV=DV,
+            BLOCK_G=cfg.block_g,
+            BLOCK_D=max(16, triton.next_power_of_2(D)),
+            BLOCK_DV=block_dv,
+            BLOCK_N=block_n,
+            PAGE=page_size if paged else 1,
+            PAGED=paged,
+            K_SCALE_PTR=k_scale_t is not None,
+            V_SCALE_PTR=v_scale_t is not None,
+            SOFTCAP=softcap,
+            HAS_SINK=sinks is not None,
+            SPLIT=split,
+            FUSED_MERGE=fused_merge,
+            MERGE_G=merge_g,
+            MERGE_S=merge_s,
             UPCAST_DOT=upcast,
             # float32 dots are exact (not tf32); fp16/bf16 dots take the target's default.
             DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else None,
@@ -264,7 +350,6 @@ def _check_and_plan(q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, wi
     return plan
 
 
-
 def _host_scale(name: str, scale, dummy: torch.Tensor) -> tuple[float, torch.Tensor]:
     """A K/V scale as the kernel takes it: ``(host factor, tensor read in the kernel)``. Numbers are
     checked here, on every call; a tensor's dtype, shape and device are part of the plan's signature
@@ -274,10 +359,28 @@ def _host_scale(name: str, scale, dummy: torch.Tensor) -> tuple[float, torch.Ten
     return check_kv_scale(name, scale, None)[0], dummy
 
 
-def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, page_table=None,
-                     window_starts=None, seq_lens=None, page_size=1, sm_scale=None, logit_cap=0.0, sinks=None,
-                     k_scale=None, v_scale=None, out=None, max_window=None, num_splits=None, block_n=None,
-                     tune: _Tune | None = None) -> torch.Tensor:
+def _swa_decode_impl(
+    q,
+    k_buffer,
+    v_buffer,
+    *,
+    kv_indptr=None,
+    kv_indices=None,
+    page_table=None,
+    window_starts=None,
+    seq_lens=None,
+    page_size=1,
+    sm_scale=None,
+    logit_cap=0.0,
+    sinks=None,
+    k_scale=None,
+    v_scale=None,
+    out=None,
+    max_window=None,
+    num_splits=None,
+    block_n=None,
+    tune: _Tune | None = None,
+) -> torch.Tensor:
     """:func:`swa_decode` with launcher overrides (``tune``)."""
     # Scalars are checked on every call (the plan cache keys on their types, not their values);
     # scale tensors by the plan (their dtype, shape and device are part of the signature).
@@ -285,18 +388,27 @@ def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
     sm_scale = check_sm_scale(sm_scale, None)
     k_scale_f, k_scale_t = _host_scale("k_scale", k_scale, q)
     v_scale_f, v_scale_t = _host_scale("v_scale", v_scale, q)
-    args = (q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, sinks,
-            k_scale, v_scale, out, max_window, num_splits, block_n, logit_cap > 0, tune)
-    try:
-        key = _signature(*args)
-        plan = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        # Not tensors, or unhashable options: the checks below name the culprit.
-        key, plan = None, None
-    if plan is None:
-        plan = _check_and_plan(*args)
-        if key is not None:
-            _PLANS.put(key, plan)
+    args = (
+        q,
+        k_buffer,
+        v_buffer,
+        kv_indptr,
+        kv_indices,
+        page_table,
+        window_starts,
+        seq_lens,
+        page_size,
+        sinks,
+        k_scale,
+        v_scale,
+        out,
+        max_window,
+        num_splits,
+        block_n,
+        logit_cap > 0,
+        tune,
+    )
+    plan = _PLANS.get_or_make(_signature, _check_and_plan, args)
 
     if out is None:
         out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
@@ -316,11 +428,28 @@ def _swa_decode_impl(q, k_buffer, v_buffer, *, kv_indptr=None, kv_indices=None, 
             main, merge = plan.fallback
             sem = q
     dummy = q
-    main((q, k_buffer, v_buffer, out, part, sem,
-          dummy if kv_indptr is None else kv_indptr, dummy if kv_indices is None else kv_indices,
-          dummy if page_table is None else page_table, dummy if window_starts is None else window_starts,
-          dummy if seq_lens is None else seq_lens, dummy if sinks is None else sinks, k_scale_t, v_scale_t,
-          scale * k_scale_f, v_scale_f, float(logit_cap), *plan.ints))
+    main(
+        (
+            q,
+            k_buffer,
+            v_buffer,
+            out,
+            part,
+            sem,
+            dummy if kv_indptr is None else kv_indptr,
+            dummy if kv_indices is None else kv_indices,
+            dummy if page_table is None else page_table,
+            dummy if window_starts is None else window_starts,
+            dummy if seq_lens is None else seq_lens,
+            dummy if sinks is None else sinks,
+            k_scale_t,
+            v_scale_t,
+            scale * k_scale_f,
+            v_scale_f,
+            float(logit_cap),
+            *plan.ints,
+        )
+    )
     if merge is not None:
         merge((part, dummy if sinks is None else sinks, out, part, *plan.merge_ints))
     return out
@@ -398,8 +527,22 @@ def swa_decode(
             windows.
     """
     return _swa_decode_impl(
-        q, k_buffer, v_buffer, kv_indptr=kv_indptr, kv_indices=kv_indices, page_table=page_table,
-        window_starts=window_starts, seq_lens=seq_lens, page_size=page_size, sm_scale=sm_scale, logit_cap=logit_cap,
-        sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, max_window=max_window, num_splits=num_splits,
+        q,
+        k_buffer,
+        v_buffer,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        page_table=page_table,
+        window_starts=window_starts,
+        seq_lens=seq_lens,
+        page_size=page_size,
+        sm_scale=sm_scale,
+        logit_cap=logit_cap,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+        max_window=max_window,
+        num_splits=num_splits,
         block_n=block_n,
     )

@@ -4,5 +4,4 @@
 from .config import ExtendConfig, extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .launcher import swa_extend
 
-__all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs",
-           "swa_extend"]
+__all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs", "swa_extend"]

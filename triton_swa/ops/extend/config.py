@@ -40,8 +40,9 @@ def _pow2_divisor(n: int) -> int:
     return n & -n
 
 
-def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: int,
-                  dtype: torch.dtype = torch.bfloat16, interpret: bool = False) -> ExtendConfig:
+def extend_config(
+    head_dim: int, v_head_dim: int, group: int, max_extend_len: int, dtype: torch.dtype = torch.bfloat16, interpret: bool = False
+) -> ExtendConfig:
     """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
 
     Why these numbers (Hopper-class budget: 227 KB shared memory, 255 registers per thread; every
@@ -96,8 +97,7 @@ def extend_config(head_dim: int, v_head_dim: int, group: int, max_extend_len: in
     return ExtendConfig(block_m, block_n, pack, warps, stages, edge)
 
 
-def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int,
-                      resident: int = SPLIT_RESIDENT) -> int:
+def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, resident: int = SPLIT_RESIDENT) -> int:
     """Splits of each program's cached-prefix window, from host ints only (CUDA-graph capturable).
 
     ``programs`` is the launch's unsplit grid (query tiles of the longest request x query-head groups
@@ -127,8 +127,9 @@ def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
     return max(1, min(MAX_SPLITS, most, (num_sms * max(1, resident)) // programs))
 
 
-def extend_resident_programs(block_m: int, block_n: int, num_stages: int, head_dim: int, v_head_dim: int,
-                             itemsize: int, smem_per_sm: int) -> int:
+def extend_resident_programs(
+    block_m: int, block_n: int, num_stages: int, head_dim: int, v_head_dim: int, itemsize: int, smem_per_sm: int
+) -> int:
     """Programs one SM holds for :func:`extend_num_splits`: as many as shared memory fits (the K/V
     pipeline stages and the query tile), at most ``SPLIT_RESIDENT``."""
     tile_bytes = itemsize * (num_stages * block_n * (head_dim + v_head_dim) + block_m * head_dim)
@@ -141,6 +142,6 @@ def extend_grid(m_tiles: int, num_splits: int, head_groups: int, batch: int, mer
     more than 65535 requests raises ``ValueError`` (split it into several calls). ``merge_programs``
     (tokens x query heads of the split path's merge, one axis) is checked too."""
     check_grid("swa_extend", (merge_programs, 1, 1), ("tokens x query heads (split merge)", "", ""))
-    return check_grid("swa_extend", (m_tiles * num_splits, head_groups, batch),
-                      ("query tiles x splits", "query-head groups", "the batch (requests)"))
-
+    return check_grid(
+        "swa_extend", (m_tiles * num_splits, head_groups, batch), ("query tiles x splits", "query-head groups", "the batch (requests)")
+    )

@@ -34,17 +34,58 @@ def _load_2d(ptrs, m_rows, m_cols, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 @triton.jit
 def _swa_extend_tiles(
-    acc, m_i, l_i, b_q,
-    s_begin, s_end, qk_scale, v_scale, logit_cap,
-    k_src, v_src, stride_kt, stride_kh, stride_vt, stride_vh,
-    kv_indices, kv_end, page_table, page_base, ws_page,
-    custom_mask, mask_off, q_positions, q_start,
-    i_kvh, P, E, lo, window_left,
-    o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-    PREFIX: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
-    WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
-    SOFTCAP: tl.constexpr, KV_SCALE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, EDGE: tl.constexpr = False, edge_end=0,
+    acc,
+    m_i,
+    l_i,
+    b_q,
+    s_begin,
+    s_end,
+    qk_scale,
+    v_scale,
+    logit_cap,
+    k_src,
+    v_src,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    kv_indices,
+    kv_end,
+    page_table,
+    page_base,
+    ws_page,
+    custom_mask,
+    mask_off,
+    q_positions,
+    q_start,
+    i_kvh,
+    P,
+    E,
+    lo,
+    window_left,
+    o_i,
+    r_i,
+    o_n,
+    o_d,
+    o_dv,
+    m_d,
+    m_dv,
+    PREFIX: tl.constexpr,
+    MASKED: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_QPOS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    KV_SCALE: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    EDGE: tl.constexpr = False,
+    edge_end=0,
 ):
     """Online-softmax update of one query tile with the key tiles ``[s_begin, s_end)``.
 
@@ -167,20 +208,67 @@ def _swa_extend_tiles(
 
 @triton.jit
 def _swa_extend_kernel(
-    q, k, v, k_buffer, v_buffer, out, part,
-    qo_indptr, prefix_lens,
-    kv_indptr, kv_indices, page_table, window_starts,
-    custom_mask, mask_indptr, q_positions, sinks,
-    k_scale, v_scale, sm_scale, logit_cap, window_left, num_splits, lse_offset, HQ,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_bkt, stride_bkh, stride_bvt, stride_bvh, stride_ot, stride_oh, stride_pt,
-    G: tl.constexpr, GP: tl.constexpr,
-    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_DIAG: tl.constexpr,
-    PAGED: tl.constexpr, PAGE: tl.constexpr,
-    WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_QPOS: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_SINK: tl.constexpr, KV_SCALE: tl.constexpr, SCALE_PTR: tl.constexpr,
-    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, EDGE_IN_LOOP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    q,
+    k,
+    v,
+    k_buffer,
+    v_buffer,
+    out,
+    part,
+    qo_indptr,
+    prefix_lens,
+    kv_indptr,
+    kv_indices,
+    page_table,
+    window_starts,
+    custom_mask,
+    mask_indptr,
+    q_positions,
+    sinks,
+    k_scale,
+    v_scale,
+    sm_scale,
+    logit_cap,
+    window_left,
+    num_splits,
+    lse_offset,
+    HQ,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_bkt,
+    stride_bkh,
+    stride_bvt,
+    stride_bvh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_N_DIAG: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_QPOS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    KV_SCALE: tl.constexpr,
+    SCALE_PTR: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EDGE_IN_LOOP: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
 
@@ -312,8 +400,11 @@ def _swa_extend_kernel(
         aligned = n_lo >= 0
         n_diag = tl.where(aligned, m0, (m0 // BLOCK_N) * BLOCK_N)
         n_lo = tl.where(aligned, n_lo, (n_first // BLOCK_N) * BLOCK_N)
-        n_mid = tl.where(aligned, m0 - (tl.maximum(m0 - y, 0) // BLOCK_N) * BLOCK_N,
-                         tl.minimum(tl.maximum(((y + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, n_lo), n_diag))
+        n_mid = tl.where(
+            aligned,
+            m0 - (tl.maximum(m0 - y, 0) // BLOCK_N) * BLOCK_N,
+            tl.minimum(tl.maximum(((y + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, n_lo), n_diag),
+        )
         n_hi = m_last + 1
     else:
         # one masked loop from the tile holding the earliest key any row sees
@@ -345,6 +436,9 @@ def _swa_extend_kernel(
     n_start = n_mid
     if EDGE_IN_LOOP:
         n_start = n_lo
+    # The five calls differ in their key range, source (new keys or the cached prefix), scales and
+    # masking; kept one argument group per line (fmt: off), so that the differences read at a glance.
+    # fmt: off
     # new keys every row sees (with EDGE_IN_LOOP also the lower edge, masked by a branch)
     acc, m_i, l_i = _swa_extend_tiles(
         acc, m_i, l_i, b_q, n_start, n_diag, qk_scale, 1.0, logit_cap,
@@ -402,6 +496,7 @@ def _swa_extend_kernel(
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )
+    # fmt: on
 
     if SPLIT:
         # partial output over this split's keys (v_scale already in P) and its log2-sum-exp2

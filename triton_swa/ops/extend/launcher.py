@@ -77,16 +77,37 @@ class _Inputs:
     """What the checks of one input signature found: sizes, forms and flags, and the plans made for it
     (one per longest-request length)."""
 
-    __slots__ = ("T", "HQ", "H", "D", "DV", "B", "flatten_pages", "fp8_view", "paged", "page_size", "has_mask",
-                 "bool_mask", "has_qpos", "has_sink", "softcap", "kv_scaled", "scale_ptr", "window_left", "causal",
-                 "max_window", "overrides", "stride_pt", "plans")
+    __slots__ = (
+        "T",
+        "HQ",
+        "H",
+        "D",
+        "DV",
+        "B",
+        "flatten_pages",
+        "fp8_view",
+        "paged",
+        "page_size",
+        "has_mask",
+        "bool_mask",
+        "has_qpos",
+        "has_sink",
+        "softcap",
+        "kv_scaled",
+        "scale_ptr",
+        "window_left",
+        "causal",
+        "max_window",
+        "overrides",
+        "stride_pt",
+        "plans",
+    )
 
 
 class _Plan:
     """Tiles, splits, grids and launchers of one checked signature and longest request."""
 
-    __slots__ = ("empty", "launch", "grid", "split", "num_splits", "lse_offset", "part_numel", "merge",
-                 "merge_grid", "default_scale")
+    __slots__ = ("empty", "launch", "grid", "split", "num_splits", "lse_offset", "part_numel", "merge", "merge_grid", "default_scale")
 
 
 _CHECKED = PlanCache()
@@ -95,18 +116,63 @@ _CHECKED = PlanCache()
 _LAUNCHERS: dict = {}
 
 
-def _signature(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table,
-               window_starts, page_size, causal, custom_mask, mask_indptr, q_positions, sinks, k_scale, v_scale,
-               out, window_left, max_window, overrides, softcap) -> tuple:
+def _signature(
+    q,
+    k,
+    v,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    prefix_lens,
+    kv_indptr,
+    kv_indices,
+    page_table,
+    window_starts,
+    page_size,
+    causal,
+    custom_mask,
+    mask_indptr,
+    q_positions,
+    sinks,
+    k_scale,
+    v_scale,
+    out,
+    window_left,
+    max_window,
+    overrides,
+    softcap,
+) -> tuple:
     """What the checks depend on: every tensor's dtype, shape, strides and device, and the options'
     types and values. (Scalars' values are checked on every call; scale tensors enter by kind.)"""
     return (
-        tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(k_buffer), tensor_key(v_buffer),
-        tensor_key(qo_indptr), tensor_key(prefix_lens), tensor_key(kv_indptr), tensor_key(kv_indices),
-        tensor_key(page_table), tensor_key(window_starts), tensor_key(custom_mask), tensor_key(mask_indptr),
-        tensor_key(q_positions), tensor_key(sinks), tensor_key(out),
-        _scale_kind(k_scale), _scale_kind(v_scale), type(page_size), page_size, type(causal), causal,
-        type(window_left), window_left, type(max_window), max_window, overrides, softcap,
+        tensor_key(q),
+        tensor_key(k),
+        tensor_key(v),
+        tensor_key(k_buffer),
+        tensor_key(v_buffer),
+        tensor_key(qo_indptr),
+        tensor_key(prefix_lens),
+        tensor_key(kv_indptr),
+        tensor_key(kv_indices),
+        tensor_key(page_table),
+        tensor_key(window_starts),
+        tensor_key(custom_mask),
+        tensor_key(mask_indptr),
+        tensor_key(q_positions),
+        tensor_key(sinks),
+        tensor_key(out),
+        _scale_kind(k_scale),
+        _scale_kind(v_scale),
+        type(page_size),
+        page_size,
+        type(causal),
+        causal,
+        type(window_left),
+        window_left,
+        type(max_window),
+        max_window,
+        overrides,
+        softcap,
     )
 
 
@@ -117,9 +183,32 @@ def _scale_kind(scale):
     return (scale.dtype, scale.shape, scale.device) if isinstance(scale, torch.Tensor) else float
 
 
-def _check_inputs(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table,
-                  window_starts, page_size, causal, custom_mask, mask_indptr, q_positions, sinks, k_scale, v_scale,
-                  out, window_left, max_window, overrides, softcap) -> _Inputs:
+def _check_inputs(
+    q,
+    k,
+    v,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    prefix_lens,
+    kv_indptr,
+    kv_indices,
+    page_table,
+    window_starts,
+    page_size,
+    causal,
+    custom_mask,
+    mask_indptr,
+    q_positions,
+    sinks,
+    k_scale,
+    v_scale,
+    out,
+    window_left,
+    max_window,
+    overrides,
+    softcap,
+) -> _Inputs:
     """Check every tensor and option of a call (TypeError/ValueError naming the argument)."""
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
     dev = q.device
@@ -140,8 +229,7 @@ def _check_inputs(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr
     kv_dtypes = (q.dtype, torch.float8_e4m3fn, torch.uint8)
     check_tensor("k_buffer", k_buffer, dtype=kv_dtypes, device=dev)
     if k_buffer.dim() not in (3, 4) or k_buffer.shape[-2:] != (H, D):
-        raise ValueError(f"k_buffer must have shape [slots, {H}, {D}] or [pages, page_size, {H}, {D}], "
-                         f"got {list(k_buffer.shape)}")
+        raise ValueError(f"k_buffer must have shape [slots, {H}, {D}] or [pages, page_size, {H}, {D}], got {list(k_buffer.shape)}")
     check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
     if v_buffer.shape[:-1] != k_buffer.shape[:-1] or v_buffer.shape[-1] != DV:
         raise ValueError(f"v_buffer must have shape {list(k_buffer.shape[:-1]) + [DV]}, got {list(v_buffer.shape)}")
@@ -178,8 +266,9 @@ def _check_inputs(q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr
         check_tensor("kv_indptr", kv_indptr, dtype=INDEX_DTYPES, device=dev, shape=(B + 1,), contiguous=True)
         if isinstance(page_size, bool) or page_size != 1:
             check_int("page_size", page_size, minimum=1)
-            raise ValueError(f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; "
-                             "pass a page_table for the paged form")
+            raise ValueError(
+                f"page_size must be 1 with CSR indices (they name token slots), got {page_size}; pass a page_table for the paged form"
+            )
         check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=dev, ndim=1, contiguous=True)
 
     if isinstance(causal, torch.Tensor) or not isinstance(causal, bool):
@@ -275,15 +364,30 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     plan.lse_offset = T * HQ * num_splits * DV if plan.split else 0
     plan.part_numel = plan.lse_offset + T * HQ * num_splits if plan.split else 0
     constexprs = dict(
-        G=HQ // H, GP=gp, D=D, DV=DV,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_DIAG=bn_diag, PAGED=inputs.paged, PAGE=inputs.page_size,
-        WINDOW=inputs.window_left >= 0, CAUSAL=causal, HAS_MASK=inputs.has_mask,
-        HAS_QPOS=inputs.has_qpos, SOFTCAP=inputs.softcap, HAS_SINK=inputs.has_sink,
-        KV_SCALE=inputs.kv_scaled, SCALE_PTR=inputs.scale_ptr,
+        G=HQ // H,
+        GP=gp,
+        D=D,
+        DV=DV,
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_N_DIAG=bn_diag,
+        PAGED=inputs.paged,
+        PAGE=inputs.page_size,
+        WINDOW=inputs.window_left >= 0,
+        CAUSAL=causal,
+        HAS_MASK=inputs.has_mask,
+        HAS_QPOS=inputs.has_qpos,
+        SOFTCAP=inputs.softcap,
+        HAS_SINK=inputs.has_sink,
+        KV_SCALE=inputs.kv_scaled,
+        SCALE_PTR=inputs.scale_ptr,
         # float32 dots are exact (not tf32)
         DOT_PREC="ieee" if dtype == torch.float32 or upcast else "tf32",
-        SPLIT=plan.split, EDGE_IN_LOOP=edge_in_loop and plain_causal, UPCAST_DOT=upcast,
+        SPLIT=plan.split,
+        EDGE_IN_LOOP=edge_in_loop and plain_causal,
+        UPCAST_DOT=upcast,
     )
     plan.launch = _launcher(constexprs, warps, stages)
     plan.default_scale = 1.0 / math.sqrt(D)
@@ -438,19 +542,33 @@ def swa_extend(
     ks, ks_t = check_kv_scale("k_scale", k_scale, None) if not isinstance(k_scale, torch.Tensor) else (1.0, k_scale)
     vs, vs_t = check_kv_scale("v_scale", v_scale, None) if not isinstance(v_scale, torch.Tensor) else (1.0, v_scale)
     overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits)
-    args = (q, k, v, k_buffer, v_buffer, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts,
-            page_size, causal, custom_mask, mask_indptr, q_positions, sinks, k_scale, v_scale, out, window_left,
-            max_window, overrides, logit_cap > 0)
-    try:
-        key = _signature(*args)
-        inputs = _CHECKED.get(key)
-    except (AttributeError, TypeError):
-        # Not tensors, or unhashable options: the checks below name the culprit.
-        key, inputs = None, None
-    if inputs is None:
-        inputs = _check_inputs(*args)
-        if key is not None:
-            _CHECKED.put(key, inputs)
+    args = (
+        q,
+        k,
+        v,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        prefix_lens,
+        kv_indptr,
+        kv_indices,
+        page_table,
+        window_starts,
+        page_size,
+        causal,
+        custom_mask,
+        mask_indptr,
+        q_positions,
+        sinks,
+        k_scale,
+        v_scale,
+        out,
+        window_left,
+        max_window,
+        overrides,
+        logit_cap > 0,
+    )
+    inputs = _CHECKED.get_or_make(_signature, _check_inputs, args)
 
     if max_extend_len is None:
         max_extend_len = _max_extend_len(qo_indptr, inputs.T)
@@ -484,18 +602,49 @@ def swa_extend(
         kv_indptr = kv_indices = prefix_lens
     sinks_arg = sinks if sinks is not None else q
     args = (
-        q, k, v, k_buffer, v_buffer, out, part,
-        qo_indptr, prefix_lens,
-        kv_indptr, kv_indices, page_table, window_starts,
-        mask_arg, mask_indptr, q_positions if q_positions is not None else prefix_lens, sinks_arg,
-        ks, vs, plan.default_scale if sm_scale is None else sm_scale, logit_cap, window_left,
-        plan.num_splits, plan.lse_offset, inputs.HQ,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        out.stride(0), out.stride(1), inputs.stride_pt,
+        q,
+        k,
+        v,
+        k_buffer,
+        v_buffer,
+        out,
+        part,
+        qo_indptr,
+        prefix_lens,
+        kv_indptr,
+        kv_indices,
+        page_table,
+        window_starts,
+        mask_arg,
+        mask_indptr,
+        q_positions if q_positions is not None else prefix_lens,
+        sinks_arg,
+        ks,
+        vs,
+        plan.default_scale if sm_scale is None else sm_scale,
+        logit_cap,
+        window_left,
+        plan.num_splits,
+        plan.lse_offset,
+        inputs.HQ,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        out.stride(0),
+        out.stride(1),
+        inputs.stride_pt,
     )
     plan.launch(args, plan.grid)
     if plan.split:
-        plan.merge((part, sinks_arg, out, qo_indptr, plan.num_splits, plan.lse_offset, out.stride(0), out.stride(1),
-                    inputs.HQ, inputs.B), plan.merge_grid)
+        plan.merge(
+            (part, sinks_arg, out, qo_indptr, plan.num_splits, plan.lse_offset, out.stride(0), out.stride(1), inputs.HQ, inputs.B),
+            plan.merge_grid,
+        )
     return out

@@ -29,8 +29,7 @@ class _Unavailable:
         self._qualname = qualname
 
     def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self._qualname}: sgl_kernel is a test stub here (tests/integration/stubs_cuda); "
-                           "install the real one")
+        raise RuntimeError(f"{self._qualname}: sgl_kernel is a test stub here (tests/integration/stubs_cuda); install the real one")
 
     def __getattr__(self, name):
         if name.startswith("__"):

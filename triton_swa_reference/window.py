@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 
-
 def check_window_left(window_left) -> int:
     """``window_left`` as an int ``>= -1``, or a TypeError/ValueError naming it."""
     if isinstance(window_left, bool) or not isinstance(window_left, int):

@@ -9,21 +9,13 @@ wiring tests use spies.
 from __future__ import annotations
 
 import inspect
-import re
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
 import triton_swa.runtime.guard as guard
-from triton_swa import (
-    build_window_indices,
-    build_window_page_table,
-    store_kv,
-    swa_decode,
-    swa_extend,
-    swa_out_cache_loc,
-)
+import triton_swa_reference as ref
+from triton_swa import build_window_indices, build_window_page_table, store_kv, swa_decode, swa_extend, swa_out_cache_loc
 from triton_swa.backend import TritonSWAAttnBackend
 from triton_swa.engine import ForwardBatch, ForwardMode, ModelRunner, SpecInfo
 from triton_swa.testing import make_pool_state
@@ -188,8 +180,7 @@ def decode_state(page_size=1):
 
 def extend_state(page_size=1, new=(3, 1, 4)):
     lens = [n + m for n, m in zip(LENS, new)]
-    state = make_pool_state(seq_lens=lens, window_left=W, page_size=page_size, new_tokens=list(new), swa_head_num=2,
-                            swa_head_dim=16)
+    state = make_pool_state(seq_lens=lens, window_left=W, page_size=page_size, new_tokens=list(new), swa_head_num=2, swa_head_dim=16)
     kb, vb = state.kv_pool.get_kv_buffer(0)
     rows, prefix = state.req_pool_indices(), state.prefix_lens()
     ptr, idx, starts = ref.extend_window_indices(state.req_to_token, rows, prefix, W, state.mapping)
@@ -214,12 +205,12 @@ def test_decode_valid_states_pass_and_run(monkeypatch):
     out = swa_decode(q, k, v, kv_indptr=d["ptr"], kv_indices=d["idx"], max_window=W + 1, debug=True)
     assert not torch.isnan(out).any()
     state, q, k, v, d = decode_state(page_size=4)
-    guard.check_swa_decode(q, k, v, page_table=d["table"], window_starts=d["starts"], seq_lens=d["lens"], page_size=4,
-                           max_window=W + 1)
+    guard.check_swa_decode(q, k, v, page_table=d["table"], window_starts=d["starts"], seq_lens=d["lens"], page_size=4, max_window=W + 1)
 
 
-@pytest.mark.parametrize("value, why", [(0, "dummy slot 0"), (-2, "negative"), (None, "past the buffer")],
-                         ids=["slot0", "negative", "past-buffer"])
+@pytest.mark.parametrize(
+    "value, why", [(0, "dummy slot 0"), (-2, "negative"), (None, "past the buffer")], ids=["slot0", "negative", "past-buffer"]
+)
 def test_decode_csr_bad_slot(value, why):
     state, q, k, v, d = decode_state()
     idx = d["idx"].clone()
@@ -242,8 +233,7 @@ def test_decode_csr_evicted_slot_in_window():
         swa_decode(q, k, v, kv_indptr=ptr, kv_indices=idx, debug=True)
     # the builder names the absolute position and the full slot
     with raises(2, pos, 0, "evicted"):
-        build_window_indices(state.req_to_token, state.req_pool_indices(), d["lens"], window_left=W,
-                             mapping=state.mapping, debug=True)
+        build_window_indices(state.req_to_token, state.req_pool_indices(), d["lens"], window_left=W, mapping=state.mapping, debug=True)
 
 
 def test_decode_csr_lengths():
@@ -418,11 +408,9 @@ def test_builders_valid_states_pass(page_size):
     got = build_window_indices(state.req_to_token, rows, lens, window_left=W, mapping=state.mapping, debug=True)
     want = ref.decode_window_indices(state.req_to_token, rows, lens, W, state.mapping)
     assert torch.equal(got.kv_indices, want[1])
-    build_window_page_table(state.req_to_token, rows, lens, window_left=W, page_size=page_size, mapping=state.mapping,
-                            debug=True)
+    build_window_page_table(state.req_to_token, rows, lens, window_left=W, page_size=page_size, mapping=state.mapping, debug=True)
     guard.check_build_window_indices(state.req_to_token, rows, lens, window_left=-1)
-    guard.check_build_window_indices(state.req_to_token, rows, lens, window_left=W, prefix_lens=lens - 1,
-                                     mapping=state.mapping)
+    guard.check_build_window_indices(state.req_to_token, rows, lens, window_left=W, prefix_lens=lens - 1, mapping=state.mapping)
 
 
 def test_builders_lengths_and_rows():
@@ -538,8 +526,7 @@ def test_out_cache_loc_and_store_kv():
 def backend_step(page_size=1, mode=ForwardMode.DECODE):
     new = [1, 1, 1] if mode == ForwardMode.DECODE else [3, 1, 2]
     lens = LENS if mode == ForwardMode.DECODE else [n + m for n, m in zip(LENS, new)]
-    state = make_pool_state(seq_lens=lens, window_left=W, page_size=page_size, new_tokens=new, swa_head_num=2,
-                            swa_head_dim=16)
+    state = make_pool_state(seq_lens=lens, window_left=W, page_size=page_size, new_tokens=new, swa_head_num=2, swa_head_dim=16)
     runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W)
     backend = TritonSWAAttnBackend(runner)
     rows, seq, prefix = state.req_pool_indices(), state.seq_lens(), state.prefix_lens()
@@ -547,23 +534,33 @@ def backend_step(page_size=1, mode=ForwardMode.DECODE):
     if mode == ForwardMode.DECODE:
         batch = ForwardBatch(mode, 3, rows, seq, loc, seq_lens_cpu=seq.clone())
     elif mode == ForwardMode.TARGET_VERIFY:
-        state = make_pool_state(seq_lens=[n + 2 for n in LENS], window_left=W, page_size=page_size, new_tokens=2,
-                                swa_head_num=2, swa_head_dim=16)
+        state = make_pool_state(
+            seq_lens=[n + 2 for n in LENS], window_left=W, page_size=page_size, new_tokens=2, swa_head_num=2, swa_head_dim=16
+        )
         runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W)
         backend = TritonSWAAttnBackend(runner)
         rows, prefix = state.req_pool_indices(), state.prefix_lens()
         batch = ForwardBatch(mode, 3, rows, prefix, state.new_slots(), seq_lens_cpu=prefix.clone(), spec_info=SpecInfo(2))
     else:
         e = torch.tensor(new)
-        batch = ForwardBatch(mode, 3, rows, seq, loc, seq_lens_cpu=seq.clone(), extend_prefix_lens=prefix,
-                             extend_seq_lens=e, extend_prefix_lens_cpu=prefix.tolist(), extend_seq_lens_cpu=new)
+        batch = ForwardBatch(
+            mode,
+            3,
+            rows,
+            seq,
+            loc,
+            seq_lens_cpu=seq.clone(),
+            extend_prefix_lens=prefix,
+            extend_seq_lens=e,
+            extend_prefix_lens_cpu=prefix.tolist(),
+            extend_seq_lens_cpu=new,
+        )
     backend.init_forward_metadata(batch)
     return state, backend, batch
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY],
-                         ids=["decode", "extend", "verify"])
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY], ids=["decode", "extend", "verify"])
 def test_forward_metadata_valid_steps_pass(page_size, mode):
     state, backend, batch = backend_step(page_size, mode)
     guard.check_forward_metadata(backend, batch)
@@ -633,8 +630,7 @@ def test_malformed_arguments_get_the_ops_own_error():
         swa_decode(q, k, v, kv_indptr=d["ptr"], kv_indices=d["idx"], max_window=-1, debug=True)
     rows, lens = state.req_pool_indices(), state.seq_lens()
     with pytest.raises(ValueError, match="page_size=7 disagrees"):
-        build_window_page_table(state.req_to_token, rows, lens, window_left=W, page_size=7, mapping=state.mapping,
-                                debug=True)
+        build_window_page_table(state.req_to_token, rows, lens, window_left=W, page_size=7, mapping=state.mapping, debug=True)
     with pytest.raises(ValueError, match="window_left"):
         build_window_indices(state.req_to_token, rows, lens, window_left=-2, debug=True)
 

@@ -4,8 +4,8 @@ from unittest.mock import MagicMock
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa import MHATokenToKVPool, SWAKVPool, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from triton_swa.testing import legacy_resolve_by_allocator_type
 

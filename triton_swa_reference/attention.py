@@ -132,10 +132,7 @@ def decode_attention_paged(
     is page 0). Keyword arguments are those of :func:`decode_attention`.
     """
     counts = (seq_lens.long() - window_starts.long()).clamp(min=0)
-    slots = [
-        page_table_slots(page_table[b], page_size, int(window_starts[b]), int(counts[b]))
-        for b in range(q.shape[0])
-    ]
+    slots = [page_table_slots(page_table[b], page_size, int(window_starts[b]), int(counts[b])) for b in range(q.shape[0])]
     kv_indptr = torch.zeros(q.shape[0] + 1, dtype=torch.int64)
     kv_indptr[1:] = torch.cumsum(counts.cpu(), 0)
     kv_indices = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)

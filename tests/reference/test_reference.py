@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-import triton_swa_reference as ref
 
+import triton_swa_reference as ref
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = pytest.mark.reference
@@ -30,8 +30,7 @@ def brute_one_query(q, keys, values, *, sm_scale, logit_cap=0.0, sink=None):
     return out
 
 
-def brute_sequence(q, k, v, q_pos, k_pos, window_left, *, causal=True, sm_scale, logit_cap=0.0, sinks=None,
-                   allowed=None):
+def brute_sequence(q, k, v, q_pos, k_pos, window_left, *, causal=True, sm_scale, logit_cap=0.0, sinks=None, allowed=None):
     """Per query, per head: collect the keys the SPEC §1 rule admits, then softmax over them."""
     tq, hq, _ = q.shape
     h, dv = k.shape[1], v.shape[-1]
@@ -114,18 +113,23 @@ def test_all_masked_rows_are_zero_not_nan():
 def test_decode_through_pool_matches_dense_history(page_size, window_left):
     """Decode via the translated window index list and via the page table equals brute force."""
     lens = [1, 6, 7, 19, 30]
-    state = make_pool_state(seq_lens=lens, window_left=window_left, page_size=page_size, swa_head_num=2,
-                            swa_head_dim=4, generator=torch.Generator().manual_seed(page_size))
+    state = make_pool_state(
+        seq_lens=lens,
+        window_left=window_left,
+        page_size=page_size,
+        swa_head_num=2,
+        swa_head_dim=4,
+        generator=torch.Generator().manual_seed(page_size),
+    )
     k_buf, v_buf = state.kv_pool.get_kv_buffer(0)
     q = torch.randn(len(lens), 4, 4)
-    kv_indptr, kv_indices, starts = ref.decode_window_indices(state.req_to_token, state.req_pool_indices(),
-                                                              state.seq_lens(), window_left, state.mapping)
+    kv_indptr, kv_indices, starts = ref.decode_window_indices(
+        state.req_to_token, state.req_pool_indices(), state.seq_lens(), window_left, state.mapping
+    )
     got = ref.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale=0.5)
     assert not torch.isnan(got).any(), "a window index reached a NaN (evicted or foreign) slot"
-    table = ref.window_page_table(state.req_to_token, state.req_pool_indices(), starts, state.seq_lens(),
-                                  page_size, state.mapping)
-    assert_close(ref.decode_attention_paged(q, k_buf, v_buf, table, starts, state.seq_lens(), page_size,
-                                            sm_scale=0.5), got, atol=0, rtol=0)
+    table = ref.window_page_table(state.req_to_token, state.req_pool_indices(), starts, state.seq_lens(), page_size, state.mapping)
+    assert_close(ref.decode_attention_paged(q, k_buf, v_buf, table, starts, state.seq_lens(), page_size, sm_scale=0.5), got, atol=0, rtol=0)
     for b, req in enumerate(state.requests):
         full = state.req_to_token[req.req_pool_index, : req.seq_len].long()
         swa = state.mapping[full]
@@ -145,15 +149,18 @@ def _extend_case(g, prefix, new, window_left, hq=4, h=2, d=4, dv=3):
     return q, k_all, v_all
 
 
-@pytest.mark.parametrize("prefix, new, window_left", [
-    pytest.param(0, 6, 2, id="prefill-no-prefix"),
-    pytest.param(13, 4, 3, id="chunked-prefix-beyond-window"),
-    pytest.param(3, 5, 20, id="prompt-shorter-than-window"),
-    pytest.param(9, 1, 4, id="one-token-extend"),
-    pytest.param(7, 0, 4, id="empty-extend"),
-    pytest.param(8, 5, 0, id="W0-self-only"),
-    pytest.param(8, 3, -1, id="full"),
-])
+@pytest.mark.parametrize(
+    "prefix, new, window_left",
+    [
+        pytest.param(0, 6, 2, id="prefill-no-prefix"),
+        pytest.param(13, 4, 3, id="chunked-prefix-beyond-window"),
+        pytest.param(3, 5, 20, id="prompt-shorter-than-window"),
+        pytest.param(9, 1, 4, id="one-token-extend"),
+        pytest.param(7, 0, 4, id="empty-extend"),
+        pytest.param(8, 5, 0, id="W0-self-only"),
+        pytest.param(8, 3, -1, id="full"),
+    ],
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_extend_matches_brute_force(prefix, new, window_left, causal):
     g = torch.Generator().manual_seed(prefix * 31 + new)
@@ -166,9 +173,19 @@ def test_extend_matches_brute_force(prefix, new, window_left, causal):
     v_buf[1 + start : 1 + prefix] = v_all[start:prefix].double()
     kv_indices = torch.arange(start, prefix) + 1
     got = ref.extend_attention(
-        q, k_all[prefix:], v_all[prefix:], k_buf, v_buf, torch.tensor([0, new]),
-        torch.tensor([0, prefix - start]), kv_indices, torch.tensor([prefix]),
-        window_left=window_left, sm_scale=0.6, causal=causal)
+        q,
+        k_all[prefix:],
+        v_all[prefix:],
+        k_buf,
+        v_buf,
+        torch.tensor([0, new]),
+        torch.tensor([0, prefix - start]),
+        kv_indices,
+        torch.tensor([prefix]),
+        window_left=window_left,
+        sm_scale=0.6,
+        causal=causal,
+    )
     k_pos = torch.arange(prefix + new)
     q_pos = prefix + torch.arange(new)
     allowed = (lambda i, j: j < prefix or j - prefix <= i) if causal else None
@@ -194,13 +211,26 @@ def test_extend_tree_mask_and_positions():
     k_buf = k_all[:prefix].double().clone()
     v_buf = v_all[:prefix].double().clone()
     got = ref.extend_attention(
-        q, k_all[prefix:], v_all[prefix:], k_buf, v_buf, torch.tensor([0, new]), torch.tensor([0, prefix - start]),
-        torch.arange(start, prefix), torch.tensor([prefix]), window_left=w, sm_scale=0.6,
-        custom_mask=tree.reshape(-1), mask_indptr=torch.tensor([0]), q_positions=prefix + depth)
+        q,
+        k_all[prefix:],
+        v_all[prefix:],
+        k_buf,
+        v_buf,
+        torch.tensor([0, new]),
+        torch.tensor([0, prefix - start]),
+        torch.arange(start, prefix),
+        torch.tensor([prefix]),
+        window_left=w,
+        sm_scale=0.6,
+        custom_mask=tree.reshape(-1),
+        mask_indptr=torch.tensor([0]),
+        q_positions=prefix + depth,
+    )
     q_pos = prefix + depth
     k_pos = torch.cat([torch.arange(prefix), prefix + depth])
-    want = brute_sequence(q, k_all, v_all, q_pos, k_pos, w, causal=False, sm_scale=0.6,
-                          allowed=lambda i, j: j < prefix or bool(tree[i, j - prefix]))
+    want = brute_sequence(
+        q, k_all, v_all, q_pos, k_pos, w, causal=False, sm_scale=0.6, allowed=lambda i, j: j < prefix or bool(tree[i, j - prefix])
+    )
     assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
@@ -211,8 +241,7 @@ def test_fp8_kv_is_dequantised_with_scales():
     k_scale, v_scale = 0.05, 0.02
     k8, v8 = (k / k_scale).to(torch.float8_e4m3fn), (v / v_scale).to(torch.float8_e4m3fn)
     q = torch.randn(1, 2, 8, generator=g)
-    got = ref.decode_attention(q, k8, v8, torch.tensor([0, 6]), torch.arange(6), sm_scale=0.3,
-                               k_scale=k_scale, v_scale=v_scale)
+    got = ref.decode_attention(q, k8, v8, torch.tensor([0, 6]), torch.arange(6), sm_scale=0.3, k_scale=k_scale, v_scale=v_scale)
     want = ref.attention(q, k8.double() * k_scale, v8.double() * v_scale, None, sm_scale=0.3)
     assert_close(got, want, atol=0, rtol=0)
     # And the quantisation is close to the original values, so the scale is applied the right way.

@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 # What a pool with an SWA sub-pool exposes (SPEC §2), whoever wrote its class.
-_SWA_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping",
-                 "translate_loc_from_full_to_swa")
+_SWA_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping", "translate_loc_from_full_to_swa")
 
 
 def has_swa_sub_pool(pool) -> bool:
     """Whether ``pool`` exposes the SWA pool protocol: both sub-pools, a ``layers_mapping`` mapping,
     the full-to-SWA mapping and ``translate_loc_from_full_to_swa``."""
-    return (pool is not None and all(hasattr(pool, name) for name in _SWA_PROTOCOL)
-            and isinstance(pool.layers_mapping, Mapping))
+    return pool is not None and all(hasattr(pool, name) for name in _SWA_PROTOCOL) and isinstance(pool.layers_mapping, Mapping)
 
 
 def resolve_swa_kv_pool(runner):

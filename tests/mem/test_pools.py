@@ -5,10 +5,10 @@ from unittest import mock
 
 import pytest
 import torch
-import triton_swa_reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import triton_swa_reference as ref
 from triton_swa import (
     BaseSWAKVPool,
     MHATokenToKVPool,
@@ -26,17 +26,31 @@ pytestmark = pytest.mark.reference
 
 
 def make_swa(size=64, size_swa=32, page_size=1, dtype=torch.float16, **kw):
-    pool = SWAKVPool(size, size_swa, page_size, dtype, swa_attention_layer_ids=[0, 2], full_attention_layer_ids=[1],
-                     swa_head_num=kw.get("swa_h", 2), swa_head_dim=kw.get("swa_d", 8),
-                     full_head_num=kw.get("full_h", 1), full_head_dim=kw.get("full_d", 16))
+    pool = SWAKVPool(
+        size,
+        size_swa,
+        page_size,
+        dtype,
+        swa_attention_layer_ids=[0, 2],
+        full_attention_layer_ids=[1],
+        swa_head_num=kw.get("swa_h", 2),
+        swa_head_dim=kw.get("swa_d", 8),
+        full_head_num=kw.get("full_h", 1),
+        full_head_dim=kw.get("full_d", 16),
+    )
     alloc = SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, "cpu", pool)
     return pool, alloc
 
 
 def snapshot(alloc):
     full, swa = alloc.full_attn_allocator, alloc.swa_attn_allocator
-    return (full.free_pages.clone(), swa.free_pages.clone(), full.slot_owned.clone(), swa.slot_owned.clone(),
-            alloc.full_to_swa_index_mapping.clone())
+    return (
+        full.free_pages.clone(),
+        swa.free_pages.clone(),
+        full.slot_owned.clone(),
+        swa.slot_owned.clone(),
+        alloc.full_to_swa_index_mapping.clone(),
+    )
 
 
 def assert_same_snapshot(a, b):
@@ -85,31 +99,43 @@ def test_swa_pool_routes_writes_through_the_mapping():
     assert pool.translate_loc_from_full_to_swa(loc).dtype == torch.int32
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda p: p.get_key_buffer(7), ValueError, "layer_id 7"),
-    (lambda p: p.set_kv_buffer(0, torch.tensor([1.0]), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)), TypeError, "loc"),
-    (lambda p: p.set_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 2, 9), torch.zeros(1, 2, 8)), ValueError, "cache_k"),
-    (lambda p: p.set_kv_buffer(1, torch.tensor([1]), torch.zeros(1, 1, 16), torch.zeros(2, 1, 16)), ValueError, "cache_v"),
-    (lambda p: p.register_mapping(torch.zeros(5, dtype=torch.int64)), ValueError, "full_to_swa_index_mapping"),
-    (lambda p: p.register_mapping(torch.zeros(66, dtype=torch.int32)), TypeError, "full_to_swa_index_mapping"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda p: p.get_key_buffer(7), ValueError, "layer_id 7"),
+        (lambda p: p.set_kv_buffer(0, torch.tensor([1.0]), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)), TypeError, "loc"),
+        (lambda p: p.set_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 2, 9), torch.zeros(1, 2, 8)), ValueError, "cache_k"),
+        (lambda p: p.set_kv_buffer(1, torch.tensor([1]), torch.zeros(1, 1, 16), torch.zeros(2, 1, 16)), ValueError, "cache_v"),
+        (lambda p: p.register_mapping(torch.zeros(5, dtype=torch.int64)), ValueError, "full_to_swa_index_mapping"),
+        (lambda p: p.register_mapping(torch.zeros(66, dtype=torch.int32)), TypeError, "full_to_swa_index_mapping"),
+    ],
+)
 def test_pool_bad_input(call, error, match):
     pool, _ = make_swa()
     with pytest.raises(error, match=match):
         call(pool)
 
 
-@pytest.mark.parametrize("build, error, match", [
-    (lambda: MHATokenToKVPool(10, 4, torch.float16, 1, 8, 1), ValueError, "multiple of page_size"),
-    (lambda: MHATokenToKVPool(8, 4, torch.int32, 1, 8, 1), TypeError, "dtype"),
-    (lambda: MHATokenToKVPool(8, 4, torch.float16, 0, 8, 1), ValueError, "head_num"),
-    (lambda: SWAKVPool(8, 8, 1, torch.float16, [0], [0], head_num=1, head_dim=8), ValueError, "both sliding and full"),
-    (lambda: PagedTokenToKVPoolAllocator(8, 2, torch.float16, "cpu", MHATokenToKVPool(8, 4, torch.float16, 1, 8, 1)),
-     ValueError, "disagrees"),
-    (lambda: SWATokenToKVPoolAllocator(8, 8, 1, torch.float16, "cpu", MHATokenToKVPool(8, 1, torch.float16, 1, 8, 1)),
-     TypeError, "kvcache"),
-    (lambda: ReqToTokenPool(0, 8), ValueError, "size"),
-])
+@pytest.mark.parametrize(
+    "build, error, match",
+    [
+        (lambda: MHATokenToKVPool(10, 4, torch.float16, 1, 8, 1), ValueError, "multiple of page_size"),
+        (lambda: MHATokenToKVPool(8, 4, torch.int32, 1, 8, 1), TypeError, "dtype"),
+        (lambda: MHATokenToKVPool(8, 4, torch.float16, 0, 8, 1), ValueError, "head_num"),
+        (lambda: SWAKVPool(8, 8, 1, torch.float16, [0], [0], head_num=1, head_dim=8), ValueError, "both sliding and full"),
+        (
+            lambda: PagedTokenToKVPoolAllocator(8, 2, torch.float16, "cpu", MHATokenToKVPool(8, 4, torch.float16, 1, 8, 1)),
+            ValueError,
+            "disagrees",
+        ),
+        (
+            lambda: SWATokenToKVPoolAllocator(8, 8, 1, torch.float16, "cpu", MHATokenToKVPool(8, 1, torch.float16, 1, 8, 1)),
+            TypeError,
+            "kvcache",
+        ),
+        (lambda: ReqToTokenPool(0, 8), ValueError, "size"),
+    ],
+)
 def test_construction_bad_input(build, error, match):
     with pytest.raises(error, match=match):
         build()
@@ -162,7 +188,7 @@ def _grow(alloc, rtp, rows, lens, new):
         return None
     at = 0
     for r, n, m in zip(rows, lens, new):
-        rtp.req_to_token[r, n:n + m] = slots[at:at + m].int()
+        rtp.req_to_token[r, n : n + m] = slots[at : at + m].int()
         at += m
     return slots
 
@@ -172,8 +198,12 @@ def check_invariants(alloc, rtp, rows, lens, evicted):
 
 
 @settings(max_examples=25, deadline=None)
-@given(page_size=st.sampled_from([1, 2, 4]), window_left=st.integers(0, 12), seed=st.integers(0, 10**6),
-       steps=st.lists(st.lists(st.integers(0, 7), min_size=3, max_size=3), min_size=1, max_size=8))
+@given(
+    page_size=st.sampled_from([1, 2, 4]),
+    window_left=st.integers(0, 12),
+    seed=st.integers(0, 10**6),
+    steps=st.lists(st.lists(st.integers(0, 7), min_size=3, max_size=3), min_size=1, max_size=8),
+)
 def test_allocator_invariants_under_growth_and_eviction(page_size, window_left, seed, steps):
     g = torch.Generator().manual_seed(seed)
     _, alloc = make_swa(size=256, size_swa=96, page_size=page_size)
@@ -249,7 +279,7 @@ def test_make_pool_state_poisons_everything_outside_windows():
     readable = set()
     for r in state.requests:
         start = ref.extend_window_start(r.prefix_len, 6)
-        full = state.req_to_token[r.req_pool_index, start:r.seq_len].long()
+        full = state.req_to_token[r.req_pool_index, start : r.seq_len].long()
         readable |= set(state.mapping[full].tolist())
     finite = set(torch.isfinite(k_buf).all(-1).all(-1).nonzero().flatten().tolist())
     assert finite == readable and 0 not in finite
@@ -295,7 +325,7 @@ def test_rejected_draft_tail_mid_page_keeps_the_live_page():
     assert _grow(alloc, rtp, [a], [23], [1]) is not None and int(rtp.req_to_token[a, 23]) // ps == committed_page
     # Finishing both requests returns every page.
     alloc.free(rtp.req_to_token[a, :24].long())
-    alloc.free(rtp.req_to_token[b, :free_pages * ps].long())
+    alloc.free(rtp.req_to_token[b, : free_pages * ps].long())
     assert alloc.full_available_size() == 9 * ps and alloc.swa_available_size() == 9 * ps
 
 

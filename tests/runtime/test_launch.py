@@ -1,0 +1,81 @@
+"""The launcher (direct launch of compiled kernels, and its opt-out) and the plan cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from triton_swa.runtime import launch
+from triton_swa.runtime.launch import Launcher, PlanCache
+
+
+def test_plan_cache_makes_each_signature_once():
+    made = []
+
+    def make(x, y):
+        made.append((x, y))
+        return x + y
+
+    cache = PlanCache(max_size=2)
+    signature = lambda x, y: (x, y)
+    assert cache.get_or_make(signature, make, (1, 2)) == 3
+    assert cache.get_or_make(signature, make, (1, 2)) == 3
+    assert made == [(1, 2)]
+    # an argument without a signature is checked (made) every time, never cached
+    assert cache.get_or_make(signature, lambda x, y: len(y), (1, [2])) == 1
+    assert len(cache) == 1
+    # full: cleared, then the new plan stored
+    cache.get_or_make(signature, make, (2, 2))
+    cache.get_or_make(signature, make, (3, 2))
+    assert len(cache) == 1 and made[-1] == (3, 2)
+
+
+class _FakeKernel:
+    """Records how it is launched: ``fn[grid](*args, **kwargs)`` as Triton's JIT is called."""
+
+    arg_names = ("x", "BLOCK")
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def test_opt_out_launches_through_the_jit(monkeypatch):
+    """``set_fast_launch(False)``: every call goes through the JIT's binder with the constexprs and
+    options, never touching the driver."""
+    monkeypatch.setattr(launch, "_FAST", launch._FAST)
+    launch.set_fast_launch(False)
+    assert not launch.fast_launch_enabled()
+    fake = _FakeKernel()
+    launcher = Launcher(fake, (3, 1, 1), {"BLOCK": 16}, 1, num_warps=2, num_stages=1)
+    launcher((torch.zeros(1),))
+    launcher((torch.zeros(1),), (5, 1, 1))
+    assert [c[0] for c in fake.calls] == [(3, 1, 1), (5, 1, 1)]
+    assert fake.calls[0][2] == {"BLOCK": 16, "num_warps": 2, "num_stages": 1}
+    assert launcher.compiled == {}
+
+
+@triton.jit
+def _add_one_kernel(x, y, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o, mask=o < n) + 1, mask=o < n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fast", [True, False], ids=["direct", "jit"])
+def test_launcher_runs_a_compiled_kernel(fast, monkeypatch):
+    """First call through the JIT (compiles), later calls direct when fast launch is on; the same
+    results either way."""
+    monkeypatch.setattr(launch, "_FAST", launch._FAST)
+    launch.set_fast_launch(fast)
+    x = torch.randn(1000, device="cuda")
+    launcher = Launcher(_add_one_kernel, (4, 1, 1), {"BLOCK": 256}, None, num_warps=4)
+    for _ in range(3):
+        y = torch.full_like(x, float("nan"))
+        launcher((x, y, x.numel()))
+        torch.testing.assert_close(y, x + 1)
+    assert len(launcher.compiled) == (1 if fast and launch.fast_launch_enabled() else 0)
