@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
 from triton_swa.ops.extend import extend_config, extend_num_splits, extend_resident_programs, swa_extend  # noqa: E402
-from triton_swa.runtime.device import device_sizes  # noqa: E402
+from triton_swa.runtime.device import device_facts  # noqa: E402
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
@@ -223,7 +223,8 @@ def auto_splits(b, drafts, d, hq, h) -> int:
     """The split count swa_extend picks for a verify batch on this GPU (mirrors its automatic choice)."""
     cfg = extend_config(d, d, hq // h, drafts, DTYPE)
     programs = -(-drafts // (cfg.block_m // cfg.pack)) * (hq // cfg.pack) * b
-    num_sms, smem = device_sizes(torch.device(DEV))
+    facts = device_facts(torch.device(DEV))
+    num_sms, smem = facts.num_sms, facts.smem_per_sm
     resident = extend_resident_programs(cfg.block_m, cfg.block_n, cfg.num_stages, d, d, 2, smem)
     return extend_num_splits(programs, W + 1, cfg.block_n, num_sms, resident)
 

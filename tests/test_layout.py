@@ -23,7 +23,7 @@ LAYERS = {
     "triton_swa.mem": {"triton_swa.runtime"},
     "triton_swa.engine": set(),
     "triton_swa.backend": {"triton_swa.runtime", "triton_swa.ops", "triton_swa.mem", "triton_swa.engine"},
-    "triton_swa.testing": {"triton_swa.runtime", "triton_swa.mem", "triton_swa.backend"},
+    "triton_swa.testing": {"triton_swa.runtime", "triton_swa.mem", "triton_swa.ops", "triton_swa.backend"},
     "triton_swa.integrations": {"triton_swa.runtime", "triton_swa.mem", "triton_swa.engine", "triton_swa.backend"},
 }
 ENGINES = ("sglang", "vllm", "transformers")

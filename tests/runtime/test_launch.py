@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import triton
@@ -79,3 +81,42 @@ def test_launcher_runs_a_compiled_kernel(fast, monkeypatch):
         launcher((x, y, x.numel()))
         torch.testing.assert_close(y, x + 1)
     assert len(launcher.compiled) == (1 if fast and launch.fast_launch_enabled() else 0)
+
+
+class _OnDevice:
+    """A tensor stand-in on device ``index`` (``get_device`` as torch's)."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def get_device(self) -> int:
+        return self.index
+
+
+def test_launches_on_the_tensors_device(monkeypatch):
+    """A launch whose first tensor is on another device than the current one runs under
+    ``torch.cuda.device`` of the tensor's device (Triton itself launches on the current one)."""
+    current = [0]
+
+    @contextlib.contextmanager
+    def on(index):
+        saved, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = saved
+
+    monkeypatch.setattr(launch, "_DRIVER", [lambda: current[0], lambda index: 0])
+    monkeypatch.setattr(torch.cuda, "device", on)
+    monkeypatch.setattr(launch, "_FAST", False)
+    seen = []
+
+    class Kernel(_FakeKernel):
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(current[0])
+
+    launcher = Launcher(Kernel(), (1, 1, 1), {"BLOCK": 16}, 1, num_warps=1)
+    launcher.interpret = False
+    launcher((_OnDevice(1),))
+    launcher((_OnDevice(0),))
+    assert seen == [1, 0] and current[0] == 0

@@ -33,8 +33,10 @@ import triton.language as tl
 
 from ..runtime import poison
 from ..runtime.checks import INDEX_DTYPES, check_contiguous, check_int, check_pow2, check_tensor, check_window_left
-from ..runtime.device import device_sizes
+from ..runtime.device import device_facts
 from ..runtime.guard import check_build_window_indices, check_build_window_page_table, check_swa_out_cache_loc, guarded
+from ..runtime.launch import launcher_for
+from ..runtime.window import window_keys
 
 
 class WindowIndices(NamedTuple):
@@ -187,7 +189,7 @@ def _index_splits(num_requests: int, max_extent: int, block: int, device: torch.
     """Programs per request: enough for about 8 programs per SM over the whole batch (a gather is
     latency-bound), but never more than the longest window has blocks, and within the grid's y-limit."""
     blocks = max(1, triton.cdiv(max_extent, block))
-    want = max(1, triton.cdiv(8 * device_sizes(device)[0], max(num_requests, 1)))
+    want = max(1, triton.cdiv(8 * device_facts(device).num_sms, max(num_requests, 1)))
     return int(min(blocks, want, 65535))
 
 
@@ -214,7 +216,7 @@ def max_window_len(window_left: int, max_context_len: int, *, extend: bool = Fal
     check_int("max_context_len", max_context_len, minimum=0)
     if window_left < 0:
         return max_context_len
-    return min(window_left + (0 if extend else 1), max_context_len)
+    return min(window_keys(window_left, extend=extend), max_context_len)
 
 
 def max_window_pages(window_left: int, page_size: int, max_context_len: int, *, extend: bool = False) -> int:
@@ -250,7 +252,7 @@ def window_index_count(seq_lens, window_left: int, prefix_lens=None) -> int:
         if lens.shape[0] != _host_len_count(seq_lens):
             raise ValueError(f"prefix_lens must have one entry per request ({_host_len_count(seq_lens)}), got {lens.shape[0]}")
     if window_left >= 0:
-        lens = lens.clamp(max=window_left + (0 if prefix_lens is not None else 1))
+        lens = lens.clamp(max=window_keys(window_left, extend=prefix_lens is not None))
     return int(lens.sum())
 
 
@@ -337,7 +339,10 @@ def _launch_window_kernel(
         raise ValueError(f"num_splits must be <= 65535 (grid y-limit), got {num_splits}")
     if B == 0:
         return
-    _swa_window_indices_kernel[(B, num_splits)](
+    constexprs = dict(
+        HAS_WINDOW=has_window, HAS_MAPPING=mapping is not None, PAGE_TABLE=page_table, PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs
+    )
+    args = (
         req_to_token,
         req_to_token.stride(0),
         req_to_token.stride(1),
@@ -352,20 +357,14 @@ def _launch_window_kernel(
         shift,
         capacity,
         num_splits,
-        HAS_WINDOW=has_window,
-        HAS_MAPPING=mapping is not None,
-        PAGE_TABLE=page_table,
-        PAGE_SIZE=page_size,
-        BLOCK=block,
-        BLOCK_B=block_reqs,
     )
+    launcher_for(_swa_window_indices_kernel, constexprs)(args, (B, num_splits, 1))
 
 
 def _mode(seq_lens, prefix_lens, window_left):
     """(lens the window ends at, shift, has_window) of decode or extend/verify."""
-    if prefix_lens is None:
-        return seq_lens, window_left + 1, window_left >= 0
-    return prefix_lens, window_left, window_left >= 0
+    extend = prefix_lens is not None
+    return (prefix_lens if extend else seq_lens), window_keys(window_left, extend=extend), window_left >= 0
 
 
 @guarded(check_build_window_indices)
@@ -597,7 +596,6 @@ def swa_out_cache_loc(
     capacity = out.shape[0]
     block = 1024 if block is None else check_pow2("block", block)
     if capacity:
-        _swa_translate_kernel[(triton.cdiv(capacity, block),)](
-            out_cache_loc, out_cache_loc.stride(0), mapping, mapping.numel(), out, n, capacity, BLOCK=block
-        )
+        args = (out_cache_loc, out_cache_loc.stride(0), mapping, mapping.numel(), out, n, capacity)
+        launcher_for(_swa_translate_kernel, dict(BLOCK=block))(args, (triton.cdiv(capacity, block), 1, 1))
     return out

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..runtime.checks import INDEX_DTYPES, KV_DTYPES, check_kv_scale, check_tensor
 from ..runtime.guard import check_store_kv, guarded
+from ..runtime.launch import launcher_for
 from .indices import check_mapping
 
 __all__ = ["store_kv"]
@@ -311,7 +312,17 @@ def store_kv(
     vb, v_enc = _store_view(v_buffer)
     block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
     grid = (n, triton.cdiv(max(H, HV), block_h))
-    _swa_store_kv_kernel[grid](
+    constexprs = dict(
+        HAS_MAPPING=mapping is not None,
+        K_SCALE=k_mode,
+        V_SCALE=v_mode,
+        K_ENC=k_enc,
+        V_ENC=v_enc,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+    )
+    args = (
         kb,
         *kb.stride(),
         vb,
@@ -334,12 +345,5 @@ def store_kv(
         D,
         HV,
         DV,
-        HAS_MAPPING=mapping is not None,
-        K_SCALE=k_mode,
-        V_SCALE=v_mode,
-        K_ENC=k_enc,
-        V_ENC=v_enc,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        BLOCK_DV=block_dv,
     )
+    launcher_for(_swa_store_kv_kernel, constexprs)(args, (*grid, 1))

@@ -1,4 +1,5 @@
-"""Facts about the device a launch runs on, read once per device.
+"""Facts about the device a launch runs on: read once per device from Triton's driver (CUDA and HIP
+alike), or a known target's for planning a launch offline (:func:`planning_for`).
 
 Under Triton's interpreter (a CPU run) the ops size their work as for a small GPU: the numbers only
 steer split counts and tiles there, never correctness.
@@ -6,15 +7,79 @@ steer split counts and tiles there, never correctness.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["device_sizes", "interpreting"]
+__all__ = ["TARGETS", "DeviceFacts", "check_kv_format", "device_facts", "interpreting", "planning_for"]
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the launch heuristics need to know of a GPU.
+
+    Attributes:
+        name (str): the target, e.g. ``"sm_90"`` or ``"gfx942"``.
+        backend (str): ``"cuda"`` or ``"hip"``.
+        arch (int | str): Triton's ``GPUTarget`` arch (``90``, ``"gfx942"``).
+        num_sms (int): streaming multiprocessors (NVIDIA) or compute units (AMD).
+        smem_per_program (int): most shared memory (LDS) one program may use, in bytes.
+        smem_per_sm (int): shared memory the programs resident on one SM / CU share, in bytes.
+        regs_per_sm (int): 32-bit registers per SM / CU that resident programs share (per lane).
+        warp_size (int): threads of a warp (NVIDIA 32) or wavefront (CDNA 64, RDNA 32 in Triton).
+        fp8 (tuple): the fp8 e4m3 KV formats Triton 3.6 can convert on the target (``"e4m3fn"``,
+            ``"e4m3fnuz"``); a pool in another format is refused with a clear error.
+    """
+
+    name: str
+    backend: str
+    arch: int | str
+    num_sms: int
+    smem_per_program: int
+    smem_per_sm: int
+    regs_per_sm: int
+    warp_size: int
+    fp8: tuple = ()
+
+
+KB = 1024
+# Known targets, for planning and compiling ahead of time (the compile tier). Sources: NVIDIA's CUDA
+# C++ Programming Guide, "Technical Specifications per Compute Capability" (shared memory per SM and
+# per block: 8.0 164/163 KB, 8.6 and 8.9 100/99 KB, 9.0 228/227 KB, 12.0 128/99 KB; 64K registers
+# per SM); AMD's CDNA2/CDNA3/CDNA4 and RDNA3 ISA guides (64 KB LDS per CU, 160 KB on CDNA4; wave64
+# on CDNA, wave32 in Triton on RDNA). SM / CU counts of one product each (A100, A10, L4, H100 SXM,
+# RTX 5090, MI250X GCD, MI300X, MI355X, RX 7900 XTX): they only size splits. ``fp8``: the formats
+# the compile tier compiles for the target (Triton 3.6 has no fp8 e4m3fn conversion on sm_80/86).
+TARGETS = {
+    "sm_80": DeviceFacts("sm_80", "cuda", 80, 108, 163 * KB, 164 * KB, 65536, 32),
+    "sm_86": DeviceFacts("sm_86", "cuda", 86, 72, 99 * KB, 100 * KB, 65536, 32),
+    "sm_89": DeviceFacts("sm_89", "cuda", 89, 58, 99 * KB, 100 * KB, 65536, 32, ("e4m3fn",)),
+    "sm_90": DeviceFacts("sm_90", "cuda", 90, 132, 227 * KB, 228 * KB, 65536, 32, ("e4m3fn",)),
+    "sm_120": DeviceFacts("sm_120", "cuda", 120, 170, 99 * KB, 128 * KB, 65536, 32, ("e4m3fn",)),
+    "gfx90a": DeviceFacts("gfx90a", "hip", "gfx90a", 110, 64 * KB, 64 * KB, 131072, 64, ("e4m3fn",)),
+    "gfx942": DeviceFacts("gfx942", "hip", "gfx942", 304, 64 * KB, 64 * KB, 131072, 64, ("e4m3fn",)),
+    "gfx950": DeviceFacts("gfx950", "hip", "gfx950", 256, 160 * KB, 160 * KB, 131072, 64, ("e4m3fn",)),
+    "gfx1100": DeviceFacts("gfx1100", "hip", "gfx1100", 96, 64 * KB, 64 * KB, 65536, 32, ("e4m3fn",)),
+}
 
 # A small GPU, as the interpreter pretends to be: 4 SMs with Hopper's shared memory.
-_INTERPRETER_SIZES = (4, 228 * 1024)
-_SIZES: dict = {}
+INTERPRETER = DeviceFacts("interpreter", "cuda", 90, 4, 227 * KB, 228 * KB, 65536, 32, ("e4m3fn",))
+
+_FACTS: dict = {}
+_PLANNING: list = []
+
+
+def check_kv_format(facts: DeviceFacts, kv_dtype: torch.dtype) -> None:
+    """Raise ValueError before planning a launch over an fp8 pool the target cannot read."""
+    fp8 = {torch.float8_e4m3fn: "e4m3fn", torch.uint8: "e4m3fn", torch.float8_e4m3fnuz: "e4m3fnuz"}.get(kv_dtype)
+    if fp8 is not None and fp8 not in facts.fp8:
+        can = ", ".join(facts.fp8) or "no fp8 format"
+        raise ValueError(
+            f"k_buffer: fp8 {fp8} KV cannot be read on {facts.name} (Triton 3.6 converts {can} there); "
+            "keep this pool in bfloat16 or float16"
+        )
 
 
 def interpreting() -> bool:
@@ -22,13 +87,48 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def device_sizes(device: torch.device) -> tuple[int, int]:
-    """``(SM count, shared memory bytes per SM)`` of ``device``; a small GPU's off CUDA."""
+def device_facts(device: torch.device) -> DeviceFacts:
+    """The facts of ``device``: Triton's driver's for a GPU, a small GPU's for a CPU tensor, or the
+    target of an enclosing :func:`planning_for`."""
+    if _PLANNING:
+        return _PLANNING[-1]
     if device.type != "cuda":
-        return _INTERPRETER_SIZES
-    sizes = _SIZES.get(device)
-    if sizes is None:
-        props = torch.cuda.get_device_properties(device)
-        smem = getattr(props, "shared_memory_per_multiprocessor", 0) or _INTERPRETER_SIZES[1]
-        sizes = _SIZES[device] = (props.multi_processor_count, smem)
-    return sizes
+        return INTERPRETER
+    facts = _FACTS.get(device)
+    if facts is None:
+        facts = _FACTS[device] = _read_facts(torch.cuda.current_device() if device.index is None else device.index)
+    return facts
+
+
+def _read_facts(index: int) -> DeviceFacts:
+    """One device's facts from Triton's active driver (CUDA or HIP)."""
+    from triton.runtime import driver
+
+    props = driver.active.utils.get_device_properties(index)
+    target = driver.active.get_current_target()
+    warp = int(props.get("warpSize", target.warp_size))
+    smem = int(props["max_shared_mem"])
+    if target.backend == "cuda":
+        # A CUDA block may use all of its SM's shared memory but the 1 KB the system reserves per block.
+        name, smem_sm, fp8 = f"sm_{target.arch}", smem + KB, ("e4m3fn",) if target.arch >= 89 else ()
+    else:
+        name, smem_sm = str(target.arch).split(":")[0], smem
+        fp8 = TARGETS[name].fp8 if name in TARGETS else ()
+    regs = int(props.get("max_num_regs", 65536))
+    return DeviceFacts(name, target.backend, target.arch, int(props["multiprocessor_count"]), smem, smem_sm, regs, warp, fp8)
+
+
+@contextlib.contextmanager
+def planning_for(facts: DeviceFacts):
+    """Plan launches for ``facts`` (a :data:`TARGETS` entry) whatever device the tensors are on:
+    the compile tier uses it to compile, on a CPU, exactly what the launchers would launch there."""
+    from .launch import PlanCache
+
+    # plans are cached by input signature, which does not name the target
+    PlanCache.clear_all()
+    _PLANNING.append(facts)
+    try:
+        yield facts
+    finally:
+        _PLANNING.pop()
+        PlanCache.clear_all()

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import triton
@@ -21,7 +22,7 @@ from triton import knobs
 
 from .device import interpreting
 
-__all__ = ["Launcher", "PlanCache", "current_stream", "fast_launch_enabled", "scale_key", "set_fast_launch", "tensor_key"]
+__all__ = ["launcher_for", "Launcher", "PlanCache", "current_stream", "fast_launch_enabled", "scale_key", "set_fast_launch", "tensor_key"]
 
 try:  # Triton's argument specialisation (3.6's native binder), for keys over varying integers
     from triton._C.libtriton import native_specialize_impl as _SPECIALIZE
@@ -79,11 +80,20 @@ class Launcher:
 
     def __call__(self, args: tuple, grid: tuple | None = None) -> None:
         grid = self.grid if grid is None else grid
-        if not _FAST or self.interpret or (self.n_ptr is None and _SPECIALIZE is None):
+        if self.interpret:
             self.fn[grid](*args, **self.constexprs, **self.options)
             return
         get_device, get_stream = _driver_fns()
         device = get_device()
+        # Triton launches on the current device: run on the first tensor's instead (-1: a CPU tensor)
+        want = args[0].get_device()
+        if want != device and want >= 0:
+            with torch.cuda.device(want):
+                self(args, grid)
+            return
+        if not _FAST or (self.n_ptr is None and _SPECIALIZE is None):
+            self.fn[grid](*args, **self.constexprs, **self.options)
+            return
         if self.n_ptr is None:
             # the JIT's own backend for this device, as its binder uses (device_caches: 3.6's layout)
             backend = self.fn.device_caches[device][3]
@@ -109,6 +119,20 @@ class Launcher:
         kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, meta, enter, leave, *full)
 
 
+_LAUNCHERS: dict = {}
+
+
+def launcher_for(fn, constexprs: dict, num_warps: int = 4, num_stages: int | None = None) -> Launcher:
+    """The :class:`Launcher` of ``fn`` with these constexprs and options (grid given per call), one per
+    distinct set and shared by every call that compiles to the same kernel: a new input signature
+    still launches the compiled kernel directly."""
+    key = (fn, *constexprs.items(), num_warps, num_stages)
+    launch = _LAUNCHERS.get(key)
+    if launch is None:
+        launch = _LAUNCHERS[key] = Launcher(fn, None, constexprs, None, num_warps, num_stages)
+    return launch
+
+
 def tensor_key(t):
     """What a plan may depend on of a tensor: dtype, shape, strides and device (None for None)."""
     return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
@@ -123,11 +147,19 @@ class PlanCache:
     """Plans by signature, at most ``max_size`` of them (cleared when full: signatures are few in a
     serving loop, so a full cache means shapes that do not repeat)."""
 
-    __slots__ = ("plans", "max_size")
+    __slots__ = ("plans", "max_size", "__weakref__")
+    _ALL = weakref.WeakSet()
 
     def __init__(self, max_size: int = 4096):
         self.plans: dict = {}
         self.max_size = max_size
+        PlanCache._ALL.add(self)
+
+    @classmethod
+    def clear_all(cls) -> None:
+        """Forget every plan of every cache (the device facts they were planned for changed)."""
+        for cache in list(cls._ALL):
+            cache.clear()
 
     def get(self, key):
         return self.plans.get(key)

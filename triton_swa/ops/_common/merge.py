@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...runtime.launch import Launcher
+from ...runtime.launch import Launcher, launcher_for
 from .softmax import LOG2E, fold_sink
 
 __all__ = ["MAX_SPLITS", "MERGE_TILE", "merge_block_s", "merge_launcher", "merge_partials"]
@@ -140,5 +140,7 @@ def merge_launcher(rows: int | None, heads: int, dv: int, num_splits: int, has_s
     plans, arguments of fixed dtypes) or, with ``rows=None``, a grid given per call (extend)."""
     block_dv = triton.next_power_of_2(dv)
     constexprs = dict(DV=dv, BLOCK_S=merge_block_s(num_splits, block_dv), BLOCK_DV=block_dv, HAS_SINK=has_sink, SKIP_PADDING=skip_padding)
-    grid = None if rows is None else (rows * heads, 1, 1)
-    return Launcher(_swa_merge_kernel, grid, constexprs, 4 if rows is not None else None, 4 if block_dv >= 256 else 2)
+    num_warps = 4 if block_dv >= 256 else 2
+    if rows is None:
+        return launcher_for(_swa_merge_kernel, constexprs, num_warps)
+    return Launcher(_swa_merge_kernel, (rows * heads, 1, 1), constexprs, 4, num_warps)

@@ -8,7 +8,15 @@ import triton
 
 from .._common.merge import MAX_SPLITS
 
-__all__ = ["DecodeConfig", "decode_block_config", "decode_min_split_tokens", "decode_num_splits", "decode_resident_programs"]
+__all__ = [
+    "DecodeConfig",
+    "decode_block_config",
+    "decode_fit_block_n",
+    "decode_min_split_tokens",
+    "decode_num_splits",
+    "decode_resident_programs",
+    "decode_shared_bytes",
+]
 
 # A split reads at least this many times the bytes of the float32 partial output it writes (and the
 # merge reads back): G x Dv x 4 bytes per KV head against split_len x (D + Dv) x itemsize.
@@ -28,7 +36,9 @@ class DecodeConfig(NamedTuple):
     num_stages: int
 
 
-def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize: int, interpret: bool = False) -> DecodeConfig:
+def decode_block_config(
+    head_dim: int, v_head_dim: int, group: int, kv_itemsize: int, interpret: bool = False, smem_limit: int | None = None
+) -> DecodeConfig:
     """Tiles for a head geometry.
 
     - ``block_g``: the query heads of one KV head form the M side of both dots, which needs at least 16
@@ -47,6 +57,7 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
       lead, three buffers) measured no better (136 against 131 us at D 128, B 64).
 
     Under the interpreter, the smallest legal tiles (it pays per element, not per instruction).
+    Off Hopper, ``smem_limit`` (shared memory per program) caps ``block_n`` (:func:`decode_fit_block_n`).
     """
     width = max(triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim))
     g_cap = 64 if width <= 128 else (32 if width <= 256 else 16)
@@ -57,7 +68,16 @@ def decode_block_config(head_dim: int, v_head_dim: int, group: int, kv_itemsize:
     block_n = max(16, min(128, triton.next_power_of_2(32768 // row_bytes)))
     if width >= 512:
         block_n = max(block_n, 32)
-    return DecodeConfig(block_g, block_n, 4, 3)
+    return DecodeConfig(block_g, decode_fit_block_n(block_n, head_dim, v_head_dim, kv_itemsize, smem_limit), 4, 3)
+
+
+def decode_fit_block_n(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int, smem_limit: int | None) -> int:
+    """``block_n`` halved (down to 16) until :func:`decode_shared_bytes` fits ``smem_limit``, the
+    target's shared memory per program (64 KB of LDS on AMD: D 512 takes 16-key tiles there, D 256
+    32); Hopper's 227 KB keeps every default."""
+    while smem_limit is not None and block_n > 16 and decode_shared_bytes(block_n, head_dim, v_head_dim, kv_itemsize) > smem_limit:
+        block_n //= 2
+    return block_n
 
 
 def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_itemsize: int) -> int:
@@ -68,29 +88,42 @@ def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_items
     return max(1, triton.cdiv(SPLIT_READ_RATIO * partial, (head_dim + v_head_dim) * kv_itemsize))
 
 
+def decode_shared_bytes(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int) -> int:
+    """Shared memory of one split-kernel program, as fitted to what Triton 3.6 compiles for sm_90
+    (``bench/probe_decode.py stats``): one K plus V tile, and a layout-conversion scratch that grows
+    with the head width, ``block_n * (D + Dv) * itemsize + 4 KB + 32 * width`` (D 128 at 64 keys:
+    39 KB; D 256 at 64: 76 KB; D 512 at 32: 83 KB). The compile tier checks it against what each
+    target's compiler reports."""
+    width = max(triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim))
+    return block_n * (head_dim + v_head_dim) * kv_itemsize + 4 * 1024 + 32 * width
+
+
 def decode_resident_programs(
-    block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int, smem_per_sm: int = 228 * 1024, num_warps: int = 4
+    block_n: int,
+    head_dim: int,
+    v_head_dim: int,
+    kv_itemsize: int,
+    smem_per_sm: int = 228 * 1024,
+    num_warps: int = 4,
+    warp_size: int = 32,
+    regs_per_sm: int = 65536,
 ) -> int:
-    """Split-kernel programs one SM holds at once (at most 8), bounded by shared memory and registers.
+    """Split-kernel programs one SM (or CU) holds at once (at most 8), bounded by shared memory
+    (:func:`decode_shared_bytes`) and registers.
 
-    Both bounds are fitted to what Triton 3.6 compiles for sm_90 (``bench/probe_decode.py stats``,
-    H200, 4 warps; shared bytes and registers per thread):
-
-    - shared memory: one K plus V tile, and a layout-conversion scratch that grows with the head width,
-      ``block_n * (D + Dv) * itemsize + 4 KB + 32 * width`` (D 128 at 64 keys: 39 KB; D 256 at 64:
-      76 KB; D 512 at 32: 83 KB);
-    - registers: about ``80 + 1.25 e``, with ``e`` the elements of the K tile per thread, out of 64K
-      per SM (D 128 at 64 keys, e = 64: 128 registers; D 256 at 32: 148; D 256 at 64 and D 512 at 32,
-      e = 128: 238-252, two programs).
+    Registers: about ``80 + 1.25 e`` per thread, with ``e`` the elements of the K tile per thread
+    (``warp_size * num_warps`` threads: 128 on NVIDIA, 256 on CDNA at 4 warps), out of
+    ``regs_per_sm`` (fitted on sm_90, H200, 4 warps: D 128 at 64 keys, e = 64: 128 registers; D 256
+    at 32: 148; D 256 at 64 and D 512 at 32, e = 128: 238-252, two programs).
 
     Under-counting costs splits: at D 512, B 8, L 4k, 8 splits (two programs per SM) take 76 us where
     the earlier estimate of one program per SM chose 4 and took 95 us.
     """
     width = max(triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim))
-    threads = 32 * num_warps
-    shared = block_n * (head_dim + v_head_dim) * kv_itemsize + 4 * 1024 + 32 * width
+    threads = warp_size * num_warps
+    shared = decode_shared_bytes(block_n, head_dim, v_head_dim, kv_itemsize)
     registers = min(255, 80 + (5 * block_n * width) // (4 * threads))
-    return max(1, min(8, smem_per_sm // shared, 65536 // (threads * registers)))
+    return max(1, min(8, smem_per_sm // shared, regs_per_sm // (threads * registers)))
 
 
 def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, min_tokens: int = 128, resident: int = 2) -> int:

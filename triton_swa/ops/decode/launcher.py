@@ -44,11 +44,11 @@ from ...runtime.checks import (
     check_sm_scale,
     check_tensor,
 )
-from ...runtime.device import device_sizes, interpreting
+from ...runtime.device import check_kv_format, device_facts, interpreting
 from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
-from .config import decode_block_config, decode_min_split_tokens, decode_num_splits, decode_resident_programs
+from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
 
 __all__ = ["swa_decode"]
@@ -265,18 +265,22 @@ def _check_and_plan(
     G = HQ // H
     interpret = interpreting()
     itemsize = k_buffer.element_size()
-    cfg = decode_block_config(D, DV, G, itemsize, interpret)
+    facts = device_facts(device)
+    check_kv_format(facts, kv_dtype)
+    cfg = decode_block_config(D, DV, G, itemsize, interpret, facts.smem_per_program)
     tune = tune or _Tune()
     num_gb = triton.cdiv(G, cfg.block_g)
     programs = B * H * num_gb
-    num_sms, smem = device_sizes(device)
-    resident = decode_resident_programs(block_n or cfg.block_n, D, DV, itemsize, smem)
+    num_sms = facts.num_sms
+    resident = decode_resident_programs(
+        block_n or cfg.block_n, D, DV, itemsize, facts.smem_per_sm, tune.num_warps or cfg.num_warps, facts.warp_size, facts.regs_per_sm
+    )
     if block_n is None:
         block_n = cfg.block_n
         if programs >= num_sms * resident and not interpret and max(D, DV) <= 256:
             # A full GPU without splits streams long loops: 64-token tiles (one program per SM at D 256)
             # beat 32 there (H200, D 256, B 64: 256 against 270 us).
-            block_n = max(block_n, 64)
+            block_n = max(block_n, decode_fit_block_n(64, D, DV, itemsize, facts.smem_per_program))
     if num_splits is None:
         min_tokens = decode_min_split_tokens(G, D, DV, itemsize)
         num_splits = decode_num_splits(programs, max_window, block_n, num_sms, min_tokens, resident)

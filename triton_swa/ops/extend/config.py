@@ -10,7 +10,7 @@ import triton
 from ...runtime.checks import check_grid
 from .._common.merge import MAX_SPLITS
 
-__all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs"]
+__all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs", "extend_shared_bytes"]
 
 # Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and most programs counted as
 # running at once on one SM. Estimates to tune on the GPU (bench_extend.py --verify-splits).
@@ -41,7 +41,13 @@ def _pow2_divisor(n: int) -> int:
 
 
 def extend_config(
-    head_dim: int, v_head_dim: int, group: int, max_extend_len: int, dtype: torch.dtype = torch.bfloat16, interpret: bool = False
+    head_dim: int,
+    v_head_dim: int,
+    group: int,
+    max_extend_len: int,
+    dtype: torch.dtype = torch.bfloat16,
+    interpret: bool = False,
+    smem_limit: int | None = None,
 ) -> ExtendConfig:
     """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
 
@@ -72,6 +78,9 @@ def extend_config(
       its sweep), so that path was removed again.
     - Under Triton's interpreter, which pays per element rather than per instruction, the smallest
       legal tiles.
+    - ``smem_limit`` (the target's shared memory per program): tiles shrink until they fit
+      (:func:`_fit_shared`); on the H200 nothing changes, on 99 KB (sm_86/89/120) and 64 KB (AMD
+      LDS) targets the compile tier checks what each target's compiler allocates.
     """
     d = max(head_dim, v_head_dim)
     if interpret:
@@ -94,7 +103,32 @@ def extend_config(
         block_n = 64 if d <= 128 else 32
         warps = 4 if d <= 256 else 8
         stages = 3 if d <= 128 else 2
+    if smem_limit is not None:
+        block_m, block_n, stages = _fit_shared(block_m, block_n, stages, head_dim, v_head_dim, dtype.itemsize, smem_limit)
+        pack = min(pack, block_m)
     return ExtendConfig(block_m, block_n, pack, warps, stages, edge)
+
+
+def extend_shared_bytes(block_m: int, block_n: int, num_stages: int, head_dim: int, v_head_dim: int, itemsize: int) -> int:
+    """Shared memory of one extend program, an upper bound of what Triton 3.6 allocates: the K/V
+    pipeline stages and the query tile (sm_90, D 128, 64 x 64 x 3 stages: 112 KB estimated and
+    compiled; sm_80 and gfx942 compile less, as their pipeliners keep fewer stages in shared memory)."""
+    return itemsize * (num_stages * block_n * (head_dim + v_head_dim) + block_m * head_dim)
+
+
+def _fit_shared(block_m: int, block_n: int, stages: int, head_dim: int, v_head_dim: int, itemsize: int, limit: int):
+    """Shrink a tile until :func:`extend_shared_bytes` fits ``limit`` (a target's shared memory per
+    program): pipeline stages down to 2 first (latency hiding is cheaper to lose than tile size),
+    then key tiles down to 32, query tiles down to 32, key tiles to 16, query tiles to 16, and last
+    a single stage. Hopper-class budgets (227 KB) keep every default as it is."""
+    steps = [("stages", 2), ("block_n", 32), ("block_m", 32), ("block_n", 16), ("block_m", 16), ("stages", 1)]
+    tile = {"block_m": block_m, "block_n": block_n, "stages": stages}
+    for name, floor in steps:
+        while extend_shared_bytes(tile["block_m"], tile["block_n"], tile["stages"], head_dim, v_head_dim, itemsize) > limit:
+            if tile[name] <= floor:
+                break
+            tile[name] = tile[name] - 1 if name == "stages" else tile[name] // 2
+    return tile["block_m"], tile["block_n"], tile["stages"]
 
 
 def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, resident: int = SPLIT_RESIDENT) -> int:

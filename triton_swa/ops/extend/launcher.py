@@ -60,9 +60,9 @@ from ...runtime.checks import (
     check_tensor,
     check_window_left,
 )
-from ...runtime.device import device_sizes, interpreting
+from ...runtime.device import check_kv_format, device_facts, interpreting
 from ...runtime.guard import check_swa_extend, guarded
-from ...runtime.launch import Launcher, PlanCache, tensor_key
+from ...runtime.launch import PlanCache, launcher_for, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
@@ -79,6 +79,7 @@ class _Inputs:
 
     __slots__ = (
         "T",
+        "kv_dtype",
         "HQ",
         "H",
         "D",
@@ -111,9 +112,6 @@ class _Plan:
 
 
 _CHECKED = PlanCache()
-# Launchers by constexprs and options, shared by every plan that compiles to the same kernel: a new
-# signature (a prefill of another length) still launches the compiled kernel directly.
-_LAUNCHERS: dict = {}
 
 
 def _signature(
@@ -316,6 +314,7 @@ def _check_inputs(
     inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B = T, HQ, H, D, DV, B
     inputs.flatten_pages = k_buffer.dim() == 4
     inputs.fp8_view = k_buffer.dtype == torch.uint8
+    inputs.kv_dtype = k_buffer.dtype
     inputs.paged, inputs.page_size = paged, page_size if paged else 1
     inputs.has_mask, inputs.bool_mask = custom_mask is not None, custom_mask is not None and custom_mask.dtype == torch.bool
     inputs.has_qpos, inputs.has_sink = q_positions is not None, sinks is not None
@@ -334,7 +333,9 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     interpret = interpreting()
     # bf16 dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
     upcast = interpret and dtype == torch.bfloat16
-    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret)
+    facts = device_facts(device)
+    check_kv_format(facts, inputs.kv_dtype)
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret, facts.smem_per_program)
     bm = cfg.block_m if block_m is None else block_m
     bn = cfg.block_n if block_n is None else block_n
     gp = min(cfg.pack, bm) if pack is None else pack
@@ -352,9 +353,8 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
 
     m_tiles = triton.cdiv(max_extend_len, bm // gp)
     if num_splits is None:
-        num_sms, smem = device_sizes(device)
-        resident = extend_resident_programs(bm, bn, stages, D, DV, itemsize, smem)
-        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, inputs.max_window, bn, num_sms, resident)
+        resident = extend_resident_programs(bm, bn, stages, D, DV, itemsize, facts.smem_per_sm)
+        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, inputs.max_window, bn, facts.num_sms, resident)
     plan = _Plan()
     plan.split = num_splits > 1
     plan.num_splits = num_splits
@@ -384,32 +384,18 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         KV_SCALE=inputs.kv_scaled,
         SCALE_PTR=inputs.scale_ptr,
         # float32 dots are exact (not tf32)
-        DOT_PREC="ieee" if dtype == torch.float32 or upcast else "tf32",
+        # 16-bit dots: the target's default (tf32 applies to float32 inputs only, and AMD targets
+        # other than gfx942 have no tf32 at all)
+        DOT_PREC="ieee" if dtype == torch.float32 or upcast else None,
         SPLIT=plan.split,
         EDGE_IN_LOOP=edge_in_loop and plain_causal,
         UPCAST_DOT=upcast,
     )
-    plan.launch = _launcher(constexprs, warps, stages)
+    plan.launch = launcher_for(_swa_extend_kernel, constexprs, warps, stages)
     plan.default_scale = 1.0 / math.sqrt(D)
-    plan.merge = _merge_launcher(HQ, DV, num_splits, inputs.has_sink) if plan.split else None
+    plan.merge = merge_launcher(None, HQ, DV, num_splits, inputs.has_sink, skip_padding=True) if plan.split else None
     plan.merge_grid = (T * HQ, 1, 1)
     return plan
-
-
-def _launcher(constexprs: dict, num_warps: int, num_stages: int) -> Launcher:
-    key = (*constexprs.items(), num_warps, num_stages)
-    launch = _LAUNCHERS.get(key)
-    if launch is None:
-        launch = _LAUNCHERS[key] = Launcher(_swa_extend_kernel, None, constexprs, None, num_warps, num_stages)
-    return launch
-
-
-def _merge_launcher(heads: int, dv: int, num_splits: int, has_sink: bool) -> Launcher:
-    key = ("merge", dv, num_splits, has_sink)
-    launch = _LAUNCHERS.get(key)
-    if launch is None:
-        launch = _LAUNCHERS[key] = merge_launcher(None, heads, dv, num_splits, has_sink, skip_padding=True)
-    return launch
 
 
 def _max_extend_len(qo_indptr: torch.Tensor, total: int) -> int:

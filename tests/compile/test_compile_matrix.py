@@ -1,0 +1,50 @@
+"""The compile tier: every kernel, as each target's launcher plans it, compiled by Triton's own compiler
+for NVIDIA and AMD targets on this machine (no GPU needed; ``triton_swa.testing.compile_matrix``).
+
+One subprocess per target (the compiled ``@triton.jit`` path needs ``TRITON_INTERPRET`` unset, which
+this session's interpreter tier sets). Each launch must compile and fit the target's shared memory;
+an fp8 pool is refused, with a clear error, exactly on the targets whose facts say Triton cannot
+convert that format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from triton_swa.runtime.device import TARGETS
+
+pytestmark = pytest.mark.compile
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_every_kernel_compiles_for(target):
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_SWA_POISON")}
+    done = subprocess.run(
+        [sys.executable, "-m", "triton_swa.testing.compile_matrix", "--target", target, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert results, done.stderr[-3000:]
+    failed = [f"{r['case']} {r['kernel']} [{r['variant']}]: {r['error']}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    refused = {r["case"] for r in results if r["refused"]}
+    fp8_cases = {r["case"] for r in results if "fp8" in r["case"] and not r["case"].startswith("store")}
+    assert refused == (fp8_cases if "e4m3fn" not in TARGETS[target].fp8 else set()), refused
+    kernels = {r["kernel"] for r in results}
+    assert kernels >= {
+        "_swa_decode_kernel",
+        "_swa_merge_kernel",
+        "_swa_extend_kernel",
+        "_swa_window_indices_kernel",
+        "_swa_translate_kernel",
+        "_swa_store_kv_kernel",
+    }, kernels
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,327 @@
+"""The compile tier: every kernel of the library compiled ahead of time for GPU targets, on any machine.
+
+For a target of :data:`triton_swa.runtime.device.TARGETS` and a case (an op and its inputs, on the
+CPU), the op's launcher runs as it would on that GPU (:func:`~triton_swa.runtime.device.planning_for`)
+up to the launch, which is recorded instead (:class:`~triton_swa.runtime.launch.Launcher`); each
+recorded launch is then compiled with ``triton.compile(ASTSource(...), target=GPUTarget(...))``,
+with the launcher's exact constexprs and options and the argument specialisation Triton's JIT would
+derive, and its shared memory is checked against the target's limit. Registers and spills come from
+cuobjdump's resource usage (NVIDIA: ``LOCAL`` bytes per thread) or the AMDGPU assembly's notes.
+
+It needs the compiled path of ``@triton.jit`` (``TRITON_INTERPRET`` unset): the tests run it in a
+subprocess. Report: ``python -m triton_swa.testing.compile_matrix [--target sm_90 ...] [--case ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CASES", "CompileResult", "compile_case", "recorded_launches"]
+
+
+@dataclass
+class CompileResult:
+    """One compiled launch: kernel, target, constexprs that name it, and what the compiler reports."""
+
+    case: str
+    target: str
+    kernel: str
+    variant: str
+    ok: bool
+    shared: int = 0
+    shared_limit: int = 0
+    registers: int | None = None
+    spills: int | None = None
+    seconds: float = 0.0
+    error: str = ""
+    refused: str = ""
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """Record every launch (kernel, arguments, constexprs, options) instead of running it."""
+    from ..runtime.launch import Launcher
+
+    launches = []
+    saved = Launcher.__call__
+
+    def record(launcher, args, grid=None):
+        launches.append((launcher.fn, tuple(args), dict(launcher.constexprs), dict(launcher.options)))
+
+    Launcher.__call__ = record
+    try:
+        yield launches
+    finally:
+        Launcher.__call__ = saved
+
+
+def _specialise(fn, args: tuple, constexprs: dict, backend):
+    """Signature, constexprs and attributes as Triton's JIT derives them for these arguments."""
+    from triton._C.libtriton import native_specialize_impl
+
+    signature, consts, attrs = {}, {}, {}
+    runtime = [p for p in fn.params if not p.is_constexpr]
+    if len(runtime) != len(args):
+        raise ValueError(f"{fn.__name__}: {len(args)} arguments for {len(runtime)} parameters")
+    values = iter(args)
+    for i, param in enumerate(fn.params):
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            consts[(i,)] = constexprs[param.name]
+            continue
+        arg = next(values)
+        kind, attr = native_specialize_impl(backend, arg, False, not param.do_not_specialize, True)
+        signature[param.name] = kind
+        if kind == "constexpr":
+            consts[(i,)] = arg
+        elif attr:
+            attrs[(i,)] = backend.parse_attr(attr)
+    return signature, consts, attrs
+
+
+def _nvidia_registers(cubin: bytes) -> tuple[int | None, int | None]:
+    """(registers, local-memory bytes: spills) of the kernel in ``cubin``, from the cuobjdump that
+    Triton bundles."""
+    tool = os.path.join(os.path.dirname(importlib.import_module("triton.backends.nvidia").__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
+    regs = re.search(r"REG:(\d+)", done.stdout)
+    local = re.search(r"LOCAL:(\d+)", done.stdout)
+    return (int(regs.group(1)) if regs else None), (int(local.group(1)) if local else None)
+
+
+def _amd_registers(amdgcn: str) -> tuple[int | None, int | None]:
+    regs = re.search(r"\.vgpr_count:\s+(\d+)", amdgcn) or re.search(r"NumVgprs:\s+(\d+)", amdgcn)
+    spill = re.search(r"\.vgpr_spill_count:\s+(\d+)", amdgcn)
+    return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
+
+
+def _first_error_line(exc: BaseException) -> str:
+    """The compiler's own message: the innermost cause's last meaningful line (Triton's compilation
+    errors end with a source excerpt and a caret)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and set(line.strip()) != {"^"}]
+    return f"{type(exc).__name__}: {(lines[-1] if lines else '')[:300]}"
+
+
+def _variant(constexprs: dict, options: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in {**constexprs, **options}.items())
+
+
+def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[CompileResult]:
+    """Compile every launch that ``make_call()`` makes, as planned for ``target``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    from ..runtime.device import TARGETS, planning_for
+
+    facts = TARGETS[target]
+    gpu = GPUTarget(facts.backend, facts.arch, facts.warp_size)
+    backend = make_backend(gpu)
+    try:
+        with planning_for(facts), recorded_launches() as launches:
+            make_call()
+    except ValueError as exc:
+        # the launcher's own clear refusal (an fp8 pool the target cannot read): nothing to compile
+        return [CompileResult(name, target, "-", "", True, refused=str(exc))]
+    results, seen = [], set()
+    for fn, args, constexprs, options in launches:
+        signature, consts, attrs = _specialise(fn, args, constexprs, backend)
+        key = (fn.__name__, tuple(signature.items()), tuple(sorted(map(str, consts.items()))), tuple(options.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        res = CompileResult(name, target, fn.__name__, _variant(constexprs, options), False, shared_limit=facts.smem_per_program)
+        t0 = time.perf_counter()
+        try:
+            kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=gpu, options=options)
+        except Exception as exc:  # noqa: BLE001 - the compiler's own error is the result
+            res.error = _first_error_line(exc)
+        else:
+            res.shared = int(kernel.metadata.shared)
+            if facts.backend == "cuda":
+                res.registers, res.spills = _nvidia_registers(kernel.asm["cubin"])
+            else:
+                res.registers, res.spills = _amd_registers(kernel.asm["amdgcn"])
+            res.ok = res.shared <= facts.smem_per_program
+            if not res.ok:
+                res.error = f"shared memory {res.shared} B > the target's {facts.smem_per_program} B"
+        res.seconds = time.perf_counter() - t0
+        results.append(res)
+    return results
+
+
+# ---- the cases: every kernel, each feature combination that matters ----------------------------------
+
+
+def _decode_call(hq, h, d, dv=None, *, batch, window, page=1, dtype=torch.bfloat16, kv=None, softcap=0.0, sinks=False):
+    from ..ops.decode import swa_decode
+
+    dv = dv or d
+    kv = kv or dtype
+    slots = batch * window + page
+    slots += (-slots) % page
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, hq, d, generator=g).to(dtype)
+    k = torch.zeros(slots, h, d).to(kv)
+    v = torch.zeros(slots, h, dv).to(kv)
+    extra = dict(sinks=torch.zeros(hq) if sinks else None, logit_cap=softcap)
+    if kv not in (torch.float16, torch.bfloat16, torch.float32):
+        extra.update(k_scale=0.5, v_scale=0.5)
+    if page == 1:
+        index = dict(
+            kv_indptr=torch.arange(batch + 1, dtype=torch.int32) * window,
+            kv_indices=torch.arange(page, page + batch * window, dtype=torch.int32),
+        )
+    else:
+        pages = -(-window // page)
+        index = dict(
+            page_table=torch.ones(batch, pages, dtype=torch.int32),
+            window_starts=torch.zeros(batch, dtype=torch.int32),
+            seq_lens=torch.full((batch,), window, dtype=torch.int32),
+            page_size=page,
+        )
+    return lambda: swa_decode(q, k, v, **index, **extra, max_window=window, debug=False)
+
+
+def _extend_call(
+    hq, h, d, *, batch, new, prefix, window_left, dtype=torch.bfloat16, kv=None, page=1, mode="causal", softcap=0.0, sinks=False
+):
+    from ..ops.extend import swa_extend
+
+    kv = kv or dtype
+    g = torch.Generator().manual_seed(0)
+    T = batch * new
+    q = torch.randn(T, hq, d, generator=g).to(dtype)
+    k = torch.randn(T, h, d, generator=g).to(dtype)
+    cached = prefix if window_left < 0 else min(prefix, window_left)
+    slots = batch * max(cached, 1) + page
+    slots += (-slots) % page
+    kb = torch.zeros(slots, h, d).to(kv)
+    extra = dict(sinks=torch.zeros(hq) if sinks else None, logit_cap=softcap)
+    if kv not in (torch.float16, torch.bfloat16, torch.float32):
+        extra.update(k_scale=0.5, v_scale=0.5)
+    if mode == "tree":
+        extra.update(
+            custom_mask=torch.ones(batch * new * new, dtype=torch.bool),
+            mask_indptr=torch.arange(batch + 1, dtype=torch.int32) * new * new,
+            q_positions=torch.arange(T, dtype=torch.int32) % new + prefix,
+        )
+    elif mode == "noncausal":
+        extra.update(causal=False)
+    if page == 1:
+        index = dict(
+            kv_indptr=torch.arange(batch + 1, dtype=torch.int32) * cached, kv_indices=torch.arange(1, 1 + batch * cached, dtype=torch.int32)
+        )
+    else:
+        index = dict(
+            page_table=torch.ones(batch, -(-cached // page) + 1, dtype=torch.int32),
+            window_starts=torch.full((batch,), prefix - cached, dtype=torch.int32),
+            page_size=page,
+        )
+    args = (q, k, k, kb, kb, torch.arange(batch + 1, dtype=torch.int32) * new, torch.full((batch,), prefix, dtype=torch.int32))
+    return lambda: swa_extend(*args, window_left=window_left, **index, **extra, max_extend_len=new, debug=False)
+
+
+def _indices_call(kind: str, *, batch=8, context=4096, window_left=1023, page=1):
+    from ..ops.indices import build_window_indices, build_window_page_table, swa_out_cache_loc
+    from ..ops.kv_store import store_kv
+
+    rtt = torch.arange(1, 1 + (batch + 1) * context, dtype=torch.int32).view(batch + 1, context)
+    rows = torch.arange(1, batch + 1, dtype=torch.int32)
+    lens = torch.full((batch,), context, dtype=torch.int32)
+    mapping = torch.arange((batch + 1) * context + page + 1, dtype=torch.int64)
+    if kind == "csr":
+        return lambda: build_window_indices(
+            rtt, rows, lens, window_left=window_left, mapping=mapping, num_indices=batch * (window_left + 1), debug=False
+        )
+    if kind == "pages":
+        return lambda: build_window_page_table(
+            rtt, rows, lens, window_left=window_left, page_size=page, mapping=mapping, max_pages=64, debug=False
+        )
+    if kind == "loc":
+        return lambda: swa_out_cache_loc(rows.long(), mapping, debug=False)
+    buffers = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[kind]
+    kb = torch.zeros(64, 8, 128).to(buffers)
+    new = torch.randn(batch, 8, 128, dtype=torch.bfloat16)
+    scale = dict(k_scale=0.5, v_scale=0.5) if kind == "fp8" else {}
+    return lambda: store_kv(kb, kb, rows.long(), new, new, mapping=mapping, **scale, debug=False)
+
+
+# (name, call maker): Gemma-3-like (32/16 heads, D 128), Gemma-4 sliding (D 256) and full (D 512),
+# gpt-oss-like (64/8, D 64, sinks), Mistral-like (32/8); decode split (B 1) and unsplit (B 64).
+CASES: dict[str, Callable[[], Callable[[], None]]] = {
+    "decode-d128-split": lambda: _decode_call(32, 16, 128, batch=1, window=1024),
+    "decode-d128-b64": lambda: _decode_call(32, 16, 128, batch=64, window=1024),
+    "decode-d128-pages-softcap": lambda: _decode_call(32, 8, 128, batch=8, window=4096, page=16, softcap=30.0),
+    "decode-d64-sinks": lambda: _decode_call(64, 8, 64, batch=64, window=128, sinks=True),
+    "decode-d256-split": lambda: _decode_call(32, 16, 256, batch=1, window=1024),
+    "decode-d256-b64": lambda: _decode_call(32, 16, 256, batch=64, window=1024),
+    "decode-d512-split": lambda: _decode_call(32, 4, 512, batch=1, window=4096),
+    "decode-d512-b64-pages": lambda: _decode_call(32, 4, 512, batch=64, window=4096, page=16),
+    "decode-d128-fp8": lambda: _decode_call(32, 16, 128, batch=64, window=1024, kv=torch.float8_e4m3fn),
+    "decode-d256-fp16": lambda: _decode_call(32, 16, 256, batch=8, window=1024, dtype=torch.float16),
+    "extend-prefill-d128": lambda: _extend_call(32, 16, 128, batch=1, new=2048, prefix=0, window_left=1023),
+    "extend-prefill-d256": lambda: _extend_call(32, 16, 256, batch=1, new=2048, prefix=0, window_left=1023),
+    "extend-prefill-d512": lambda: _extend_call(32, 4, 512, batch=1, new=512, prefix=0, window_left=-1),
+    "extend-chunk-d128-pages-sinks": lambda: _extend_call(64, 8, 64, batch=4, new=256, prefix=512, window_left=127, page=16, sinks=True),
+    "extend-verify-d128-split": lambda: _extend_call(32, 8, 128, batch=1, new=8, prefix=4096, window_left=1023),
+    "extend-verify-d256-tree": lambda: _extend_call(32, 16, 256, batch=4, new=8, prefix=2048, window_left=1023, mode="tree"),
+    "extend-draft-d128-noncausal-softcap": lambda: _extend_call(
+        32, 16, 128, batch=2, new=16, prefix=1024, window_left=1023, mode="noncausal", softcap=50.0
+    ),
+    "extend-chunk-d128-fp8": lambda: _extend_call(32, 16, 128, batch=2, new=512, prefix=2048, window_left=1023, kv=torch.float8_e4m3fn),
+    "indices-csr": lambda: _indices_call("csr"),
+    "indices-pages": lambda: _indices_call("pages", page=16),
+    "indices-loc": lambda: _indices_call("loc"),
+    "store-bf16": lambda: _indices_call("bf16"),
+    "store-fp8": lambda: _indices_call("fp8"),
+}
+
+
+def main(argv=None) -> int:
+    from ..runtime.device import TARGETS
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", action="append", help=f"default: all of {', '.join(TARGETS)}")
+    parser.add_argument("--case", action="append", help="default: every case")
+    parser.add_argument("--json", action="store_true", help="one JSON object per compiled launch")
+    args = parser.parse_args(argv)
+    failed = 0
+    for target in args.target or list(TARGETS):
+        for case in args.case or list(CASES):
+            for r in compile_case(case, CASES[case](), target):
+                failed += not r.ok
+                if args.json:
+                    print(json.dumps(r.__dict__), flush=True)
+                else:
+                    regs = "-" if r.registers is None else r.registers
+                    spill = "-" if r.spills is None else r.spills
+                    status = f"refused: {r.refused}" if r.refused else "ok" if r.ok else f"FAIL {r.error}"
+                    print(
+                        f"{r.target:8} {r.case:38} {r.kernel:28} smem {r.shared:>7} regs {regs:>4} spill {spill:>5} "
+                        f"{r.seconds:5.1f}s {status}",
+                        flush=True,
+                    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
