@@ -14,8 +14,8 @@ if [ $# -lt 1 ]; then
 fi
 sha=$1
 shift
-if [ ! -f .ab/before/triton_swa/__init__.py ] || [ ! -d .ab/before/reference ]; then
-  echo "no old tree at $PWD/.ab/before (needs triton_swa/ and reference/): make it with" >&2
+if [ ! -f .ab/before/triton_swa/__init__.py ] || { [ ! -d .ab/before/reference ] && [ ! -d .ab/before/triton_swa_reference ]; }; then
+  echo "no old tree at $PWD/.ab/before (needs triton_swa/ and its reference): make it with" >&2
   echo "  mkdir -p .ab/before && git archive <old-sha> | tar -x -C .ab/before" >&2
   echo "and carry .ab/before to the device with the run" >&2
   exit 2
