@@ -305,9 +305,12 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per compiled launch")
     args = parser.parse_args(argv)
     failed = 0
+    summary = []
     for target in args.target or list(TARGETS):
+        results = []
         for case in args.case or list(CASES):
             for r in compile_case(case, CASES[case](), target):
+                results.append(r)
                 failed += not r.ok
                 if args.json:
                     print(json.dumps(r.__dict__), flush=True)
@@ -320,7 +323,27 @@ def main(argv=None) -> int:
                         f"{r.seconds:5.1f}s {status}",
                         flush=True,
                     )
+        summary.append(_summary_row(target, results))
+    if not args.json:
+        print("\n| target | launches compiled | refused | heaviest shared memory (limit) | most registers | spills |")
+        print("| --- | ---: | ---: | --- | --- | --- |")
+        print("\n".join(summary))
     return 1 if failed else 0
+
+
+def _summary_row(target: str, results: list[CompileResult]) -> str:
+    """One markdown row: what compiled for ``target``, its heaviest launches and any spills."""
+    done = [r for r in results if r.ok and not r.refused]
+    refused = sum(bool(r.refused) for r in results)
+    if not done:
+        return f"| {target} | 0 | {refused} | - | - | - |"
+    smem = max(done, key=lambda r: r.shared)
+    regs = max(done, key=lambda r: r.registers or 0)
+    spills = [f"{r.case} {r.spills} B" for r in done if r.spills]
+    return (
+        f"| {target} | {len(done)} of {len(results) - refused} | {refused} | {smem.shared // 1024} KB, {smem.case} "
+        f"({smem.shared_limit // 1024} KB) | {regs.registers}, {regs.case} | {'; '.join(spills) or 'none'} |"
+    )
 
 
 if __name__ == "__main__":
