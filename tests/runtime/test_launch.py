@@ -120,3 +120,26 @@ def test_launches_on_the_tensors_device(monkeypatch):
     launcher((_OnDevice(1),))
     launcher((_OnDevice(0),))
     assert seen == [1, 0] and current[0] == 0
+
+
+def test_a_kernel_without_a_direct_launcher_keeps_the_jit(monkeypatch):
+    """Fast launch on, but the compiled kernel Triton returns lacks 3.6's launcher fields (another
+    backend or Triton version): nothing is cached and every call goes through the JIT again."""
+    monkeypatch.setattr(launch, "_DRIVER", [lambda: 0, lambda index: 0])
+    monkeypatch.setattr(launch, "_FAST", True)
+    calls = []
+
+    class Kernel(_FakeKernel):
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                calls.append(grid)
+                return object()  # no run / function / packed_metadata / launch_metadata
+
+            return run
+
+    launcher = Launcher(Kernel(), (2, 1, 1), {"BLOCK": 16}, 1, num_warps=1)
+    launcher.interpret = False
+    x = torch.zeros(4)
+    for _ in range(3):
+        launcher((x,))
+    assert calls == [(2, 1, 1)] * 3 and launcher.compiled == {}

@@ -281,8 +281,11 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "extend-prefill-d128": lambda: _extend_call(32, 16, 128, batch=1, new=2048, prefix=0, window_left=1023),
     "extend-prefill-d256": lambda: _extend_call(32, 16, 256, batch=1, new=2048, prefix=0, window_left=1023),
     "extend-prefill-d512": lambda: _extend_call(32, 4, 512, batch=1, new=512, prefix=0, window_left=-1),
-    "extend-chunk-d128-pages-sinks": lambda: _extend_call(64, 8, 64, batch=4, new=256, prefix=512, window_left=127, page=16, sinks=True),
+    "extend-chunk-d64-pages-sinks": lambda: _extend_call(64, 8, 64, batch=4, new=256, prefix=512, window_left=127, page=16, sinks=True),
     "extend-verify-d128-split": lambda: _extend_call(32, 8, 128, batch=1, new=8, prefix=4096, window_left=1023),
+    "extend-verify-d128-fp16-pages": lambda: _extend_call(
+        32, 8, 128, batch=8, new=4, prefix=2048, window_left=1023, dtype=torch.float16, page=16
+    ),
     "extend-verify-d256-tree": lambda: _extend_call(32, 16, 256, batch=4, new=8, prefix=2048, window_left=1023, mode="tree"),
     "extend-draft-d128-noncausal-softcap": lambda: _extend_call(
         32, 16, 128, batch=2, new=16, prefix=1024, window_left=1023, mode="noncausal", softcap=50.0
