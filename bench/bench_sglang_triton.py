@@ -574,27 +574,6 @@ def case_cost(st: State, q_positions, op: str):
     return nbytes, flops
 
 
-COLUMNS = [
-    "op",
-    "case",
-    "provider",
-    "us_p50",
-    "us_p20",
-    "us_p80",
-    "bytes",
-    "flops",
-    "tbps",
-    "tflops",
-    "pct_copy",
-    "copy_tbps",
-    "gpu",
-    "torch",
-    "triton",
-    "git_sha",
-    "date",
-]
-
-
 # ----- the run -----------------------------------------------------------------------------------------
 
 
@@ -718,6 +697,8 @@ def main(argv=None) -> int:
     stubbed = _load_stubs()
     import torch
     import triton
+
+    from bench.harness import COLUMNS  # SPEC §7's columns, as every benchmark writes them
 
     device = "cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda"
     if device == "cpu" and not args.cpu_smoke:

@@ -160,6 +160,15 @@ def check_sinks(name: str, sinks, heads: int, device) -> torch.Tensor | None:
     return sinks
 
 
+def split_kv_scale(name: str, scale) -> tuple[float, torch.Tensor | None]:
+    """A K/V scale on a launcher's hot path: ``(host factor, tensor read in the kernel or None)``. A
+    number (or None) is checked here, on every call, by :func:`check_kv_scale`'s rule; a tensor's dtype,
+    shape and device are part of the plan's signature and checked once by the plan."""
+    if isinstance(scale, torch.Tensor):
+        return 1.0, scale
+    return check_kv_scale(name, scale, None)[0], None
+
+
 def check_contiguous(name: str, x: torch.Tensor | None) -> None:
     """Raise ValueError naming ``x`` unless it is contiguous (kernels index it with unit strides)."""
     if x is not None and not x.is_contiguous():

@@ -29,14 +29,16 @@ try:  # Triton's argument specialisation (3.6's native binder), for keys over va
 except ImportError:  # pragma: no cover - other Triton versions take the JIT path
     _SPECIALIZE = None
 
-_FAST = triton.__version__.startswith("3.6.") and os.environ.get("TRITON_SWA_FAST_LAUNCH", "1") != "0"
+# the direct launch calls compiled kernels with Triton 3.6's launcher signature
+_DIRECT_LAUNCH_OK = triton.__version__.startswith("3.6.")
+_FAST = _DIRECT_LAUNCH_OK and os.environ.get("TRITON_SWA_FAST_LAUNCH", "1") != "0"
 _DRIVER: list = []
 
 
 def set_fast_launch(enabled: bool) -> None:
     """Turn the direct launch of compiled kernels on or off (benchmarks compare the two)."""
     global _FAST
-    _FAST = bool(enabled) and triton.__version__.startswith("3.6.")
+    _FAST = bool(enabled) and _DIRECT_LAUNCH_OK
 
 
 def fast_launch_enabled() -> bool:

@@ -43,6 +43,7 @@ from ...runtime.checks import (
     check_sinks,
     check_sm_scale,
     check_tensor,
+    split_kv_scale,
 )
 from ...runtime.device import check_kv_format, device_facts, interpreting
 from ...runtime.guard import check_swa_decode, guarded
@@ -354,15 +355,6 @@ def _check_and_plan(
     return plan
 
 
-def _host_scale(name: str, scale, dummy: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """A K/V scale as the kernel takes it: ``(host factor, tensor read in the kernel)``. Numbers are
-    checked here, on every call; a tensor's dtype, shape and device are part of the plan's signature
-    and checked by the plan."""
-    if isinstance(scale, torch.Tensor):
-        return 1.0, scale
-    return check_kv_scale(name, scale, None)[0], dummy
-
-
 def _swa_decode_impl(
     q,
     k_buffer,
@@ -390,8 +382,11 @@ def _swa_decode_impl(
     # scale tensors by the plan (their dtype, shape and device are part of the signature).
     logit_cap = check_logit_cap(logit_cap)
     sm_scale = check_sm_scale(sm_scale, None)
-    k_scale_f, k_scale_t = _host_scale("k_scale", k_scale, q)
-    v_scale_f, v_scale_t = _host_scale("v_scale", v_scale, q)
+    k_scale_f, k_scale_t = split_kv_scale("k_scale", k_scale)
+    v_scale_f, v_scale_t = split_kv_scale("v_scale", v_scale)
+    # the kernel takes a pointer either way (a dummy where K_SCALE_PTR / V_SCALE_PTR are off)
+    k_scale_t = q if k_scale_t is None else k_scale_t
+    v_scale_t = q if v_scale_t is None else v_scale_t
     args = (
         q,
         k_buffer,

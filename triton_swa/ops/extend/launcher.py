@@ -59,10 +59,11 @@ from ...runtime.checks import (
     check_sm_scale,
     check_tensor,
     check_window_left,
+    split_kv_scale,
 )
 from ...runtime.device import check_kv_format, device_facts, interpreting
 from ...runtime.guard import check_swa_extend, guarded
-from ...runtime.launch import PlanCache, launcher_for, tensor_key
+from ...runtime.launch import PlanCache, launcher_for, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
@@ -159,8 +160,8 @@ def _signature(
         tensor_key(q_positions),
         tensor_key(sinks),
         tensor_key(out),
-        _scale_kind(k_scale),
-        _scale_kind(v_scale),
+        scale_key(k_scale),
+        scale_key(v_scale),
         type(page_size),
         page_size,
         type(causal),
@@ -172,13 +173,6 @@ def _signature(
         overrides,
         softcap,
     )
-
-
-def _scale_kind(scale):
-    """A scale's part of the signature: None, a number, or a tensor's dtype, shape and device."""
-    if scale is None:
-        return None
-    return (scale.dtype, scale.shape, scale.device) if isinstance(scale, torch.Tensor) else float
 
 
 def _check_inputs(
@@ -525,8 +519,8 @@ def swa_extend(
     check_window_left(window_left)
     logit_cap = check_logit_cap(logit_cap)
     sm_scale = check_sm_scale(sm_scale, None)
-    ks, ks_t = check_kv_scale("k_scale", k_scale, None) if not isinstance(k_scale, torch.Tensor) else (1.0, k_scale)
-    vs, vs_t = check_kv_scale("v_scale", v_scale, None) if not isinstance(v_scale, torch.Tensor) else (1.0, v_scale)
+    ks, ks_t = split_kv_scale("k_scale", k_scale)
+    vs, vs_t = split_kv_scale("v_scale", v_scale)
     overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits)
     args = (
         q,
