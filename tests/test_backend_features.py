@@ -47,6 +47,7 @@ FEATURES = {
     "sinks-softcap": dict(sinks=True, logit_cap=2.5),
     "fp8-scales": dict(fp8="number"),
     "fp8-tensor-scales": dict(fp8="tensor"),
+    "fp8nuz-scales": dict(fp8="number", fp8_dtype=torch.float8_e4m3fnuz),
     "all": dict(tree=True, sinks=True, logit_cap=2.5, fp8="tensor"),
 }
 
@@ -68,7 +69,7 @@ def make_layers(feature, device, g):
 def run(device, page_size, feature, mode):
     g = torch.Generator().manual_seed(zlib.crc32(f"{page_size} {mode.name} {sorted(feature.items())}".encode()))
     new = 1 if mode == ForwardMode.DECODE else N
-    dtype = FP8 if feature.get("fp8") else torch.float32
+    dtype = feature.get("fp8_dtype", FP8) if feature.get("fp8") else torch.float32
     state = make_pool_state(
         seq_lens=[11, 23, 6], window_left=W, page_size=page_size, dtype=dtype, device=device, new_tokens=new, generator=g
     )
@@ -154,7 +155,7 @@ def test_verify_features_through_the_backend(device, page_size, feature):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("feature", ["plain", "sinks-softcap", "fp8-scales", "fp8-tensor-scales"])
+@pytest.mark.parametrize("feature", ["plain", "sinks-softcap", "fp8-scales", "fp8-tensor-scales", "fp8nuz-scales"])
 def test_decode_features_through_the_backend(device, page_size, feature):
     run(device, page_size, FEATURES[feature], ForwardMode.DECODE)
 

@@ -28,7 +28,16 @@ from .ops.indices import (
     window_index_count,
 )
 from .ops.kv_store import store_kv
-from .runtime.checks import FLOAT_DTYPES, INDEX_DTYPES, check_kv_scale, check_logit_cap, check_sinks, check_sm_scale, check_tensor
+from .runtime.checks import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    INDEX_DTYPES,
+    check_kv_scale,
+    check_logit_cap,
+    check_sinks,
+    check_sm_scale,
+    check_tensor,
+)
 from .runtime.guard import check_forward_metadata, debug_enabled
 
 
@@ -672,8 +681,10 @@ class TritonSWAAttnBackend:
             )
         T = meta.num_tokens
         _check_rows("q", q, T, HQ, D, FLOAT_DTYPES, dev)
-        if k_buf.dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
-            raise TypeError(f"q has dtype {q.dtype} but layer {lid}'s KV pool holds {k_buf.dtype} (q's dtype or fp8 e4m3 expected)")
+        if k_buf.dtype not in (q.dtype, *FP8_DTYPES):
+            raise TypeError(
+                f"q has dtype {q.dtype} but layer {lid}'s KV pool holds {k_buf.dtype} (q's dtype or fp8 e4m3fn / e4m3fnuz expected)"
+            )
         shared = getattr(layer, "kv_shared_layer_id", None) is not None
         if extend and not shared and (k is None or v is None):
             raise ValueError(f"layer {lid}: extend modes need the step's k and v")

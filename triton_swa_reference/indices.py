@@ -125,9 +125,9 @@ def store_kv(k_buffer, v_buffer, loc, k, v, *, mapping=None, k_scale=None, v_sca
     """Write new K/V rows at ``loc`` (translated through ``mapping`` for a sliding layer), in place.
 
     Values are divided by the scale when one is given (fp8 storage), then cast to the buffer's dtype.
-    fp8 e4m3 saturates: values beyond the format's range (``inf`` included) become ``±448``; only NaN
-    stays NaN. (torch's own cast saturates in some versions and gives NaN in others, so the rule is
-    applied here explicitly.) Pass fp8 buffers as their typed views (``pool.get_key_buffer``), not as
+    fp8 e4m3 saturates: values beyond the format's range (``inf`` included) become ``±448`` (e4m3fn) or
+    ``±240`` (e4m3fnuz); only NaN stays NaN. (torch's own cast saturates in some versions and gives NaN
+    in others, so the rule is applied here explicitly.) Pass fp8 buffers as their typed views (``pool.get_key_buffer``), not as
     uint8 storage.
     """
     slots = mapping[loc.long()] if mapping is not None else loc.long()
@@ -135,7 +135,7 @@ def store_kv(k_buffer, v_buffer, loc, k, v, *, mapping=None, k_scale=None, v_sca
         x = x.to(torch.float32)
         if scale is not None:
             x = x / float(scale)
-        if buf.dtype == torch.float8_e4m3fn:
-            e4m3_max = torch.finfo(torch.float8_e4m3fn).max
+        if buf.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+            e4m3_max = torch.finfo(buf.dtype).max
             x = torch.where(torch.isnan(x), x, x.clamp(-e4m3_max, e4m3_max))
         buf[slots] = x.to(buf.dtype)

@@ -71,11 +71,12 @@ def test_pool_shapes_and_dummy_slot():
     assert int(alloc.full_attn_allocator.free_pages.min()) == 1
 
 
-def test_mha_pool_v_head_dim_and_fp8_storage():
-    pool = MHATokenToKVPool(8, 1, torch.float8_e4m3fn, head_num=2, head_dim=8, layer_num=2, v_head_dim=4)
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_mha_pool_v_head_dim_and_fp8_storage(fp8):
+    pool = MHATokenToKVPool(8, 1, fp8, head_num=2, head_dim=8, layer_num=2, v_head_dim=4)
     assert pool.k_buffer[0].dtype == torch.uint8 and pool.v_buffer[1].shape == (9, 2, 4)
     k, v = pool.get_kv_buffer(1)
-    assert k.dtype == torch.float8_e4m3fn and v.shape == (9, 2, 4)
+    assert k.dtype == fp8 and v.shape == (9, 2, 4)
     ck, cv = torch.randn(3, 2, 8), torch.randn(3, 2, 4)
     pool.set_kv_buffer(1, torch.tensor([1, 5, 7]), ck, cv, k_scale=0.5, v_scale=0.25)
     assert_close(pool.get_key_buffer(1)[[1, 5, 7]].float() * 0.5, ck, atol=0.13, rtol=0.13)

@@ -12,6 +12,7 @@ heuristics, and CUDA-graph capture with fixed buffers.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
 import pytest
@@ -20,7 +21,7 @@ import torch
 import triton_swa_reference as ref
 from triton_swa.ops._common.merge import MAX_SPLITS
 from triton_swa.ops.decode.launcher import _swa_decode_impl, _Tune, swa_decode
-from triton_swa.testing import assert_close, make_pool_state
+from triton_swa.testing import assert_close, make_pool_state, without_native_fp8
 
 HAS_CUDA = torch.cuda.is_available()
 FP8 = torch.float8_e4m3fn
@@ -39,6 +40,7 @@ class Case:
     form: str = "csr"  # or "paged" (page table)
     dtype: torch.dtype = torch.float32
     fp8: bool = False
+    fp8_dtype: torch.dtype = FP8  # or float8_e4m3fnuz (MI300's format)
     softcap: float = 0.0
     sinks: bool = False
     num_splits: int | None = None
@@ -52,7 +54,7 @@ class Case:
             parts.append(f"DV{self.dv}")
         parts += [f"P{self.page}", self.form, SHORT[self.dtype]]
         if self.fp8:
-            parts.append("fp8")
+            parts.append("fp8" if self.fp8_dtype == FP8 else "fp8nuz")
         if self.softcap:
             parts.append("cap")
         if self.sinks:
@@ -176,7 +178,7 @@ def build(case: Case, device: str, seed: int = 0) -> Built:
         swa_head_dim=case.d,
         full_head_num=case.h,
         full_head_dim=case.d,
-        dtype=FP8 if case.fp8 else case.dtype,
+        dtype=case.fp8_dtype if case.fp8 else case.dtype,
         new_tokens=[1 if n else 0 for n in case.seq_lens],
         chunk=max(5, max(case.seq_lens) // 12),
         generator=g,
@@ -258,6 +260,27 @@ def test_decode_fp8_uint8_storage(device):
     want = expected(case, b)
     b.k, b.v = b.k.view(torch.uint8), b.v.view(torch.uint8)
     assert_close(run(case, b), want)
+
+
+FP8_CASES = [
+    Case((40, 11), 27, 4, 2, 16, dv=32, dtype=torch.float16, fp8=True, num_splits=2, block_n=16),
+    Case((40, 11), 27, 4, 2, 16, page=4, form="paged", dtype=torch.bfloat16, fp8=True, softcap=5.0, sinks=True, num_splits=1, block_n=16),
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("how", ["e4m3fn-native", "e4m3fn-bytes", "e4m3fnuz"])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in FP8_CASES])
+def test_decode_fp8_formats(case, how, device):
+    """Both fp8 formats, and e4m3fn loaded natively or as bytes decoded in the kernel (the path of
+    targets without Triton's conversion, sm_80/86): each equals the reference over its own bytes."""
+    if how == "e4m3fnuz":
+        case = replace(case, fp8_dtype=torch.float8_e4m3fnuz)
+    b = build(case, device)
+    want = expected(case, b)
+    with without_native_fp8(device) if how == "e4m3fn-bytes" else contextlib.nullcontext():
+        got = run(case, b)
+    assert_close(got, want, name=f"{case.id}-{how}")
 
 
 @pytest.mark.interpreter

@@ -10,6 +10,7 @@ real head dims, dtypes, page sizes and the default tile heuristics.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 
@@ -20,7 +21,7 @@ import triton_swa_reference as ref
 from triton_swa.ops.extend import extend_config, extend_grid, extend_num_splits, swa_extend
 from triton_swa.ops.extend.config import _pow2_divisor
 from triton_swa.runtime.launch import Launcher
-from triton_swa.testing import assert_close, make_pool_state
+from triton_swa.testing import assert_close, make_pool_state, without_native_fp8
 
 pytestmark = pytest.mark.interpreter
 
@@ -46,6 +47,7 @@ class Case:
     softcap: float = 0.0
     sinks: bool = False
     fp8: str = ""  # "" | "float" (scale as a number) | "tensor" (one-element device tensor)
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn  # or float8_e4m3fnuz (MI300's format)
     bm: int | None = 16
     bn: int | None = 16
     pack: int | None = None
@@ -74,7 +76,7 @@ class Case:
         if self.sinks:
             parts.append("sinks")
         if self.fp8:
-            parts.append(f"fp8{self.fp8}")
+            parts.append(("fp8" if self.fp8_dtype == torch.float8_e4m3fn else "fp8nuz") + self.fp8)
         if self.bm or self.bn:
             parts.append(f"bm{self.bm}bn{self.bn}")
         if self.pack:
@@ -100,7 +102,7 @@ def _tree_mask(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 def build(case: Case, device, seed: int = 0) -> dict:
     """Pool state, new tokens and every argument of both the kernel and the reference."""
     g = torch.Generator().manual_seed(seed)
-    pool_dtype = torch.float8_e4m3fn if case.fp8 else case.dtype
+    pool_dtype = case.fp8_dtype if case.fp8 else case.dtype
     state = make_pool_state(
         seq_lens=list(case.seq_lens),
         window_left=case.W,
@@ -301,6 +303,25 @@ def _params(cases):
 def test_extend_matches_reference(case, device):
     built = build(case, device)
     assert_close(run_kernel(case, built), built["expected"], name=case.id)
+
+
+FP8_CASES = [
+    Case(**_mix((40, 6), (9, 5)), W=12, mode="tree", HQ=8, dtype=torch.bfloat16, fp8="float"),
+    Case(**_mix(*MIX), W=10, fp8="tensor", paged=True, ps=4, dtype=torch.float16, softcap=2.5, sinks=True),
+]
+
+
+@pytest.mark.parametrize("how", ["e4m3fn-native", "e4m3fn-bytes", "e4m3fnuz"])
+@pytest.mark.parametrize("case", _params(FP8_CASES))
+def test_extend_fp8_formats(case, how, device):
+    """Both fp8 formats over the cached prefix, and e4m3fn loaded natively or as bytes decoded in the
+    kernel (the path of sm_80/86): each equals the reference over its own bytes."""
+    if how == "e4m3fnuz":
+        case = replace(case, fp8_dtype=torch.float8_e4m3fnuz)
+    built = build(case, device)
+    with without_native_fp8(device) if how == "e4m3fn-bytes" else contextlib.nullcontext():
+        got = run_kernel(case, built)
+    assert_close(got, built["expected"], name=f"{case.id}-{how}")
 
 
 @pytest.mark.gpu

@@ -251,6 +251,8 @@ def store_cases():
         pytest.param(f8, torch.float32, 0.37, "swa", id="fp8-typed-scale"),
         pytest.param(f8, torch.bfloat16, "tensor", "swa-uint8", id="fp8-uint8-storage-tensor-scale"),
         pytest.param(f8, torch.float16, None, "full-uint8", id="fp8-uint8-noscale-full"),
+        pytest.param(torch.float8_e4m3fnuz, torch.float32, 0.37, "swa", id="fp8nuz-typed-scale"),
+        pytest.param(torch.float8_e4m3fnuz, torch.bfloat16, "tensor", "full", id="fp8nuz-tensor-scale-full"),
     ]
     return cases
 
@@ -301,13 +303,13 @@ def test_store_kv(device, dtype, x_dtype, scale, layer):
     )
     for got, exp, name in zip(dev_bufs, expected, ("k_buffer", "v_buffer")):
         got, exp = got.cpu(), exp
-        if dtype == torch.float8_e4m3fn or dtype == torch.bfloat16 or dtype == torch.float16:
+        if dtype != torch.float32:
             # Bit patterns: NaN-poisoned untouched slots must stay NaN, written ones must be exact.
-            view = torch.uint8 if dtype == torch.float8_e4m3fn else torch.int16
+            view = torch.uint8 if dtype.itemsize == 1 else torch.int16
             assert_close(got.view(view), exp.view(view), name=name)
         else:
             assert_close(got, exp, atol=0, rtol=0, name=name)
-        assert bool(torch.isnan(exp.view(dtype).float()).any()) if dtype != torch.float8_e4m3fn else True
+        assert bool(torch.isnan(exp.view(dtype).float()).any()), "the pool holds no poisoned slot: the check above proves less"
 
 
 def test_store_kv_python_negative_slot(device):

@@ -26,6 +26,7 @@ import triton.language as tl
 
 import triton_swa_reference as ref
 from triton_swa import store_kv
+from triton_swa.ops._common.fp8 import KV_E4M3FN_BITS, KV_E4M3FNUZ_BITS, fp8_decode, fp8_rescale
 from triton_swa.ops._common.softmax import fold_sink as _fold_sink
 from triton_swa.testing import DEFAULT_TOLERANCES, assert_close
 
@@ -305,6 +306,69 @@ def test_store_kv_fp8_saturates(device):
     big = values.abs() > 464  # past the rounding boundary of 448
     assert bool((kb.cpu().reshape(-1)[1 : n + 1][big & (values > 0)] == 0x7E).all())
     assert bool((kb.cpu().reshape(-1)[1 : n + 1][big & (values < 0)] == 0xFE).all())
+
+
+def test_store_kv_fp8nuz_saturates(device):
+    """e4m3fnuz (MI300's format: bias 8, largest 240, NaN 0x80, no -0): values beyond +-240, +-inf
+    included, are stored as +-240 (bytes 0x7F/0xFF), where torch's own cast gives NaN; a value that
+    rounds to zero, -0.0 included, gives 0x00; only a NaN input gives the NaN byte. Bit for bit as the
+    reference's store."""
+    values = torch.tensor(
+        [
+            225.0,
+            240.0,
+            247.9,
+            248.0,
+            250.0,
+            256.0,
+            1e6,
+            INF,
+            -248.0,
+            -INF,
+            0.0,
+            -0.0,
+            -1e-12,
+            2.0**-10,
+            -(2.0**-10),
+            2.0**-11,
+            2.0**-7,
+            7.99,
+            NAN,
+        ]
+    )
+    n = values.numel()
+    kb = torch.zeros(n + 4, 1, 1, dtype=torch.float8_e4m3fnuz, device=device)
+    vb = kb.clone()
+    loc = torch.arange(1, n + 1, device=device)
+    x = values.reshape(n, 1, 1).to(device)
+    store_kv(kb, vb, loc, x, x * 3, v_scale=0.5)
+    exp_k = torch.zeros(n + 4, 1, 1, dtype=torch.float8_e4m3fnuz)
+    exp_v = exp_k.clone()
+    ref.store_kv(exp_k, exp_v, loc.cpu(), x.cpu(), x.cpu() * 3, v_scale=0.5)
+    for got, exp, name in ((kb, exp_k, "k_buffer"), (vb, exp_v, "v_buffer")):
+        bits = got.cpu().view(torch.uint8).reshape(-1)[1 : n + 1]
+        assert torch.equal(bits, exp.view(torch.uint8).reshape(-1)[1 : n + 1]), name
+        assert not bool((bits[~torch.isnan(values)] == 0x80).any()), f"{name}: a non-NaN input became the NaN byte"
+    k_bits = kb.cpu().view(torch.uint8).reshape(-1)[1 : n + 1]
+    assert k_bits.tolist()[:8] == [0x7F - 1, 0x7F, 0x7F, 0x7F, 0x7F, 0x7F, 0x7F, 0x7F]
+    assert k_bits.tolist()[8:13] == [0xFF, 0xFF, 0x00, 0x00, 0x00] and k_bits.tolist()[-1] == 0x80
+
+
+@triton.jit
+def _decode_all_bytes(x, out, KV_FP8: tl.constexpr):
+    o = tl.arange(0, 256)
+    tl.store(out + o, fp8_rescale(fp8_decode(tl.load(x + o), KV_FP8).to(tl.float32), KV_FP8))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3fnuz"])
+def test_fp8_decode_every_byte(fmt, device):
+    """The in-kernel byte decoder (sm_80/86 and e4m3fnuz reads) against torch's own decoding of all
+    256 bytes, NaN bytes included, with its power of two put back: exact."""
+    dtype, mode = {"e4m3fn": (torch.float8_e4m3fn, KV_E4M3FN_BITS), "e4m3fnuz": (torch.float8_e4m3fnuz, KV_E4M3FNUZ_BITS)}[fmt]
+    x = torch.arange(256, dtype=torch.uint8)
+    out = torch.full((256,), NAN, device=device)
+    _decode_all_bytes[(1,)](x.to(device), out, KV_FP8=mode)
+    assert_close(out.cpu(), x.view(dtype).float(), atol=0, rtol=0, name=fmt)
 
 
 def test_attention_over_saturated_fp8_pool(device):

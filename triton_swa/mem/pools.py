@@ -137,7 +137,8 @@ class MHATokenToKVPool:
         size (int): usable token slots (a multiple of ``page_size``); buffers have ``size + page_size``
             rows because page 0 is the dummy.
         page_size (int): tokens per page.
-        dtype (torch.dtype): float16, bfloat16, float32 or float8_e4m3fn (stored as uint8, viewed back).
+        dtype (torch.dtype): float16, bfloat16, float32, float8_e4m3fn or float8_e4m3fnuz (fp8 stored as
+            uint8, viewed back).
         head_num (int): KV heads; ``head_dim`` K head dim; ``v_head_dim`` V head dim (default ``head_dim``).
         layer_num (int): layers in this pool; ``start_layer`` is the model layer id of the first.
     """

@@ -25,18 +25,29 @@ __all__ = ["store_kv"]
 
 
 @triton.jit
-def _fp8_e4m3_bits(x):
-    """Bits (uint8) of the float8 e4m3fn value nearest to ``x`` (float32): ties to even, saturating at
-    448 as torch does (inf too), NaN as 0x7F; the sign is kept (-0.0 gives 0x80).
+def _fp8_e4m3_bits(x, FNUZ: tl.constexpr):
+    """Bits (uint8) of the float8 e4m3 value nearest to ``x`` (float32), ties to even, saturating as
+    torch's e4m3fn cast does (inf too): e4m3fn (bias 7) at 448, NaN as 0x7F, the sign kept (-0.0 gives
+    0x80); e4m3fnuz (``FNUZ``, bias 8, MI300's format) at 240, NaN as 0x80, and no -0 (a value that
+    rounds to 0 gives 0x00, since 0x80 is its NaN).
 
     Encoded by hand because triton 3.6's interpreter converts float32 -> e4m3 wrongly (ties away from
-    even, a carry into the next binade drops a power of two: 7.99 -> 4.0, and -0.0 loses its sign).
-    The GPU's own conversion agrees with this one; it costs a few integer ops in a memory-bound kernel.
+    even, a carry into the next binade drops a power of two: 7.99 -> 4.0, and -0.0 loses its sign) and
+    cannot convert to e4m3fnuz at all. The GPU's own e4m3fn conversion agrees with this one; it costs a
+    few integer ops in a memory-bound kernel.
     """
+    if FNUZ:
+        BIAS: tl.constexpr = 8
+        LIMIT: tl.constexpr = 256.0  # the first power of two past the largest finite (240)
+        TOP: tl.constexpr = 0x7F
+    else:
+        BIAS: tl.constexpr = 7
+        LIMIT: tl.constexpr = 464.0  # halfway from the largest finite (448) to the NaN pattern's 480
+        TOP: tl.constexpr = 0x7E
     sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
-    a = tl.where(tl.abs(x) < 464.0, tl.abs(x), 464.0)  # NaN -> 464, fixed below
-    # Binade exponent, clamped to -6 (the normal minimum; below it the subnormal step 2**-9).
-    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    a = tl.where(tl.abs(x) < LIMIT, tl.abs(x), LIMIT)  # NaN -> LIMIT, fixed below
+    # Binade exponent, clamped to the normal minimum 1 - BIAS (below it the subnormal step 2**(-BIAS-2)).
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, 1 - BIAS)
     y = a * ((127 + 3 - e) << 23).to(tl.float32, bitcast=True)  # a * 2**(3 - e): [8, 16) or subnormal [0, 8)
     t = y.to(tl.int32)
     frac = y - t.to(tl.float32)
@@ -44,9 +55,13 @@ def _fp8_e4m3_bits(x):
     carry = n >> 4  # 16: the rounding reached the next binade
     e += carry
     n = tl.where(carry == 1, 8, n)
-    bits = tl.where(n >= 8, ((e + 7) << 3) | (n - 8), n)
-    bits = tl.where(x != x, 0x7F, tl.minimum(bits, 0x7E))
-    return (bits | sign).to(tl.uint8)
+    bits = tl.where(n >= 8, ((e + BIAS) << 3) | (n - 8), n)
+    bits = tl.minimum(bits, TOP)
+    if FNUZ:
+        bits = tl.where(x != x, 0x80, tl.where(bits == 0, 0, bits | sign))
+    else:
+        bits = tl.where(x != x, 0x7F, bits) | sign
+    return bits.to(tl.uint8)
 
 
 @triton.jit
@@ -88,7 +103,7 @@ def _swa_store_rows(
     the buffer, whatever the indices hold).
 
     ``ENC``: 0 a plain cast to ``buf``'s dtype; 1 ``buf`` is int16 storage of bfloat16; 2 ``buf`` is
-    uint8 storage of float8 e4m3fn (both rounded by hand, exactly as torch rounds).
+    uint8 storage of float8 e4m3fn; 3 of float8 e4m3fnuz (all rounded by hand, exactly as torch rounds).
     """
     o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
     o_d = tl.arange(0, BLOCK_D)
@@ -103,7 +118,9 @@ def _swa_store_rows(
         b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * tl.load(scale_ptr).to(tl.float32))
     p_dst = buf + slot * stride_buf_s + o_h[:, None] * stride_buf_h + o_d[None, :] * stride_buf_d
     if ENC == 2:
-        tl.store(p_dst, _fp8_e4m3_bits(b_x), mask=m_hd)
+        tl.store(p_dst, _fp8_e4m3_bits(b_x, FNUZ=False), mask=m_hd)
+    elif ENC == 3:
+        tl.store(p_dst, _fp8_e4m3_bits(b_x, FNUZ=True), mask=m_hd)
     elif ENC == 1:
         tl.store(p_dst, _bf16_bits(b_x), mask=m_hd)
     else:
@@ -234,11 +251,14 @@ def _scale_arg(name: str, scale, device):
 
 def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The buffer as the kernel writes it, and its ``ENC``: bfloat16 as int16 bits (1), float8 e4m3fn
-    (typed, or the pools' uint8 storage) as uint8 bits (2), others as themselves (0)."""
+    (typed, or the pools' uint8 storage) as uint8 bits (2), float8 e4m3fnuz as uint8 bits (3), others
+    as themselves (0)."""
     if buf.dtype == torch.bfloat16:
         return buf.view(torch.int16), 1
     if buf.dtype in (torch.uint8, torch.float8_e4m3fn):
         return buf.view(torch.uint8), 2
+    if buf.dtype == torch.float8_e4m3fnuz:
+        return buf.view(torch.uint8), 3
     return buf, 0
 
 
@@ -261,8 +281,8 @@ def store_kv(
     ``loc`` for a full layer. Equals ``triton_swa_reference.store_kv`` bit for bit.
 
     Args:
-        k_buffer (torch.Tensor): `[num_slots, H, D]` float16/bfloat16/float32/float8_e4m3fn, or uint8
-            storage of float8_e4m3fn (as the pools keep fp8); written in place.
+        k_buffer (torch.Tensor): `[num_slots, H, D]` float16/bfloat16/float32/float8_e4m3fn/
+            float8_e4m3fnuz, or uint8 storage of float8_e4m3fn (as the pools keep fp8); written in place.
         v_buffer (torch.Tensor): `[num_slots_v, HV, DV]`, same dtype rules.
         loc (torch.Tensor): int32/int64 `[n]` full slots (negative slots index from the end, like torch).
         k (torch.Tensor): `[n, H, D]` floating; ``v`` `[n, HV, DV]`. Any strides.
@@ -283,8 +303,9 @@ def store_kv(
     debug guard (``TRITON_SWA_DEBUG=1``) turns the same condition into a ValueError.
 
     fp8 e4m3 buffers saturate: a value beyond the format's range, ``inf`` included, is stored as
-    ``±448`` (bytes ``0x7E``/``0xFE``), as torch's cast does, so a finite or infinite input never
-    becomes a NaN byte; only a NaN input is stored as NaN (``0x7F``/``0xFF``).
+    ``±448`` (e4m3fn, bytes ``0x7E``/``0xFE``, as torch's cast does) or ``±240`` (e4m3fnuz, bytes
+    ``0x7F``/``0xFF``; torch's cast gives NaN there), so a finite or infinite input never becomes a NaN
+    byte; only a NaN input is stored as NaN (e4m3fn ``0x7F``/``0xFF``, e4m3fnuz ``0x80``).
 
     Raises:
         TypeError, ValueError: on a wrong dtype, device, shape or scale, before any launch.

@@ -82,17 +82,18 @@ def check_pow2(name: str, value, minimum: int = 1) -> int:
     return value
 
 
-# Queries and a step's new K/V; index tensors; what a pool stores (fp8 as float8_e4m3fn or, in the
-# pools, its uint8 storage); sinks.
+# Queries and a step's new K/V; index tensors; what a pool holds (fp8 e4m3fn, or MI300's e4m3fnuz,
+# stored as uint8); the fp8 K/V buffers the ops read (typed, or uint8 storage meaning e4m3fn); sinks.
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
-KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.uint8)
 SINK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a KV buffer is stored in: fp8 as uint8 (index_put and friends do not take fp8)."""
-    return torch.uint8 if dtype == torch.float8_e4m3fn else dtype
+    return torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) else dtype
 
 
 # ---- scalars of the attention and store ops: one rule everywhere ----

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TARGETS", "DeviceFacts", "check_kv_format", "device_facts", "interpreting", "planning_for"]
+__all__ = ["TARGETS", "DeviceFacts", "device_facts", "interpreting", "kv_fp8_mode", "planning_for"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class DeviceFacts:
         smem_per_sm (int): shared memory the programs resident on one SM / CU share, in bytes.
         regs_per_sm (int): 32-bit registers per SM / CU that resident programs share (per lane).
         warp_size (int): threads of a warp (NVIDIA 32) or wavefront (CDNA 64, RDNA 32 in Triton).
-        fp8 (tuple): the fp8 e4m3 KV formats Triton 3.6 can convert on the target (``"e4m3fn"``,
-            ``"e4m3fnuz"``); a pool in another format is refused with a clear error.
+        fp8 (tuple): the fp8 e4m3 KV formats the kernels load natively on the target (``"e4m3fn"``
+            where Triton 3.6 converts it); any other fp8 pool is read as bytes and decoded in the
+            kernel (:func:`kv_fp8_mode`).
     """
 
     name: str
@@ -51,7 +52,8 @@ KB = 1024
 # per SM); AMD's CDNA2/CDNA3/CDNA4 and RDNA3 ISA guides (64 KB LDS per CU, 160 KB on CDNA4; wave64
 # on CDNA, wave32 in Triton on RDNA). SM / CU counts of one product each (A100, A10, L4, H100 SXM,
 # RTX 5090, MI250X GCD, MI300X, MI355X, RX 7900 XTX): they only size splits. ``fp8``: the formats
-# the compile tier compiles for the target (Triton 3.6 has no fp8 e4m3fn conversion on sm_80/86).
+# loaded natively (Triton 3.6 has no fp8 e4m3fn conversion on sm_80/86; e4m3fnuz is always decoded
+# from its bytes, the code the interpreter runs, since the interpreter cannot load it).
 TARGETS = {
     "sm_80": DeviceFacts("sm_80", "cuda", 80, 108, 163 * KB, 164 * KB, 65536, 32),
     "sm_86": DeviceFacts("sm_86", "cuda", 86, 72, 99 * KB, 100 * KB, 65536, 32),
@@ -67,19 +69,29 @@ TARGETS = {
 # A small GPU, as the interpreter pretends to be: 4 SMs with Hopper's shared memory.
 INTERPRETER = DeviceFacts("interpreter", "cuda", 90, 4, 227 * KB, 228 * KB, 65536, 32, ("e4m3fn",))
 
+# How a kernel reads K/V (its KV_FP8 constexpr, see triton_swa.ops._common.fp8): in their own dtype,
+# or as uint8 bytes of fp8 e4m3fn / e4m3fnuz decoded in the kernel.
+KV_NATIVE, KV_E4M3FN_BITS, KV_E4M3FNUZ_BITS = 0, 1, 2
+
 _FACTS: dict = {}
 _PLANNING: list = []
 
 
-def check_kv_format(facts: DeviceFacts, kv_dtype: torch.dtype) -> None:
-    """Raise ValueError before planning a launch over an fp8 pool the target cannot read."""
-    fp8 = {torch.float8_e4m3fn: "e4m3fn", torch.uint8: "e4m3fn", torch.float8_e4m3fnuz: "e4m3fnuz"}.get(kv_dtype)
-    if fp8 is not None and fp8 not in facts.fp8:
-        can = ", ".join(facts.fp8) or "no fp8 format"
-        raise ValueError(
-            f"k_buffer: fp8 {fp8} KV cannot be read on {facts.name} (Triton 3.6 converts {can} there); "
-            "keep this pool in bfloat16 or float16"
-        )
+def kv_fp8_mode(facts: DeviceFacts, kv_dtype: torch.dtype) -> tuple[int, torch.dtype | None]:
+    """How the kernels read a K/V buffer of ``kv_dtype`` on ``facts``' target: ``(KV_FP8, view)``,
+    the kernels' constexpr (:mod:`triton_swa.ops._common.fp8`) and the dtype to view the buffers as
+    before the launch (None: as they are).
+
+    uint8 is the pools' storage of float8_e4m3fn. e4m3fn loads natively where the target converts it,
+    else as bytes decoded in the kernel; e4m3fnuz is always decoded from its bytes.
+    """
+    if kv_dtype in (torch.float8_e4m3fn, torch.uint8):
+        if "e4m3fn" in facts.fp8:
+            return KV_NATIVE, torch.float8_e4m3fn
+        return KV_E4M3FN_BITS, torch.uint8
+    if kv_dtype == torch.float8_e4m3fnuz:
+        return KV_E4M3FNUZ_BITS, torch.uint8
+    return KV_NATIVE, None
 
 
 def interpreting() -> bool:

@@ -5,11 +5,13 @@
 - :func:`make_pool_state`: a random but realistic serving state built by the real allocators
   (several requests, permuted free lists, window eviction, NaN in every slot no window may read).
 - :func:`use_interpreter`: run the kernels on a CPU through Triton's interpreter.
+- :func:`without_native_fp8`: read fp8 pools as bytes decoded in the kernel, as on sm_80/86.
 - :func:`legacy_backend`: the backend with the pool-resolution rule the policy replaced (regression
   tests and the demo only).
 """
 
 from .compare import DEFAULT_TOLERANCES, assert_close
+from .fp8 import without_native_fp8
 from .interpreter import use_interpreter
 from .legacy import legacy_backend, legacy_resolve_by_allocator_type
 from .pool_state import PoolState, Request, make_pool_state
@@ -23,4 +25,5 @@ __all__ = [
     "legacy_resolve_by_allocator_type",
     "make_pool_state",
     "use_interpreter",
+    "without_native_fp8",
 ]

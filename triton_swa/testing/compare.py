@@ -14,6 +14,7 @@ DEFAULT_TOLERANCES = {
     torch.float16: (2e-3, 2e-3),
     torch.bfloat16: (1.6e-2, 1.6e-2),
     torch.float8_e4m3fn: (6e-2, 6e-2),
+    torch.float8_e4m3fnuz: (6e-2, 6e-2),
 }
 
 

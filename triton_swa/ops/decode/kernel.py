@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._common.fp8 import fp8_decode, fp8_rescale
 from .._common.merge import merge_partials
 from .._common.softmax import LOG2E, fold_sink, soft_cap
 
@@ -59,6 +60,7 @@ def _swa_decode_kernel(
     PAGED: tl.constexpr,
     K_SCALE_PTR: tl.constexpr,
     V_SCALE_PTR: tl.constexpr,
+    KV_FP8: tl.constexpr,
     SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -66,6 +68,7 @@ def _swa_decode_kernel(
     MERGE_G: tl.constexpr,
     MERGE_S: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    F16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One program: request i_b, KV head i_h, query heads [i_gb * BLOCK_G, +BLOCK_G) of its group, and
@@ -91,6 +94,11 @@ def _swa_decode_kernel(
     if UPCAST_DOT:
         # The interpreter multiplies bf16 dot operands as raw bits (SPEC §8): use float32 there.
         b_q = b_q.to(tl.float32)
+    if F16_DOT:
+        # fp8 bytes decode to float16 exactly: bf16 queries join them there rather than every decoded
+        # element being converted to bf16 (float16 holds bf16's 8 bits of precision and more, up to
+        # |q| = 65504, where the query is clamped).
+        b_q = tl.minimum(tl.maximum(b_q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     if PAGED:
         w0 = tl.load(window_starts + i_b)
@@ -109,6 +117,8 @@ def _swa_decode_kernel(
 
     if K_SCALE_PTR:
         sm_scale = sm_scale * tl.load(k_scale_ptr).to(tl.float32)
+    # fp8 bytes decoded in the kernel come out scaled down by a power of two: put it back here
+    sm_scale = fp8_rescale(sm_scale, KV_FP8)
     # The log2 factor rides on the score scale, unless the cap needs the natural-log scores.
     if SOFTCAP:
         qk_scale = sm_scale
@@ -137,6 +147,8 @@ def _swa_decode_kernel(
         else:
             m_k = m_n[:, None] & m_d[None, :]
         b_k = tl.load(p_kh + slot[:, None] * stride_kn + o_d[None, :], mask=m_k, other=0.0)
+        if KV_FP8 != 0:
+            b_k = fp8_decode(b_k, KV_FP8)
         # [BLOCK_G, BLOCK_N]
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PRECISION)
         if SOFTCAP:
@@ -156,12 +168,16 @@ def _swa_decode_kernel(
             m_v = m_n[:, None]
         else:
             m_v = m_n[:, None] & m_dv[None, :]
-        b_v = tl.load(p_vh + slot[:, None] * stride_vn + o_dv[None, :], mask=m_v, other=0.0).to(b_q.dtype)
+        b_v = tl.load(p_vh + slot[:, None] * stride_vn + o_dv[None, :], mask=m_v, other=0.0)
+        if KV_FP8 != 0:
+            b_v = fp8_decode(b_v, KV_FP8)
+        b_v = b_v.to(b_q.dtype)
         acc = acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     if V_SCALE_PTR:
         v_scale = v_scale * tl.load(v_scale_ptr).to(tl.float32)
+    v_scale = fp8_rescale(v_scale, KV_FP8)
 
     if SPLIT:
         # Partial output normalised by its own denominator, and its log2-sum-exp2.

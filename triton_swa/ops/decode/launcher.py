@@ -34,6 +34,7 @@ import triton
 from ...runtime import poison
 from ...runtime.checks import (
     FLOAT_DTYPES,
+    FP8_DTYPES,
     INDEX_DTYPES,
     check_grid,
     check_int,
@@ -45,7 +46,7 @@ from ...runtime.checks import (
     check_tensor,
     split_kv_scale,
 )
-from ...runtime.device import check_kv_format, device_facts, interpreting
+from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
@@ -81,11 +82,14 @@ class _Tune(NamedTuple):
 
     ``fused_merge``: the group's last split merges the partials in place (eager calls; inside a CUDA-graph
     capture the merge kernel runs instead, so warm up such a call inside the capture's stream context).
+    ``f16_dot``: over fp8 bytes decoded in the kernel, bfloat16 queries run both dots in float16 (the
+    decoded tiles' own dtype; the default) or in bfloat16 (each decoded element converted once more).
     """
 
     num_warps: int | None = None
     num_stages: int | None = None
     fused_merge: bool | None = None
+    f16_dot: bool | None = None
 
 
 class _Plan:
@@ -94,7 +98,7 @@ class _Plan:
     __slots__ = (
         "out_shape",
         "default_scale",
-        "fp8_view",
+        "kv_view",
         "split",
         "fused",
         "programs",
@@ -192,13 +196,12 @@ def _check_and_plan(
     check_tensor("k_buffer", k_buffer, device=device, ndim=3)
     check_tensor("v_buffer", v_buffer, device=device, ndim=3)
     kv_dtype = k_buffer.dtype
-    if kv_dtype not in (q.dtype, torch.float8_e4m3fn, torch.uint8):
-        raise TypeError(f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn or uint8), got {kv_dtype}")
+    if kv_dtype not in (q.dtype, *FP8_DTYPES):
+        raise TypeError(
+            f"k_buffer must have q's dtype {q.dtype} or be fp8 e4m3 (float8_e4m3fn, its uint8 storage, or float8_e4m3fnuz), got {kv_dtype}"
+        )
     if v_buffer.dtype != kv_dtype:
         raise TypeError(f"v_buffer must have k_buffer's dtype {kv_dtype}, got {v_buffer.dtype}")
-    fp8_view = kv_dtype == torch.uint8
-    if fp8_view:
-        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
     slots, H, Dk = k_buffer.shape
     DV = v_buffer.shape[2]
     if Dk != D:
@@ -267,7 +270,7 @@ def _check_and_plan(
     interpret = interpreting()
     itemsize = k_buffer.element_size()
     facts = device_facts(device)
-    check_kv_format(facts, kv_dtype)
+    kv_fp8, kv_view = kv_fp8_mode(facts, kv_dtype)
     cfg = decode_block_config(D, DV, G, itemsize, interpret, facts.smem_per_program)
     tune = tune or _Tune()
     num_gb = triton.cdiv(G, cfg.block_g)
@@ -291,12 +294,15 @@ def _check_and_plan(
     block_dv = triton.next_power_of_2(DV)
     merge_g = min(cfg.block_g, triton.next_power_of_2(G))
     fused = split and bool(tune.fused_merge)
-    upcast = interpret and q.dtype == torch.bfloat16
+    # bf16 queries over fp8 bytes dot in float16 (which the interpreter multiplies right), other bf16
+    # dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
+    f16_dot = kv_fp8 != KV_NATIVE and q.dtype == torch.bfloat16 and tune.f16_dot is not False
+    upcast = interpret and q.dtype == torch.bfloat16 and not f16_dot
 
     plan = _Plan()
     plan.out_shape = (B, HQ, DV)
     plan.default_scale = 1.0 / math.sqrt(D)
-    plan.fp8_view = fp8_view
+    plan.kv_view = kv_view
     plan.split, plan.fused, plan.programs = split, fused, programs
     lse_offset = B * HQ * num_splits * DV
     plan.part_numel = lse_offset + B * HQ * num_splits if split else 0
@@ -332,6 +338,7 @@ def _check_and_plan(
             PAGED=paged,
             K_SCALE_PTR=k_scale_t is not None,
             V_SCALE_PTR=v_scale_t is not None,
+            KV_FP8=kv_fp8,
             SOFTCAP=softcap,
             HAS_SINK=sinks is not None,
             SPLIT=split,
@@ -339,6 +346,7 @@ def _check_and_plan(
             MERGE_G=merge_g,
             MERGE_S=merge_s,
             UPCAST_DOT=upcast,
+            F16_DOT=f16_dot,
             # float32 dots are exact (not tf32); fp16/bf16 dots take the target's default.
             DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else None,
         )
@@ -413,8 +421,8 @@ def _swa_decode_impl(
         out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
     if plan.out_shape[0] == 0:
         return out
-    if plan.fp8_view:
-        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
+    if plan.kv_view is not None:
+        k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
     scale = plan.default_scale if sm_scale is None else sm_scale
 
     main, merge = plan.main, plan.merge
@@ -487,7 +495,8 @@ def swa_decode(
     Args:
         q (torch.Tensor): queries `[B, HQ, D]`, float16, bfloat16 or float32 (last stride 1).
         k_buffer (torch.Tensor): a layer's keys `[slots, H, D]`, in ``q``'s dtype or fp8 e4m3
-            (``torch.float8_e4m3fn``, or its ``uint8`` storage); ``HQ % H == 0`` (GQA, MQA at ``H = 1``).
+            (``torch.float8_e4m3fn`` or its ``uint8`` storage, or ``torch.float8_e4m3fnuz``);
+            ``HQ % H == 0`` (GQA, MQA at ``H = 1``).
         v_buffer (torch.Tensor): the layer's values `[slots, H, Dv]`, same dtype as ``k_buffer``.
         kv_indptr (torch.Tensor | None): int32/int64 `[B + 1]` offsets into ``kv_indices``.
         kv_indices (torch.Tensor | None): int32/int64 token slots of each window, oldest first.

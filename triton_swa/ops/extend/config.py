@@ -48,6 +48,7 @@ def extend_config(
     dtype: torch.dtype = torch.bfloat16,
     interpret: bool = False,
     smem_limit: int | None = None,
+    kv_bytes: bool = False,
 ) -> ExtendConfig:
     """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
 
@@ -80,7 +81,10 @@ def extend_config(
       legal tiles.
     - ``smem_limit`` (the target's shared memory per program): tiles shrink until they fit
       (:func:`_fit_shared`); on the H200 nothing changes, on 99 KB (sm_86/89/120) and 64 KB (AMD
-      LDS) targets the compile tier checks what each target's compiler allocates.
+      LDS) targets the compile tier checks what each target's compiler allocates. ``kv_bytes``
+      (an fp8 pool decoded from its bytes in the kernel) counts a second query tile, which Triton
+      3.6 keeps on sm_80/86 then (D 256, 128 x 32 x 2 stages: 104 KB over bf16 K/V, 168 KB over
+      decoded bytes).
     """
     d = max(head_dim, v_head_dim)
     if interpret:
@@ -104,19 +108,23 @@ def extend_config(
         warps = 4 if d <= 256 else 8
         stages = 3 if d <= 128 else 2
     if smem_limit is not None:
-        block_m, block_n, stages = _fit_shared(block_m, block_n, stages, head_dim, v_head_dim, dtype.itemsize, smem_limit)
+        q_tiles = 2 if kv_bytes else 1
+        block_m, block_n, stages = _fit_shared(block_m, block_n, stages, head_dim, v_head_dim, dtype.itemsize, smem_limit, q_tiles)
         pack = min(pack, block_m)
     return ExtendConfig(block_m, block_n, pack, warps, stages, edge)
 
 
-def extend_shared_bytes(block_m: int, block_n: int, num_stages: int, head_dim: int, v_head_dim: int, itemsize: int) -> int:
+def extend_shared_bytes(
+    block_m: int, block_n: int, num_stages: int, head_dim: int, v_head_dim: int, itemsize: int, q_tiles: int = 1
+) -> int:
     """Shared memory of one extend program, an upper bound of what Triton 3.6 allocates: the K/V
-    pipeline stages and the query tile (sm_90, D 128, 64 x 64 x 3 stages: 112 KB estimated and
-    compiled; sm_80 and gfx942 compile less, as their pipeliners keep fewer stages in shared memory)."""
-    return itemsize * (num_stages * block_n * (head_dim + v_head_dim) + block_m * head_dim)
+    pipeline stages and ``q_tiles`` query tiles (sm_90, D 128, 64 x 64 x 3 stages: 112 KB estimated
+    and compiled; sm_80 and gfx942 compile less, as their pipeliners keep fewer stages in shared
+    memory)."""
+    return itemsize * (num_stages * block_n * (head_dim + v_head_dim) + q_tiles * block_m * head_dim)
 
 
-def _fit_shared(block_m: int, block_n: int, stages: int, head_dim: int, v_head_dim: int, itemsize: int, limit: int):
+def _fit_shared(block_m: int, block_n: int, stages: int, head_dim: int, v_head_dim: int, itemsize: int, limit: int, q_tiles: int = 1):
     """Shrink a tile until :func:`extend_shared_bytes` fits ``limit`` (a target's shared memory per
     program): pipeline stages down to 2 first (latency hiding is cheaper to lose than tile size),
     then key tiles down to 32, query tiles down to 32, key tiles to 16, query tiles to 16, and last
@@ -124,7 +132,7 @@ def _fit_shared(block_m: int, block_n: int, stages: int, head_dim: int, v_head_d
     steps = [("stages", 2), ("block_n", 32), ("block_m", 32), ("block_n", 16), ("block_m", 16), ("stages", 1)]
     tile = {"block_m": block_m, "block_n": block_n, "stages": stages}
     for name, floor in steps:
-        while extend_shared_bytes(tile["block_m"], tile["block_n"], tile["stages"], head_dim, v_head_dim, itemsize) > limit:
+        while extend_shared_bytes(tile["block_m"], tile["block_n"], tile["stages"], head_dim, v_head_dim, itemsize, q_tiles) > limit:
             if tile[name] <= floor:
                 break
             tile[name] = tile[name] - 1 if name == "stages" else tile[name] // 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._common.fp8 import fp8_decode, fp8_rescale
 from .._common.softmax import LOG2E, fold_sink, soft_cap
 
 
@@ -84,6 +85,7 @@ def _swa_extend_tiles(
     EVEN_DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    KV_FP8: tl.constexpr,
     EDGE: tl.constexpr = False,
     edge_end=0,
 ):
@@ -97,6 +99,8 @@ def _swa_extend_tiles(
     ``EDGE`` (an unmasked call over causal new keys): the tiles below ``edge_end`` are the window's
     lower edge and get its mask by a branch inside the loop, so that one pipelined loop streams the
     edge and the tiles every row sees (a separate one-tile loop restarts the load pipeline).
+    ``KV_FP8`` (prefix calls over an fp8 pool read as bytes): K/V tiles decoded in the kernel
+    (``triton_swa.ops._common.fp8``); their power of two rides on ``qk_scale`` and ``v_scale``.
     """
     if not PREFIX:
         # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
@@ -147,6 +151,8 @@ def _swa_extend_tiles(
             p_v = v_src + (i_t * stride_vt + i_kvh * stride_vh) + o_vt
         # [BLOCK_N, BLOCK_D]
         b_k = _load_2d(p_k, m_key, m_d, MASKED, not EVEN_D)
+        if KV_FP8 != 0:
+            b_k = fp8_decode(b_k, KV_FP8)
         # [BLOCK_M, BLOCK_N]
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PREC)
         if SOFTCAP:
@@ -199,6 +205,8 @@ def _swa_extend_tiles(
         acc = acc * alpha[:, None]
         # [BLOCK_N, BLOCK_DV]
         b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
+        if KV_FP8 != 0:
+            b_v = fp8_decode(b_v, KV_FP8)
         if KV_SCALE:
             b_p = b_p * v_scale
         acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
@@ -265,6 +273,7 @@ def _swa_extend_kernel(
     HAS_SINK: tl.constexpr,
     KV_SCALE: tl.constexpr,
     SCALE_PTR: tl.constexpr,
+    KV_FP8: tl.constexpr,
     DOT_PREC: tl.constexpr,
     SPLIT: tl.constexpr,
     EDGE_IN_LOOP: tl.constexpr,
@@ -334,6 +343,9 @@ def _swa_extend_kernel(
     else:
         ks = k_scale
         vs = v_scale
+    # fp8 bytes decoded in the kernel come out scaled down by a power of two (KV_SCALE is set then)
+    ks = fp8_rescale(ks, KV_FP8)
+    vs = fp8_rescale(vs, KV_FP8)
     qk_scale = sm_scale * LOG2E
     if SOFTCAP:
         qk_scale = sm_scale
@@ -446,7 +458,7 @@ def _swa_extend_kernel(
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, mask_off, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        PREFIX=False, MASKED=False, KV_SCALE=False, BLOCK_N=BLOCK_N,
+        PREFIX=False, MASKED=False, KV_SCALE=False, KV_FP8=0, BLOCK_N=BLOCK_N,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
         EDGE=EDGE_IN_LOOP, edge_end=n_mid,
@@ -458,7 +470,7 @@ def _swa_extend_kernel(
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, 0, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        PREFIX=True, MASKED=False, KV_SCALE=KV_SCALE, BLOCK_N=BLOCK_N,
+        PREFIX=True, MASKED=False, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, BLOCK_N=BLOCK_N,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )
@@ -469,7 +481,7 @@ def _swa_extend_kernel(
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, 0, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        PREFIX=True, MASKED=True, KV_SCALE=KV_SCALE, BLOCK_N=BLOCK_N,
+        PREFIX=True, MASKED=True, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, BLOCK_N=BLOCK_N,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )
@@ -481,7 +493,7 @@ def _swa_extend_kernel(
             kv_indices, kv_end, page_table, page_base, ws_page,
             custom_mask, mask_off, q_positions, q_start, i_kvh, P, E, lo, window_left,
             o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-            PREFIX=False, MASKED=True, KV_SCALE=False, BLOCK_N=BLOCK_N,
+            PREFIX=False, MASKED=True, KV_SCALE=False, KV_FP8=0, BLOCK_N=BLOCK_N,
             PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
             SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
         )
@@ -492,7 +504,7 @@ def _swa_extend_kernel(
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, mask_off, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, tl.arange(0, BLOCK_N_DIAG), o_d, o_dv, m_d, m_dv,
-        PREFIX=False, MASKED=True, KV_SCALE=False, BLOCK_N=BLOCK_N_DIAG,
+        PREFIX=False, MASKED=True, KV_SCALE=False, KV_FP8=0, BLOCK_N=BLOCK_N_DIAG,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )

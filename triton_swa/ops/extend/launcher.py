@@ -50,6 +50,7 @@ import triton
 from ...runtime import poison
 from ...runtime.checks import (
     FLOAT_DTYPES,
+    FP8_DTYPES,
     INDEX_DTYPES,
     check_int,
     check_kv_scale,
@@ -61,7 +62,7 @@ from ...runtime.checks import (
     check_window_left,
     split_kv_scale,
 )
-from ...runtime.device import check_kv_format, device_facts, interpreting
+from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_extend, guarded
 from ...runtime.launch import PlanCache, launcher_for, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
@@ -87,7 +88,6 @@ class _Inputs:
         "DV",
         "B",
         "flatten_pages",
-        "fp8_view",
         "paged",
         "page_size",
         "has_mask",
@@ -109,7 +109,19 @@ class _Inputs:
 class _Plan:
     """Tiles, splits, grids and launchers of one checked signature and longest request."""
 
-    __slots__ = ("empty", "launch", "grid", "split", "num_splits", "lse_offset", "part_numel", "merge", "merge_grid", "default_scale")
+    __slots__ = (
+        "empty",
+        "launch",
+        "grid",
+        "split",
+        "num_splits",
+        "lse_offset",
+        "part_numel",
+        "merge",
+        "merge_grid",
+        "default_scale",
+        "kv_view",
+    )
 
 
 _CHECKED = PlanCache()
@@ -218,8 +230,7 @@ def _check_inputs(
     for name, d in (("head_dim", D), ("v head_dim", DV)):
         if not 1 <= d <= _MAX_HEAD_DIM:
             raise ValueError(f"{name} must be in [1, {_MAX_HEAD_DIM}], got {d}")
-    kv_dtypes = (q.dtype, torch.float8_e4m3fn, torch.uint8)
-    check_tensor("k_buffer", k_buffer, dtype=kv_dtypes, device=dev)
+    check_tensor("k_buffer", k_buffer, dtype=(q.dtype, *FP8_DTYPES), device=dev)
     if k_buffer.dim() not in (3, 4) or k_buffer.shape[-2:] != (H, D):
         raise ValueError(f"k_buffer must have shape [slots, {H}, {D}] or [pages, page_size, {H}, {D}], got {list(k_buffer.shape)}")
     check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, device=dev, ndim=k_buffer.dim())
@@ -307,7 +318,6 @@ def _check_inputs(
     inputs = _Inputs()
     inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B = T, HQ, H, D, DV, B
     inputs.flatten_pages = k_buffer.dim() == 4
-    inputs.fp8_view = k_buffer.dtype == torch.uint8
     inputs.kv_dtype = k_buffer.dtype
     inputs.paged, inputs.page_size = paged, page_size if paged else 1
     inputs.has_mask, inputs.bool_mask = custom_mask is not None, custom_mask is not None and custom_mask.dtype == torch.bool
@@ -328,8 +338,8 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     # bf16 dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
     upcast = interpret and dtype == torch.bfloat16
     facts = device_facts(device)
-    check_kv_format(facts, inputs.kv_dtype)
-    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret, facts.smem_per_program)
+    kv_fp8, kv_view = kv_fp8_mode(facts, inputs.kv_dtype)
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret, facts.smem_per_program, kv_fp8 != KV_NATIVE)
     bm = cfg.block_m if block_m is None else block_m
     bn = cfg.block_n if block_n is None else block_n
     gp = min(cfg.pack, bm) if pack is None else pack
@@ -375,8 +385,10 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         HAS_QPOS=inputs.has_qpos,
         SOFTCAP=inputs.softcap,
         HAS_SINK=inputs.has_sink,
-        KV_SCALE=inputs.kv_scaled,
+        # bytes decoded in the kernel need their power of two back: through the K/V scales
+        KV_SCALE=inputs.kv_scaled or kv_fp8 != KV_NATIVE,
         SCALE_PTR=inputs.scale_ptr,
+        KV_FP8=kv_fp8,
         # float32 dots are exact (not tf32)
         # 16-bit dots: the target's default (tf32 applies to float32 inputs only, and AMD targets
         # other than gfx942 have no tf32 at all)
@@ -387,6 +399,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     )
     plan.launch = launcher_for(_swa_extend_kernel, constexprs, warps, stages)
     plan.default_scale = 1.0 / math.sqrt(D)
+    plan.kv_view = kv_view
     plan.merge = merge_launcher(None, HQ, DV, num_splits, inputs.has_sink, skip_padding=True) if plan.split else None
     plan.merge_grid = (T * HQ, 1, 1)
     return plan
@@ -451,7 +464,8 @@ def swa_extend(
         k (torch.Tensor): new keys `[T, H, D]` in ``q``'s dtype (``HQ % H == 0``).
         v (torch.Tensor): new values `[T, H, Dv]` in ``q``'s dtype.
         k_buffer (torch.Tensor): the layer's key pool `[slots, H, D]` (or `[pages, page_size, H, D]`),
-            ``q``'s dtype or fp8 e4m3 (``float8_e4m3fn`` or its ``uint8`` storage).
+            ``q``'s dtype or fp8 e4m3 (``float8_e4m3fn`` or its ``uint8`` storage, or
+            ``float8_e4m3fnuz``).
         v_buffer (torch.Tensor): the layer's value pool `[slots, H, Dv]`, same dtype as ``k_buffer``.
         qo_indptr (torch.Tensor): int `[B + 1]`, request ``b``'s tokens are ``[qo_indptr[b], qo_indptr[b+1])``.
         prefix_lens (torch.Tensor): int `[B]`, committed tokens before the new ones.
@@ -565,8 +579,8 @@ def swa_extend(
     if inputs.flatten_pages:
         k_buffer = k_buffer.view(-1, *k_buffer.shape[2:])
         v_buffer = v_buffer.view(-1, *v_buffer.shape[2:])
-    if inputs.fp8_view:
-        k_buffer, v_buffer = k_buffer.view(torch.float8_e4m3fn), v_buffer.view(torch.float8_e4m3fn)
+    if plan.kv_view is not None:
+        k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
     if inputs.scale_ptr:
         # both scales through pointers (one constexpr): a number becomes a one-element tensor
         ks = ks_t if ks_t is not None else torch.full((1,), ks, dtype=torch.float32, device=dev)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One device call: the before/after benchmark of the public API (scripts/gpu_ab.sh, .ab/before against
+# this tree, carried), then the fp8 decode benchmark (bench/bench_fp8.py: bf16 against fp8 read natively
+# and as bytes decoded in the kernel, e4m3fnuz, with its tile sweep). Logs and CSVs go to $OUT.
+#   bash scripts/gpu_fp8.sh GIT_SHA [bench/bench_fp8.py args]
+set -uo pipefail
+sha=${1:?pass the git sha of this tree (the device copy has no .git)}
+shift
+bash "$(dirname "$0")/gpu_ab.sh" "$sha" --budget-s "${AB_BUDGET_S:-240}" | tail -42
+source "$(dirname "$0")/device_env.sh"
+day=$(date +%F)
+GIT_SHA=$sha timeout "${FP8_TIMEOUT_S:-280}" python3 bench/bench_fp8.py --sweep "$@" > "$out/fp8-decode-$day.log" 2>&1
+status=$?
+cp bench/results/fp8-decode-"$day"-*.csv "$out"/ 2>/dev/null || true
+grep "^WRONG" "$out/fp8-decode-$day.log" | head
+sed -n '/^== summary/,$p' "$out/fp8-decode-$day.log"
+tail -3 "$out/fp8-decode-$day.log"
+echo "== bench_fp8 exit $status"
+exit $status
