@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -80,9 +81,8 @@ def call(s, provider, window, block_n=None, num_warps=None):
     scales = {} if dtype == torch.bfloat16 else dict(k_scale=SCALE, v_scale=SCALE)
     tune = _Tune(num_warps=num_warps, f16_dot=f16_dot)
     with without_native_fp8(DEVICE) if as_bytes else contextlib.nullcontext():
-        _swa_decode_impl(
-            s["q"], k, v, kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"], out=s["out"], max_window=window, block_n=block_n, tune=tune, **scales
-        )
+        where = dict(kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"])
+        _swa_decode_impl(s["q"], k, v, **where, out=s["out"], max_window=window, block_n=block_n, tune=tune, **scales)
 
 
 def check(s, provider, window, **tiles) -> float:
@@ -128,16 +128,14 @@ def main() -> int:
                 itemsize = 2 if provider == "bf16" else 1
                 nbytes = 2 * batch * window * h * d * itemsize + 2 * batch * hq * d * 2
                 flops = 4 * batch * hq * window * d
-                t = time_rotated([lambda s=s: call(s, provider, window, bn, nw) for s in sets], use_graph=True)
+                t = time_rotated([functools.partial(call, s, provider, window, bn, nw) for s in sets], use_graph=True)
                 rec.add(case, label, t, nbytes, flops)
                 times[label] = t[1]
             bf16 = times.get("bf16")
             best = min((v, k) for k, v in times.items() if k != "bf16") if len(times) > 1 else (math.nan, "-")
-            summary.append(
-                f"{case:<28} bf16 {bf16 or math.nan:8.2f}  native {times.get('fp8_native', math.nan):8.2f}  "
-                f"bytes {times.get('fp8_bytes', math.nan):8.2f}  bytes-bf16dot {times.get('fp8_bytes_bf16dot', math.nan):8.2f}  "
-                f"nuz {times.get('fp8nuz', math.nan):8.2f}  best fp8 {best[0]:8.2f} ({best[1]}), bf16/best {bf16 / best[0] if bf16 else math.nan:.2f}x"
-            )
+            cols = "  ".join(f"{p} {times.get(p, math.nan):8.2f}" for p in PROVIDERS)
+            speedup = bf16 / best[0] if bf16 else math.nan
+            summary.append(f"{case:<28} {cols}  best fp8 {best[0]:8.2f} ({best[1]}), bf16/best {speedup:.2f}x")
             del sets
             torch.cuda.empty_cache()
     print(f"rows: {rec.save()}")
