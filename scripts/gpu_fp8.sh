@@ -14,6 +14,6 @@ status=$?
 cp bench/results/fp8-decode-"$day"-*.csv "$out"/ 2>/dev/null || true
 grep "^WRONG" "$out/fp8-decode-$day.log" | head
 sed -n '/^== summary/,$p' "$out/fp8-decode-$day.log"
-tail -3 "$out/fp8-decode-$day.log"
+[ "$status" -eq 0 ] || tail -5 "$out/fp8-decode-$day.log"
 echo "== bench_fp8 exit $status"
 exit $status

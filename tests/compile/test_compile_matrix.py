@@ -15,8 +15,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from triton_swa.runtime.device import TARGETS
+from triton_swa.runtime.device import TARGETS, kv_fp8_mode
 
 pytestmark = pytest.mark.compile
 
@@ -35,8 +36,14 @@ def test_every_kernel_compiles_for(target):
     assert results, done.stderr[-3000:]
     failed = [f"{r['case']} {r['kernel']} [{r['variant']}]: {r['error']}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
-    fp8 = {r["case"] for r in results if "fp8" in r["case"] and r["kernel"] in ("_swa_decode_kernel", "_swa_extend_kernel")}
+    attention = [r for r in results if r["kernel"] in ("_swa_decode_kernel", "_swa_extend_kernel")]
+    fp8 = {r["case"] for r in attention if "fp8" in r["case"]}
     assert {"decode-d128-fp8", "decode-d256-fp8nuz-pages", "extend-chunk-d128-fp8", "extend-chunk-d256-fp8nuz-pages"} <= fp8, fp8
+    # each fp8 format compiled the way its launcher reads it there: natively, or as bytes decoded in the kernel
+    mode, _ = kv_fp8_mode(TARGETS[target], torch.float8_e4m3fnuz)
+    assert all(f"KV_FP8={mode}" in r["variant"].split() for r in attention if "fp8nuz" in r["case"]), target
+    mode, _ = kv_fp8_mode(TARGETS[target], torch.float8_e4m3fn)
+    assert all(f"KV_FP8={mode}" in r["variant"].split() for r in attention if "-fp8" in r["case"] and "fp8nuz" not in r["case"])
     kernels = {r["kernel"] for r in results}
     assert kernels >= {
         "_swa_decode_kernel",

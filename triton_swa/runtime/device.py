@@ -30,8 +30,8 @@ class DeviceFacts:
         regs_per_sm (int): 32-bit registers per SM / CU that resident programs share (per lane).
         warp_size (int): threads of a warp (NVIDIA 32) or wavefront (CDNA 64, RDNA 32 in Triton).
         fp8 (tuple): the fp8 e4m3 KV formats the kernels load natively on the target (``"e4m3fn"``
-            where Triton 3.6 converts it); any other fp8 pool is read as bytes and decoded in the
-            kernel (:func:`kv_fp8_mode`).
+            where Triton 3.6 converts it, ``"e4m3fnuz"`` on gfx942); any other fp8 pool is read as
+            bytes and decoded in the kernel (:func:`kv_fp8_mode`).
     """
 
     name: str
@@ -52,8 +52,9 @@ KB = 1024
 # per SM); AMD's CDNA2/CDNA3/CDNA4 and RDNA3 ISA guides (64 KB LDS per CU, 160 KB on CDNA4; wave64
 # on CDNA, wave32 in Triton on RDNA). SM / CU counts of one product each (A100, A10, L4, H100 SXM,
 # RTX 5090, MI250X GCD, MI300X, MI355X, RX 7900 XTX): they only size splits. ``fp8``: the formats
-# loaded natively (Triton 3.6 has no fp8 e4m3fn conversion on sm_80/86; e4m3fnuz is always decoded
-# from its bytes, the code the interpreter runs, since the interpreter cannot load it).
+# loaded natively, as the compile tier found them: Triton 3.6 converts e4m3fn on sm_89+ and AMD but
+# not on sm_80/86, and e4m3fnuz on gfx942 only (its LLVM cannot select the conversion elsewhere); the
+# others, and e4m3fnuz under the interpreter (which cannot load it), are decoded from their bytes.
 TARGETS = {
     "sm_80": DeviceFacts("sm_80", "cuda", 80, 108, 163 * KB, 164 * KB, 65536, 32),
     "sm_86": DeviceFacts("sm_86", "cuda", 86, 72, 99 * KB, 100 * KB, 65536, 32),
@@ -61,7 +62,7 @@ TARGETS = {
     "sm_90": DeviceFacts("sm_90", "cuda", 90, 132, 227 * KB, 228 * KB, 65536, 32, ("e4m3fn",)),
     "sm_120": DeviceFacts("sm_120", "cuda", 120, 170, 99 * KB, 128 * KB, 65536, 32, ("e4m3fn",)),
     "gfx90a": DeviceFacts("gfx90a", "hip", "gfx90a", 110, 64 * KB, 64 * KB, 131072, 64, ("e4m3fn",)),
-    "gfx942": DeviceFacts("gfx942", "hip", "gfx942", 304, 64 * KB, 64 * KB, 131072, 64, ("e4m3fn",)),
+    "gfx942": DeviceFacts("gfx942", "hip", "gfx942", 304, 64 * KB, 64 * KB, 131072, 64, ("e4m3fn", "e4m3fnuz")),
     "gfx950": DeviceFacts("gfx950", "hip", "gfx950", 256, 160 * KB, 160 * KB, 131072, 64, ("e4m3fn",)),
     "gfx1100": DeviceFacts("gfx1100", "hip", "gfx1100", 96, 64 * KB, 64 * KB, 65536, 32, ("e4m3fn",)),
 }
@@ -82,16 +83,19 @@ def kv_fp8_mode(facts: DeviceFacts, kv_dtype: torch.dtype) -> tuple[int, torch.d
     the kernels' constexpr (:mod:`triton_swa.ops._common.fp8`) and the dtype to view the buffers as
     before the launch (None: as they are).
 
-    uint8 is the pools' storage of float8_e4m3fn. e4m3fn loads natively where the target converts it,
-    else as bytes decoded in the kernel; e4m3fnuz is always decoded from its bytes.
+    uint8 is the pools' storage of float8_e4m3fn. Each format loads natively where the target
+    converts it (``facts.fp8``), else as bytes decoded in the kernel: exact too, but about 1.5x slower
+    on the H200, where the conversion is one instruction per two elements (B 64, W 1023, D 128: 195
+    against 125 us; ``bench/results/fp8-decode-2026-12-01-*``).
     """
-    if kv_dtype in (torch.float8_e4m3fn, torch.uint8):
-        if "e4m3fn" in facts.fp8:
-            return KV_NATIVE, torch.float8_e4m3fn
-        return KV_E4M3FN_BITS, torch.uint8
-    if kv_dtype == torch.float8_e4m3fnuz:
-        return KV_E4M3FNUZ_BITS, torch.uint8
-    return KV_NATIVE, None
+    if kv_dtype == torch.uint8:
+        kv_dtype = torch.float8_e4m3fn
+    fmt = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e4m3fnuz: "e4m3fnuz"}.get(kv_dtype)
+    if fmt is None:
+        return KV_NATIVE, None
+    if fmt in facts.fp8:
+        return KV_NATIVE, kv_dtype
+    return (KV_E4M3FN_BITS if fmt == "e4m3fn" else KV_E4M3FNUZ_BITS), torch.uint8
 
 
 def interpreting() -> bool:

@@ -1,9 +1,9 @@
 """fp8 e4m3 K/V read as bytes and decoded in the kernel.
 
-Triton 3.6 converts ``float8_e4m3fn`` natively on sm_89+ and AMD, but not on sm_80/86, and its
-interpreter cannot load ``float8_e4m3fnuz`` (MI300's format) at all. Where a target lacks the native
-conversion (and for e4m3fnuz everywhere, so that the interpreter runs the code a GPU runs), the
-kernels load the bytes as uint8 and decode them with integer ops into float16: the byte's sign,
+Triton 3.6 converts ``float8_e4m3fn`` natively on sm_89+ and AMD but not on sm_80/86, converts
+``float8_e4m3fnuz`` (MI300's format) on gfx942 only, and its interpreter cannot load e4m3fnuz at all.
+Where a target lacks the conversion, the kernels load the bytes as uint8 and decode them with
+integer ops into float16: the byte's sign,
 exponent and mantissa shifted into float16's fields, which is exact (e4m3's 3 mantissa bits fit in
 float16's 10, and its subnormals stay float16 subnormals) but leaves the value scaled by
 ``2**(15 - bias)``: ``2**-8`` for e4m3fn (bias 7), ``2**-7`` for e4m3fnuz (bias 8). The kernels put

@@ -82,8 +82,8 @@ class _Tune(NamedTuple):
 
     ``fused_merge``: the group's last split merges the partials in place (eager calls; inside a CUDA-graph
     capture the merge kernel runs instead, so warm up such a call inside the capture's stream context).
-    ``f16_dot``: over fp8 bytes decoded in the kernel, bfloat16 queries run both dots in float16 (the
-    decoded tiles' own dtype; the default) or in bfloat16 (each decoded element converted once more).
+    ``f16_dot``: over an fp8 pool, bfloat16 queries run both dots in float16 (default over bytes decoded
+    in the kernel, which come out in float16) or in bfloat16 (default over native fp8 loads).
     """
 
     num_warps: int | None = None
@@ -296,7 +296,8 @@ def _check_and_plan(
     fused = split and bool(tune.fused_merge)
     # bf16 queries over fp8 bytes dot in float16 (which the interpreter multiplies right), other bf16
     # dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
-    f16_dot = kv_fp8 != KV_NATIVE and q.dtype == torch.bfloat16 and tune.f16_dot is not False
+    fp8 = kv_view is not None
+    f16_dot = fp8 and q.dtype == torch.bfloat16 and (kv_fp8 != KV_NATIVE if tune.f16_dot is None else tune.f16_dot)
     upcast = interpret and q.dtype == torch.bfloat16 and not f16_dot
 
     plan = _Plan()
