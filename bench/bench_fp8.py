@@ -3,8 +3,9 @@
 Providers, each over its own pool of the same values (bf16, or ``value / 0.5`` cast to fp8):
 
 - ``bf16``: a bf16 pool;
-- ``fp8_native``: float8_e4m3fn loaded with Triton's conversion (the default on sm_89+ and AMD);
-- ``fp8_native_f16dot``: as ``fp8_native``, converted to float16 and dotted with float16 queries;
+- ``fp8_native``: float8_e4m3fn loaded with Triton's conversion (the default on sm_89+ and AMD), to
+  float16, dotted with the bf16 queries rounded to float16 (the default);
+- ``fp8_native_bf16dot``: as ``fp8_native``, converted to bf16 and dotted in bf16 (the default before);
 - ``fp8_bytes``: the same bytes loaded as uint8 and decoded with integer ops in the kernel (the path of
   sm_80/86, forced here with ``triton_swa.testing.without_native_fp8``), bf16 queries dotting in float16;
 - ``fp8_bytes_bf16dot``: as ``fp8_bytes``, every decoded element converted on to bf16 for the dots;
@@ -17,7 +18,7 @@ reference over its own pool before it is timed; a mismatch is reported WRONG and
 CUDA-graph replay over input sets rotated past L2 (``bench.harness.time_rotated``), p50 of 30 reps.
 ``bytes`` counts the window's K and V at the pool's element size (one byte for fp8), q and o.
 
-``--sweep``: for ``fp8_native`` and ``fp8_native_f16dot`` at B 8 and 64, also ``block_n`` 32/64/128 x ``num_warps`` 4/8.
+``--sweep``: for ``fp8_native`` at B 8 and 64, also ``block_n`` 32/64/128 x ``num_warps`` 4/8.
 
     python bench/bench_fp8.py                 # about a minute on an H200
     python bench/bench_fp8.py --sweep --models g4swa
@@ -49,7 +50,7 @@ PROVIDERS = {
     # name: (pool dtype, bytes decoded in the kernel, f16_dot)
     "bf16": (torch.bfloat16, False, None),
     "fp8_native": (torch.float8_e4m3fn, False, None),
-    "fp8_native_f16dot": (torch.float8_e4m3fn, False, True),
+    "fp8_native_bf16dot": (torch.float8_e4m3fn, False, False),
     "fp8_bytes": (torch.float8_e4m3fn, True, None),
     "fp8_bytes_bf16dot": (torch.float8_e4m3fn, True, False),
     "fp8nuz": (torch.float8_e4m3fnuz, False, None),
@@ -118,7 +119,7 @@ def main() -> int:
             sets = [make_set(hq, h, d, window, batch, gen) for _ in range(rotation_count(set_bytes, 12 * 2**30))]
             configs = [(p, None, None) for p in PROVIDERS]
             if args.sweep and batch >= 8:
-                configs += [(p, bn, nw) for p in ("fp8_native", "fp8_native_f16dot") for bn in (32, 64, 128) for nw in (4, 8)]
+                configs += [(p, bn, nw) for p in ("fp8_native",) for bn in (32, 64, 128) for nw in (4, 8)]
             times = {}
             for provider, bn, nw in configs:
                 label = provider if bn is None else f"{provider}_n{bn}w{nw}"

@@ -95,9 +95,9 @@ def _swa_decode_kernel(
         # The interpreter multiplies bf16 dot operands as raw bits (SPEC §8): use float32 there.
         b_q = b_q.to(tl.float32)
     if F16_DOT:
-        # fp8 bytes decode to float16 exactly: bf16 queries join them there rather than every decoded
-        # element being converted to bf16 (float16 holds bf16's 8 bits of precision and more, up to
-        # |q| = 65504, where the query is clamped).
+        # fp8 K/V convert to float16 exactly and cheaply: bf16 queries join them there rather than every
+        # element going on to bf16 (float16 holds bf16's 8 bits of precision and more, up to |q| = 65504,
+        # where the query is clamped).
         b_q = tl.minimum(tl.maximum(b_q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     if PAGED:

@@ -46,7 +46,7 @@ from ...runtime.checks import (
     check_tensor,
     split_kv_scale,
 )
-from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
+from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
@@ -82,8 +82,8 @@ class _Tune(NamedTuple):
 
     ``fused_merge``: the group's last split merges the partials in place (eager calls; inside a CUDA-graph
     capture the merge kernel runs instead, so warm up such a call inside the capture's stream context).
-    ``f16_dot``: over an fp8 pool, bfloat16 queries run both dots in float16 (default over bytes decoded
-    in the kernel, which come out in float16) or in bfloat16 (default over native fp8 loads).
+    ``f16_dot``: over an fp8 pool, bfloat16 queries run both dots in float16 (the default) or, with
+    False, in bfloat16.
     """
 
     num_warps: int | None = None
@@ -294,10 +294,11 @@ def _check_and_plan(
     block_dv = triton.next_power_of_2(DV)
     merge_g = min(cfg.block_g, triton.next_power_of_2(G))
     fused = split and bool(tune.fused_merge)
-    # bf16 queries over fp8 bytes dot in float16 (which the interpreter multiplies right), other bf16
-    # dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
-    fp8 = kv_view is not None
-    f16_dot = fp8 and q.dtype == torch.bfloat16 and (kv_fp8 != KV_NATIVE if tune.f16_dot is None else tune.f16_dot)
+    # bf16 queries over an fp8 pool dot in float16: fp8 converts to float16 in one instruction per two
+    # elements on the H200 where bf16 takes more, and byte decoding yields float16 (H200, B 64, W 1023,
+    # D 256: 236 against 325 us native; bench/results/fp8-decode-41f93e2-*). The interpreter multiplies
+    # float16 right; its other bf16 dots run in float32 (SPEC §8: its bf16 tl.dot is wrong).
+    f16_dot = kv_view is not None and q.dtype == torch.bfloat16 and tune.f16_dot is not False
     upcast = interpret and q.dtype == torch.bfloat16 and not f16_dot
 
     plan = _Plan()
