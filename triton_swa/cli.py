@@ -10,6 +10,8 @@ commands:
   demo    serve a tiny Gemma-4-style model with speculative decoding through triton-swa, with SPEC's
           pool-resolution policy and with the rule it replaced on the draft worker, side by side
           (triton-swa demo --help)
+  bench   the op benchmarks on this machine's GPU: decode, prefill and verify on model-like shapes,
+          every provider checked against a float64 reference before it is timed (triton-swa bench --help)
 """
 
 
@@ -23,5 +25,9 @@ def main(argv=None) -> int:
         from .demo import main as demo
 
         return demo(rest)
+    if command == "bench":
+        from .benchmark import main as bench
+
+        return bench(rest)
     print(f"triton-swa: unknown command {command!r}\n\n{_USAGE}", end="", file=sys.stderr)
     return 2

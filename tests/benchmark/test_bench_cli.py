@@ -1,0 +1,103 @@
+"""``triton-swa bench`` end to end on tiny shapes (on a CPU through Triton's interpreter): every
+provider is checked before it is timed, a wrong or partial output is reported WRONG and not timed,
+a provider that kills its process costs only its own row, and rows carry their provenance."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from triton_swa.benchmark.cases import SHAPES, Case, catalog
+from triton_swa.benchmark.runner import to_csv_rows, write_csv
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def _bench(*args, tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{HERE}")
+    env.pop("TRITON_INTERPRET", None)
+    return subprocess.run(
+        [sys.executable, "-m", "triton_swa", "bench", "--smoke", "--out", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
+
+
+def _rows(tmp_path):
+    (path,) = tmp_path.glob("bench-*.csv")
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke run; the GPU runs the real grid")
+def test_smoke_run_checks_and_records_every_provider(tmp_path):
+    done = _bench("--op", "decode,prefill", "--git-sha", "abc1234", "--dirty", "clean", tmp_path=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = _rows(tmp_path)
+    ids = {c.id for c in catalog(("decode", "prefill"), smoke=True)}
+    assert {r["case"] for r in rows} == ids
+    assert all(r["git_sha"] == "abc1234" and r["dirty"] == "clean" and r["run_id"] for r in rows)
+    assert len({r["run_id"] for r in rows}) == 1
+    mine = [r for r in rows if r["provider"] == "triton_swa"]
+    assert len(mine) == len(ids) and all(r["status"].startswith("ok") and float(r["max_abs_err"]) <= 2e-2 for r in mine)
+    flex = {r["case"]: r["status"] for r in rows if r["provider"] == "flex"}
+    assert flex["tiny-B2-L40-W15-D32-P1-fp8"].startswith("n/a") and flex["tiny-B2-L40-W15-D32-P1"].startswith("ok")
+    assert "| tiny-B2-L40-W15-D32-P1 |" in done.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke run")
+def test_wrong_partial_and_crashing_providers(tmp_path):
+    providers = "crashes,wrong,partial,triton_swa"
+    done = _bench(
+        "--op",
+        "decode",
+        "--providers",
+        providers,
+        "--plugin",
+        "bench_plugin_faults",
+        "--git-sha",
+        "x",
+        "--dirty",
+        "dirty",
+        tmp_path=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    rows = _rows(tmp_path)
+    for r in rows:
+        want = {"crashes": "CRASHED", "wrong": "WRONG", "partial": "WRONG", "triton_swa": "ok"}[r["provider"]]
+        assert r["status"].startswith(want), r
+        if want != "ok":
+            assert r["us_p50"] == "nan", f"{r['provider']} was timed"
+    # the crash took its worker down after the case's first provider; the next worker ran the rest
+    assert {r["provider"] for r in rows if r["case"] == "tiny-B2-L40-W15-D32-P1"} == set(providers.split(","))
+    partial = next(r for r in rows if r["provider"] == "partial")
+    assert partial["max_abs_err"] == "inf"
+
+
+def test_rows_need_their_provenance(tmp_path):
+    case = Case("decode", SHAPES["tiny"], 2, 40)
+    row = dict(case=case.id, provider="triton_swa", status="ok", us=(1.0, 1.0, 1.0), max_abs_err=0.0)
+    for sha, dirty, run_id in ((None, "clean", "r"), ("abc", None, "r"), ("abc", "clean", "")):
+        with pytest.raises(ValueError, match="git_sha, dirty and run_id"):
+            write_csv(tmp_path / "x.csv", to_csv_rows([case], [row], sha, dirty, run_id))
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_bytes_and_flops_count_the_window_once():
+    s = SHAPES["g3"]
+    decode = Case("decode", s, 64, 8192)
+    assert decode.window == 1024
+    assert decode.nbytes() == 64 * 1024 * 16 * 2 * 128 * 2 + 2 * 64 * 32 * 128 * 2
+    assert decode.flops() == 4 * 128 * 32 * 64 * 1024
+    verify = Case("verify", s, 8, 4096 + 8, new=8)
+    assert verify.prefix == 4096 and verify.window == 1023  # the first draft sees 1023 cached keys and itself
+    assert Case("decode", SHAPES["g4full"], 1, 4096).window == 4096

@@ -1,0 +1,95 @@
+"""``triton-swa bench``: the op benchmarks on this machine's GPU, every provider checked first.
+
+Decode, prefill and verify on model-like shapes (:mod:`.cases`), each provider (:mod:`.providers`:
+triton-swa, FlexAttention, gather + SDPA, and the same-bytes copy and read-only ceilings) checked
+against a float64 reference before it is timed by CUDA-graph replay over rotated input sets
+(:mod:`.runner`). Prints a table; writes SPEC §7 CSV rows (git sha, dirty flag, run id) and a plot.
+
+    triton-swa bench --quick
+    triton-swa bench --op decode --shape g4swa,g4full --batch 1,64 --providers triton_swa,flex
+    triton-swa bench --smoke            # tiny shapes; on a CPU through Triton's interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import uuid
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("k", "")) * (1024 if x.endswith("k") else 1) for x in text.split(",")]
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from . import providers as P
+    from .cases import OPS, SHAPES, catalog
+    from .runner import load_plugins, plot, provenance, run, summary, to_csv_rows, write_csv
+
+    parser = argparse.ArgumentParser(prog="triton-swa bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--op", default=",".join(OPS), help=f"comma list of {', '.join(OPS)}")
+    parser.add_argument("--shape", help=f"comma list of {', '.join(s for s in SHAPES if s != 'tiny')} (default: all)")
+    parser.add_argument("--batch", help="comma list of batch sizes")
+    parser.add_argument("--ctx", help="comma list of context lengths (4k, 32768, ...)")
+    parser.add_argument("--pages", help="comma list of page sizes (1, 16)")
+    parser.add_argument("--providers", help=f"comma list of {', '.join(P.PROVIDERS)} and the plugins' (default: all)")
+    parser.add_argument("--quick", action="store_true", help="a subset of the grid, a minute or two")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (also on a CPU, through Triton's interpreter)")
+    parser.add_argument("--out", default="bench/results", help="folder of the CSV and the plot")
+    parser.add_argument("--git-sha", help="the commit measured (default: git's, when run from a checkout)")
+    parser.add_argument("--dirty", choices=("clean", "dirty"), help="whether the tree has uncommitted changes")
+    parser.add_argument("--no-csv", action="store_true", help="print the table only")
+    parser.add_argument("--plugin", action="append", default=[], help="a module whose PROVIDERS dict adds providers (yours)")
+    args = parser.parse_args(argv)
+    load_plugins(args.plugin)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.smoke:
+        print("triton-swa bench: no CUDA device here; only --smoke runs (through Triton's interpreter)", file=sys.stderr)
+        return 2
+    ops = args.op.split(",")
+    providers = args.providers.split(",") if args.providers else list(P.PROVIDERS)
+    for name, values, allowed in (("--op", ops, OPS), ("--providers", providers, P.PROVIDERS)):
+        unknown = [v for v in values if v not in allowed]
+        if unknown:
+            parser.error(f"{name}: unknown {unknown}; choose from {', '.join(allowed)}")
+    shapes = args.shape.split(",") if args.shape else None
+    if shapes and any(s not in SHAPES for s in shapes):
+        parser.error(f"--shape: unknown {[s for s in shapes if s not in SHAPES]}")
+    cases = catalog(
+        ops,
+        shapes,
+        _ints(args.batch) if args.batch else None,
+        _ints(args.ctx) if args.ctx else None,
+        _ints(args.pages) if args.pages else None,
+        quick=args.quick,
+        smoke=args.smoke,
+    )
+    if not cases:
+        parser.error("no case selected")
+    sha, dirty = provenance(args.git_sha, args.dirty)
+    run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
+    print(f"{len(cases)} cases x {len(providers)} providers on {device}, run {run_id}", flush=True)
+    rows = run(cases, providers, device, args.plugin)
+    table = to_csv_rows(cases, rows, sha, dirty, run_id)
+    print(summary(table))
+    bad = [r for r in table if r["status"].split(" ")[0] in ("WRONG", "ERROR", "CRASHED", "CRASHED:")]
+    if not args.no_csv:
+        if not sha or not dirty:
+            print("no CSV written: the git sha or dirty flag is unknown (pass --git-sha and --dirty)", file=sys.stderr)
+            return 2
+        gpu = table[0]["gpu"].replace(" ", "_")
+        csv_path = Path(args.out) / f"bench-{datetime.date.today().isoformat()}-{gpu}.csv"
+        write_csv(csv_path, table)
+        print(f"rows: {csv_path}")
+        png = csv_path.with_name(f"bench-{run_id}.png")
+        print(f"plot: {png}" if plot(csv_path, png) else "plot: matplotlib is not installed (pip install 'triton-swa[bench]')")
+    for r in bad:
+        print(f"{r['status'].split(':')[0]}: {r['case']} {r['provider']}: {r['status']}", file=sys.stderr)
+    return 1 if bad else 0

@@ -1,0 +1,285 @@
+"""Inputs, providers and the float64 check of ``triton-swa bench``.
+
+Every provider of a case reads the same K/V values from the same kind of pool: slots (page size 1)
+or pages (page size 16) of the windows scattered over a pool by a random permutation, every slot
+outside the windows NaN, outputs NaN before each call, so that an over-read or an unwritten output
+shows up in the check. Inputs are seeded by the case id: every process builds the same ones.
+
+Providers (a provider that cannot run a case says why, and is not timed):
+
+- ``triton_swa``: ``swa_decode`` / ``swa_extend`` (public API).
+- ``flex``: PyTorch's FlexAttention, compiled, over the window gathered into contiguous tensors
+  beforehand (the gather is not timed: flex reads the same bytes triton-swa reads); decode and
+  prefill without a cached prefix; no sinks, no fp8.
+- ``gather_sdpa``: decode only, the window gathered from the pool (timed) then
+  ``scaled_dot_product_attention``; no sinks, no fp8.
+- ``sglang_triton``: SGLang's Triton decode kernel (when sglang is importable), given the
+  window-trimmed token slots and the split counts its backend computes; decode at page size 1.
+- ``copy_same_bytes``: a device copy of the case's bytes (read and write): the hardware's ceiling.
+- ``read_same_bytes``: a read-only pass over the case's bytes (a max reduction), which an attention
+  kernel, reading far more than it writes, may pass.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+
+from .cases import Case
+
+__all__ = ["PROVIDERS", "build", "check", "prepare"]
+
+FP8_SCALE = 0.5
+TOLERANCE = 2e-2  # bf16 outputs of magnitude ~1
+CHECK_ROWS = 16  # new tokens checked per request (the last ones) for prefill and verify
+
+
+def _seed(case: Case, index: int) -> int:
+    return (zlib.crc32(case.id.encode()) << 8) + index
+
+
+def build(case: Case, index: int, device: str) -> dict:
+    """Input set ``index`` of ``case`` (seeded: the same in every process)."""
+    gen = torch.Generator(device=device).manual_seed(_seed(case, index))
+    s, B = case.shape, case.batch
+    bf16 = torch.bfloat16
+    n, ps = case.window, case.page_size
+    end = case.prefix + (1 if case.op == "decode" else 0)
+    start = end - n
+    first = start // ps
+    pages_per = (end - 1) // ps - first + 1 if n else 0
+    used = B * pages_per
+    pool_pages = used + max(used // 8, 2) + 1
+    pages = (torch.randperm(pool_pages - 1, generator=gen, device=device)[:used] + 1).view(B, pages_per)
+    pos = torch.arange(start, end, device=device)
+    slots = pages[:, pos // ps - first] * ps + pos % ps if n else torch.zeros(B, 0, dtype=torch.int64, device=device)
+    k_pool = torch.full((pool_pages * ps, s.h, s.d), float("nan"), dtype=bf16, device=device)
+    v_pool = torch.full_like(k_pool, float("nan"))
+    flat = slots.reshape(-1)
+    k_pool[flat] = torch.randn(flat.numel(), s.h, s.d, generator=gen, device=device, dtype=bf16)
+    v_pool[flat] = torch.randn(flat.numel(), s.h, s.d, generator=gen, device=device, dtype=bf16)
+    if case.fp8:
+        k_pool = (k_pool.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+        v_pool = (v_pool.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+    rows = B if case.op == "decode" else B * case.new
+    x = dict(
+        k_pool=k_pool,
+        v_pool=v_pool,
+        slots=slots,
+        kv_indptr=(torch.arange(B + 1, device=device) * n).to(torch.int32),
+        kv_indices=flat.to(torch.int32),
+        page_table=pages.to(torch.int32),
+        window_starts=torch.full((B,), start, dtype=torch.int32, device=device),
+        seq_lens=torch.full((B,), end, dtype=torch.int32, device=device),
+        q=torch.randn(rows, s.hq, s.d, generator=gen, device=device, dtype=bf16),
+        sinks=torch.randn(s.hq, generator=gen, device=device) if s.sinks else None,
+        out=torch.full((rows, s.hq, s.d), float("nan"), dtype=bf16, device=device),
+    )
+    if case.op != "decode":
+        x["k"] = torch.randn(rows, s.h, s.d, generator=gen, device=device, dtype=bf16)
+        x["v"] = torch.randn(rows, s.h, s.d, generator=gen, device=device, dtype=bf16)
+        x["qo_indptr"] = (torch.arange(B + 1, device=device) * case.new).to(torch.int32)
+        x["prefix_lens"] = torch.full((B,), case.prefix, dtype=torch.int32, device=device)
+    return x
+
+
+def _scales(case: Case) -> dict:
+    return dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE) if case.fp8 else {}
+
+
+# ---- providers: prepare(case, inputs) -> a call, or a string saying why the case is not theirs ----
+
+
+def _triton_swa(case: Case, x: dict):
+    import triton_swa
+
+    s, sm_scale = case.shape, 1.0 / math.sqrt(case.shape.d)
+    if case.page_size == 1:
+        where = dict(kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"])
+    else:
+        where = dict(page_table=x["page_table"], window_starts=x["window_starts"], page_size=case.page_size)
+    if case.op == "decode":
+        if case.page_size > 1:
+            where["seq_lens"] = x["seq_lens"]
+        kw = dict(sm_scale=sm_scale, sinks=x["sinks"], out=x["out"], max_window=case.window, **_scales(case))
+        return lambda: triton_swa.swa_decode(x["q"], x["k_pool"], x["v_pool"], **where, **kw)
+    kw = dict(window_left=s.window_left, sm_scale=sm_scale, sinks=x["sinks"], out=x["out"], max_extend_len=case.new, **_scales(case))
+    args = (x["q"], x["k"], x["v"], x["k_pool"], x["v_pool"], x["qo_indptr"], x["prefix_lens"])
+    return lambda: triton_swa.swa_extend(*args, **where, **kw)
+
+
+_FLEX = {}
+
+
+def _flex_fn():
+    if "fn" not in _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX["fn"] = torch.compile(flex_attention) if torch.cuda.is_available() else flex_attention
+    return _FLEX["fn"]
+
+
+def _flex(case: Case, x: dict):
+    s = case.shape
+    if s.sinks or case.fp8:
+        return "no sinks / fp8 in FlexAttention"
+    if case.op == "verify" or (case.op == "prefill" and case.prefix):
+        return "decode and prefill without a cached prefix only"
+    B, sm_scale = case.batch, 1.0 / math.sqrt(s.d)
+    fn = _flex_fn()
+    if case.op == "decode":
+        n = case.window
+        k = x["k_pool"][x["slots"].reshape(-1)].view(B, n, s.h, s.d).transpose(1, 2).contiguous()
+        v = x["v_pool"][x["slots"].reshape(-1)].view(B, n, s.h, s.d).transpose(1, 2).contiguous()
+        q = x["q"].unsqueeze(2)
+        return lambda: x["out"].copy_(fn(q, k, v, scale=sm_scale, enable_gqa=True).squeeze(2))
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    E, w = case.new, s.window_left
+
+    def visible(b, h, qi, ki):
+        return (ki <= qi) & (qi - ki <= w)
+
+    mask = create_block_mask(visible, None, None, E, E, device=x["q"].device)
+    q = x["q"].view(B, E, s.hq, s.d).transpose(1, 2)
+    k = x["k"].view(B, E, s.h, s.d).transpose(1, 2)
+    v = x["v"].view(B, E, s.h, s.d).transpose(1, 2)
+    out = x["out"].view(B, E, s.hq, s.d)
+    return lambda: out.copy_(fn(q, k, v, block_mask=mask, scale=sm_scale, enable_gqa=True).transpose(1, 2))
+
+
+def _gather_sdpa(case: Case, x: dict):
+    s = case.shape
+    if case.op != "decode" or s.sinks or case.fp8:
+        return "decode without sinks / fp8 only"
+    B, n, sm_scale = case.batch, case.window, 1.0 / math.sqrt(s.d)
+
+    def run():
+        flat = x["slots"].reshape(-1)
+        k = x["k_pool"].index_select(0, flat).view(B, n, s.h, s.d).transpose(1, 2)
+        v = x["v_pool"].index_select(0, flat).view(B, n, s.h, s.d).transpose(1, 2)
+        q = x["q"].view(B, s.h, s.hq // s.h, s.d)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=sm_scale)
+        x["out"].copy_(o.reshape(B, s.hq, s.d))
+
+    return run
+
+
+SGLANG_MAX_KV_SPLITS = 8  # SGLang's default --triton-attention-num-kv-splits
+
+
+def _sglang_triton(case: Case, x: dict):
+    """SGLang's Triton decode kernel, fed the window-trimmed token slots (it has no window logic of its
+    own) and the split counts its backend computes (``get_num_kv_splits_triton``, at most 8)."""
+    try:
+        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+        from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
+    except ImportError as exc:
+        return f"sglang not importable ({type(exc).__name__})"
+    s = case.shape
+    if case.op != "decode" or case.page_size != 1:
+        return "decode over token slots only (bench/bench_sglang_triton.py runs its whole backend)"
+    B, dev, splits = case.batch, x["q"].device, SGLANG_MAX_KV_SPLITS
+    cores = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+    lens = torch.full((B,), case.window, dtype=torch.int32, device=dev)
+    num_kv_splits = torch.empty(B, dtype=torch.int32, device=dev)
+    get_num_kv_splits_triton[(1,)](num_kv_splits, lens, B, 1, s.hq, s.h, splits, cores, MAX_NUM_SEQ=max(256, 1 << (B - 1).bit_length()))
+    logits = torch.empty(B, s.hq, splits, s.d, dtype=torch.float32, device=dev)
+    lse = torch.empty(B, s.hq, splits, dtype=torch.float32, device=dev)
+    scale = FP8_SCALE if case.fp8 else 1.0
+    args = (x["q"], x["k_pool"], x["v_pool"], x["out"], x["kv_indptr"], x["kv_indices"], logits, lse, num_kv_splits, splits)
+    return lambda: decode_attention_fwd(*args, 1.0 / math.sqrt(s.d), scale, scale, sinks=x["sinks"])
+
+
+def _ceiling_buffers(case: Case, x: dict):
+    if "ceiling" not in x:
+        n = max(case.nbytes() // 2, 1)
+        x["ceiling"] = (torch.randn(n, device=x["q"].device).to(torch.bfloat16), torch.empty(n, dtype=torch.bfloat16, device=x["q"].device))
+    return x["ceiling"]
+
+
+def _copy(case: Case, x: dict):
+    src, dst = _ceiling_buffers(case, x)
+    return lambda: dst.copy_(src)
+
+
+def _read(case: Case, x: dict):
+    src, dst = _ceiling_buffers(case, x)
+    return lambda: torch.amax(src, dim=0, out=dst[:1].view(()))
+
+
+PROVIDERS = {
+    "triton_swa": _triton_swa,
+    "flex": _flex,
+    "gather_sdpa": _gather_sdpa,
+    "sglang_triton": _sglang_triton,
+    "copy_same_bytes": _copy,
+    "read_same_bytes": _read,
+}
+CEILINGS = ("copy_same_bytes", "read_same_bytes")
+
+
+def prepare(provider: str, case: Case, x: dict):
+    return PROVIDERS[provider](case, x)
+
+
+# ---- the float64 check ----
+
+
+def _decode_reference(case: Case, x: dict) -> torch.Tensor:
+    import triton_swa_reference as ref
+
+    k, v = x["k_pool"], x["v_pool"]
+    return ref.decode_attention(
+        x["q"], k, v, x["kv_indptr"], x["kv_indices"], sm_scale=1.0 / math.sqrt(case.shape.d), sinks=x["sinks"], **_scales(case)
+    )
+
+
+def _extend_rows_reference(case: Case, x: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row indices, float64 outputs) of the last ``CHECK_ROWS`` new tokens of every request."""
+    s, E, n = case.shape, case.new, case.window
+    scale = FP8_SCALE if case.fp8 else 1.0
+    G = s.hq // s.h
+    rows, outs = [], []
+    for b in range(case.batch):
+        slots = x["slots"][b]
+        keys = torch.cat([x["k_pool"][slots].double() * scale, x["k"][b * E : (b + 1) * E].double()])
+        vals = torch.cat([x["v_pool"][slots].double() * scale, x["v"][b * E : (b + 1) * E].double()])
+        for i in range(max(0, E - CHECK_ROWS), E):
+            seen = case.keys_seen(case.prefix + i)
+            hi = n + i + 1  # keys are the cached window (n) then the new tokens
+            kk, vv = keys[hi - seen : hi], vals[hi - seen : hi]
+            q = x["q"][b * E + i].double().view(s.h, G, s.d)
+            scores = torch.einsum("hgd,nhd->hgn", q, kk) / math.sqrt(s.d)
+            if x["sinks"] is not None:
+                sink = x["sinks"].double().view(s.h, G, 1)
+                m = torch.maximum(scores.amax(-1, keepdim=True), sink)
+                p = torch.exp(scores - m)
+                p = p / (p.sum(-1, keepdim=True) + torch.exp(sink - m))
+            else:
+                p = torch.softmax(scores, -1)
+            outs.append(torch.einsum("hgn,nhd->hgd", p, vv).reshape(s.hq, s.d))
+            rows.append(b * E + i)
+    return torch.tensor(rows, device=x["q"].device), torch.stack(outs)
+
+
+def reference(case: Case, x: dict):
+    """``(rows, expected)``: the rows of ``out`` to check (None: all) and their float64 values."""
+    if case.op == "decode":
+        return None, _decode_reference(case, x)
+    return _extend_rows_reference(case, x)
+
+
+def check(case: Case, x: dict, call, expected) -> float:
+    """Max abs error of ``call``'s output against the reference, infinite when any output is NaN."""
+    x["out"].fill_(float("nan"))
+    call()
+    rows, want = expected
+    got = x["out"].double()
+    if bool(torch.isnan(got).any()):
+        return math.inf
+    if rows is not None:
+        got = got[rows]
+    return float((got - want).abs().max()) if want.numel() else 0.0

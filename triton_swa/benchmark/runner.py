@@ -1,0 +1,391 @@
+"""The driver and worker of ``triton-swa bench``: check, time, record.
+
+The driver runs the cases in a worker subprocess and reads one JSON line per (case, provider). A
+provider that crashes the process (a peer's illegal memory access takes the CUDA context with it) is
+recorded as CRASHED for that case, and a new worker goes on from the next provider; inputs are seeded
+by the case id, so the new process builds the same ones. Within a worker all providers of a case
+run on the same input sets (SPEC §7).
+
+Per case: N input sets (together over 4x the L2 when memory allows) are built; each provider is
+checked on set 0 against the float64 reference (``providers.check``) and reported WRONG, untimed,
+when it disagrees or leaves a NaN; then one rep calls it on every set, captured in a CUDA graph and
+replayed (eager when the capture fails, marked in the status), 30 reps, p20 / p50 / p80 of a call.
+On a machine without CUDA (Triton's interpreter) the calls are timed eagerly: a test of the tool,
+not a measurement.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import providers as P
+from .cases import Case, tbps
+
+L2_BYTES = 64 * 2**20
+SET_MEMORY = 8 * 2**30
+REPS = 30
+COLUMNS = [
+    "op",
+    "case",
+    "provider",
+    "us_p50",
+    "us_p20",
+    "us_p80",
+    "bytes",
+    "flops",
+    "tbps",
+    "tflops",
+    "pct_copy",
+    "copy_tbps",
+    "gpu",
+    "torch",
+    "triton",
+    "git_sha",
+    "date",
+    "dirty",
+    "run_id",
+    "status",
+    "max_abs_err",
+]
+
+
+# ---- worker ----
+
+
+def _set_bytes(x: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in x.values() if isinstance(t, torch.Tensor))
+
+
+def _time(fns, device: str) -> tuple[tuple[float, float, float], str]:
+    if device != "cuda":
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for f in fns:
+                f()
+            times.append((time.perf_counter() - t0) * 1e6 / len(fns))
+        return (min(times), statistics.median(times), max(times)), "eager-cpu"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    how = "graph"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for f in fns:
+                f()
+        run = graph.replay
+    except Exception:  # noqa: BLE001 - a provider that cannot be captured is timed eagerly
+        torch.cuda.synchronize()
+        how, run = "eager", lambda: [f() for f in fns]
+    for _ in range(3):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(REPS):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    q = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))
+    return (float(q[0]), float(q[1]), float(q[2])), how
+
+
+def _emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def worker(case_ids: list[str], providers: list[str], skip: set, device: str, all_cases: dict) -> None:
+    """Run every (case, provider) not in ``skip``; one JSON line before and after each."""
+    for cid in case_ids:
+        case = all_cases[cid]
+        todo = [p for p in providers if (cid, p) not in skip]
+        if not todo:
+            continue
+        sets = [P.build(case, 0, device)]
+        expected = P.reference(case, sets[0])
+        count = max(2, math.ceil(4 * L2_BYTES / max(_set_bytes(sets[0]), 1))) if device == "cuda" else 1
+        count = max(1, min(count, 64, SET_MEMORY // max(_set_bytes(sets[0]), 1)))
+        sets += [P.build(case, i, device) for i in range(1, count)]
+        for provider in todo:
+            _emit(dict(event="start", case=cid, provider=provider))
+            row = dict(event="row", case=cid, provider=provider, status="ok", max_abs_err=None, us=None)
+            try:
+                calls = [P.prepare(provider, case, x) for x in sets]
+                if isinstance(calls[0], str):
+                    row["status"] = f"n/a: {calls[0]}"
+                else:
+                    if provider not in P.CEILINGS:
+                        err = P.check(case, sets[0], calls[0], expected)
+                        row["max_abs_err"] = err
+                        if not err <= P.TOLERANCE:
+                            row["status"] = "WRONG"
+                    if row["status"] == "ok":
+                        row["us"], how = _time(calls, device)
+                        if how != "graph":
+                            row["status"] = f"ok ({how})"
+            except Exception as exc:  # noqa: BLE001 - the provider's error is its result for this case
+                row["status"] = f"ERROR {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:120]}"
+            _emit(row)
+        sets = expected = None
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ---- driver ----
+
+
+def _git(*args: str) -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        return subprocess.check_output(["git", "-C", str(root), *args], text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:  # noqa: BLE001 - not a checkout
+        return None
+
+
+def provenance(git_sha: str | None, dirty: str | None) -> tuple[str | None, str | None]:
+    """(sha, dirty) of the tree measured: given, else from git (None when neither knows)."""
+    sha = git_sha or os.environ.get("GIT_SHA") or _git("rev-parse", "--short", "HEAD")
+    if dirty is None and sha and not git_sha and not os.environ.get("GIT_SHA"):
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = None if status is None else ("dirty" if status else "clean")
+    return sha, dirty
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    """A progress bar on a terminal, one line per step in a log."""
+    width = 30
+    fill = width * done // max(total, 1)
+    bar = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {label[:60]}"
+    sys.stderr.write(f"\r{bar:<100}" if sys.stderr.isatty() else bar + "\n")
+    sys.stderr.flush()
+
+
+def load_plugins(modules: list[str]) -> None:
+    """Register the providers of each module (its ``PROVIDERS``: name -> ``prepare(case, inputs)``,
+    returning a call or a string saying why the case is not theirs): your own kernel beside ours."""
+    import importlib
+
+    for name in modules:
+        P.PROVIDERS.update(importlib.import_module(name).PROVIDERS)
+
+
+def run(cases: list[Case], providers: list[str], device: str, plugins: list[str] = (), timeout_s: float = 900.0) -> list[dict]:
+    """All (case, provider) rows, through worker subprocesses (a crash costs only its own row)."""
+    ids = [c.id for c in cases]
+    total, rows, skip = len(ids) * len(providers), [], set()
+    env = dict(os.environ, TRITON_SWA_BENCH_CASES=json.dumps([case_to_dict(c) for c in cases]))
+    env["TRITON_SWA_BENCH_PLUGINS"] = ",".join(plugins)
+    if device != "cuda":
+        env["TRITON_INTERPRET"] = "1"
+    while True:
+        done = {(r["case"], r["provider"]) for r in rows} | skip
+        left = [cid for cid in ids if any((cid, p) not in done for p in providers)]
+        if not left:
+            break
+        cmd = [sys.executable, "-m", "triton_swa.benchmark.runner", "--worker", "--device", device]
+        cmd += ["--cases", ",".join(left), "--providers", ",".join(providers), "--skip", json.dumps(sorted(done))]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        current = None
+        deadline = time.time() + timeout_s
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            rec = json.loads(line)
+            if rec["event"] == "start":
+                current = (rec["case"], rec["provider"])
+                _progress(len(rows) + len(skip), total, f"{rec['case']} {rec['provider']}")
+            else:
+                rows.append(rec)
+                current = None
+            if time.time() > deadline:
+                proc.kill()
+                break
+        proc.wait()
+        err = proc.stderr.read()
+        if current is None and proc.returncode != 0:
+            # died outside any provider (building inputs): the rest of its first case is lost
+            first = next(cid for cid in left if any((cid, p) not in done for p in providers))
+            for p in providers:
+                if (first, p) not in done and not any((r["case"], r["provider"]) == (first, p) for r in rows):
+                    rows.append(dict(event="row", case=first, provider=p, status=f"CRASHED (inputs): {_last_line(err)}", us=None))
+        elif current is not None:
+            rows.append(dict(event="row", case=current[0], provider=current[1], status=f"CRASHED: {_last_line(err)}", us=None))
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return rows
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:160] if lines else "no message"
+
+
+def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_id: str) -> list[dict]:
+    """SPEC §7 rows (plus dirty, run id, status and error), ``pct_copy`` against the case's own
+    same-bytes copy measured in this run."""
+    by_case = {c.id: c for c in cases}
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    copy = {r["case"]: tbps(by_case[r["case"]].nbytes(), r["us"][1]) for r in rows if r["provider"] == "copy_same_bytes" and r["us"]}
+    out = []
+    for r in rows:
+        case = by_case[r["case"]]
+        us = r["us"] or (math.nan, math.nan, math.nan)
+        nbytes, flops = case.nbytes(), case.flops()
+        achieved = tbps(nbytes, us[1])
+        ceiling = copy.get(case.id, math.nan)
+        out.append(
+            dict(
+                op=case.op,
+                case=case.id,
+                provider=r["provider"],
+                us_p50=round(us[1], 3),
+                us_p20=round(us[0], 3),
+                us_p80=round(us[2], 3),
+                bytes=nbytes,
+                flops=flops,
+                tbps=round(achieved, 4),
+                tflops=round(flops / (us[1] * 1e-6) / 1e12, 3) if math.isfinite(us[1]) else math.nan,
+                pct_copy=round(100 * achieved / ceiling, 1) if math.isfinite(ceiling) else math.nan,
+                copy_tbps=round(ceiling, 3),
+                gpu=gpu,
+                torch=torch.__version__,
+                triton=triton_version,
+                git_sha=sha,
+                date=datetime.date.today().isoformat(),
+                dirty=dirty,
+                run_id=run_id,
+                status=r["status"],
+                max_abs_err=r.get("max_abs_err"),
+            )
+        )
+    return out
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """Append ``rows``; refuses rows without a git sha, a dirty flag or a run id."""
+    for r in rows:
+        if not r.get("git_sha") or not r.get("dirty") or not r.get("run_id"):
+            raise ValueError("a benchmark row needs git_sha, dirty and run_id (pass --git-sha and --dirty outside a git checkout)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
+def summary(rows: list[dict]) -> str:
+    """Markdown: one line per case, each provider's p50 (or its status) and triton_swa's speedup."""
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    cell = {(r["case"], r["provider"]): r for r in rows}
+    head = "| case | " + " | ".join(f"{p} us" for p in providers) + " | triton_swa TB/s | % of copy | best peer / triton_swa |"
+    lines = [head, "|" + " --- |" * (len(providers) + 4)]
+    for cid in cases:
+        vals = []
+        for p in providers:
+            r = cell.get((cid, p))
+            vals.append("-" if r is None else (f"{r['us_p50']:.2f}" if r["status"].startswith("ok") else r["status"].split(":")[0]))
+        mine = cell.get((cid, "triton_swa"))
+        peers = [cell[(cid, p)]["us_p50"] for p in providers if p not in ("triton_swa", *P.CEILINGS) and (cid, p) in cell]
+        peers = [u for u in peers if math.isfinite(u)]
+        ratio = f"{min(peers) / mine['us_p50']:.2f}x" if mine and peers and math.isfinite(mine["us_p50"]) else "-"
+        tb = f"{mine['tbps']:.2f}" if mine and math.isfinite(mine["tbps"]) else "-"
+        pct = f"{mine['pct_copy']:.0f}" if mine and math.isfinite(mine["pct_copy"]) else "-"
+        lines.append(f"| {cid} | " + " | ".join(vals) + f" | {tb} | {pct} | {ratio} |")
+    return "\n".join(lines)
+
+
+def plot(csv_path: Path, png_path: Path) -> bool:
+    """Achieved TB/s per case and provider, the same-bytes copy and read ceilings beside them, from
+    the CSV (so it can be regenerated). False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    with csv_path.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["status"].startswith("ok")]
+    run_id = rows[-1]["run_id"] if rows else None
+    rows = [r for r in rows if r["run_id"] == run_id]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(cases) * len(providers) / 2), 5))
+    width = 0.8 / max(len(providers), 1)
+    for i, p in enumerate(providers):
+        xs = [j + i * width for j, c in enumerate(cases) if any(r["case"] == c and r["provider"] == p for r in rows)]
+        ys = [float(r["tbps"]) for c in cases for r in rows if r["case"] == c and r["provider"] == p]
+        ax.bar(xs, ys, width, label=p)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=75, fontsize=7)
+    ax.set_ylabel("TB/s (the case's fewest bytes over the median time)")
+    ax.set_title(f"triton-swa bench, run {run_id}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main_worker(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--providers", required=True)
+    parser.add_argument("--skip", default="[]")
+    args = parser.parse_args(argv)
+    if args.device != "cuda":
+        from ..testing import use_interpreter
+
+        use_interpreter()
+    load_plugins([m for m in os.environ.get("TRITON_SWA_BENCH_PLUGINS", "").split(",") if m])
+    every = {c.id: c for c in _cases_from_env()}
+    skip = {tuple(x) for x in json.loads(args.skip)}
+    worker(args.cases.split(","), args.providers.split(","), skip, args.device, every)
+    return 0
+
+
+def _cases_from_env() -> list[Case]:
+    """The driver's cases, passed to its workers through the environment."""
+    return [_case_from_dict(d) for d in json.loads(os.environ.get("TRITON_SWA_BENCH_CASES", "[]"))]
+
+
+def case_to_dict(c: Case) -> dict:
+    return dict(op=c.op, shape=c.shape.name, batch=c.batch, context=c.context, page_size=c.page_size, fp8=c.fp8, new=c.new)
+
+
+def _case_from_dict(d: dict) -> Case:
+    from .cases import SHAPES
+
+    return Case(d["op"], SHAPES[d["shape"]], d["batch"], d["context"], d["page_size"], d["fp8"], d["new"])
+
+
+if __name__ == "__main__":
+    sys.exit(main_worker(sys.argv[1:]))
