@@ -2,17 +2,20 @@
 # One device call: this tree's GPU suite with -n 14 (the SGLang and transformers tiers from the carried
 # .whl), then `triton-swa bench --quick` (SGLang's Triton decode from the same wheel; FlexAttention in a
 # second, smaller run: its compiles take tens of seconds per shape). Logs and CSVs go to $OUT.
-#   bash scripts/gpu_final.sh GIT_SHA
+#   bash scripts/gpu_final.sh GIT_SHA        (SKIP_TESTS=1: the benchmark only)
 set -uo pipefail
 sha=${1:?pass the git sha of this tree (the device copy has no .git)}
 source "$(dirname "$0")/device_env.sh"
 install_carried_wheels .whl/sglang .whl/demo || exit 1
-echo "git_sha $sha" > "$out/gpu-tests.log"
-timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest tests -q -p no:cacheprovider -n 14 --deselect tests/test_soak.py -m "not compile" -rf \
-  >> "$out/gpu-tests.log" 2>&1
-tests=$?
-grep -E "^FAILED|^ERROR" "$out/gpu-tests.log" | head -20
-echo "== tests: $(tail -1 "$out/gpu-tests.log") (exit $tests)"
+tests=0
+if [ -z "${SKIP_TESTS:-}" ]; then
+  echo "git_sha $sha" > "$out/gpu-tests.log"
+  timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest tests -q -p no:cacheprovider -n 14 --deselect tests/test_soak.py -m "not compile" -rf \
+    >> "$out/gpu-tests.log" 2>&1
+  tests=$?
+  grep -E "^FAILED|^ERROR" "$out/gpu-tests.log" | head -20
+  echo "== tests: $(tail -1 "$out/gpu-tests.log") (exit $tests)"
+fi
 bench() {
   timeout "$1" python3 -m triton_swa bench --git-sha "$sha" --dirty clean --out "$out" "${@:2}" 2> "$out/bench-stderr.log"
 }

@@ -50,8 +50,8 @@ def test_smoke_run_checks_and_records_every_provider(tmp_path):
     mine = [r for r in rows if r["provider"] == "triton_swa"]
     assert len(mine) == len(ids) and all(r["status"].startswith("ok") and float(r["max_abs_err"]) <= 2e-2 for r in mine)
     flex = {r["case"]: r["status"] for r in rows if r["provider"] == "flex"}
-    assert flex["tiny-B2-L40-W15-D32-P1-fp8"].startswith("n/a") and flex["tiny-B2-L40-W15-D32-P1"].startswith("ok")
-    assert "| tiny-B2-L40-W15-D32-P1 |" in done.stdout
+    assert flex["decode-tiny-B2-L40-W15-D32-P1-fp8"].startswith("n/a") and flex["decode-tiny-B2-L40-W15-D32-P1"].startswith("ok")
+    assert "| decode-tiny-B2-L40-W15-D32-P1 |" in done.stdout
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke run")
@@ -78,7 +78,7 @@ def test_wrong_partial_and_crashing_providers(tmp_path):
         if want != "ok":
             assert r["us_p50"] == "nan", f"{r['provider']} was timed"
     # the crash took its worker down after the case's first provider; the next worker ran the rest
-    assert {r["provider"] for r in rows if r["case"] == "tiny-B2-L40-W15-D32-P1"} == set(providers.split(","))
+    assert {r["provider"] for r in rows if r["case"] == "decode-tiny-B2-L40-W15-D32-P1"} == set(providers.split(","))
     partial = next(r for r in rows if r["provider"] == "partial")
     assert partial["max_abs_err"] == "inf"
 
@@ -101,3 +101,22 @@ def test_bytes_and_flops_count_the_window_once():
     verify = Case("verify", s, 8, 4096 + 8, new=8)
     assert verify.prefix == 4096 and verify.window == 1023  # the first draft sees 1023 cached keys and itself
     assert Case("decode", SHAPES["g4full"], 1, 4096).window == 4096
+
+
+def test_case_ids_are_unique():
+    """Every case of every selection has its own id (decode and prefill of one shape once shared one,
+    and the worker ran the prefill twice)."""
+    for cases in (catalog(), catalog(quick=True), catalog(smoke=True)):
+        ids = [c.id for c in cases]
+        assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+def test_the_copy_ceiling_counts_read_and_write():
+    case = Case("decode", SHAPES["tiny"], 2, 40)
+    rows = [
+        dict(case=case.id, provider="copy_same_bytes", status="ok", us=(1.0, 1.0, 1.0)),
+        dict(case=case.id, provider="triton_swa", status="ok", us=(1.0, 1.0, 1.0), max_abs_err=0.0),
+    ]
+    copy, mine = to_csv_rows([case], rows, "abc", "clean", "r")
+    assert copy["bytes"] == 2 * mine["bytes"] and copy["copy_tbps"] == mine["copy_tbps"] == round(copy["tbps"], 3)
+    assert mine["pct_copy"] == 50.0  # the same time for half the bytes

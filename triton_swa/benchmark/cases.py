@@ -52,7 +52,7 @@ class Case:
         s = self.shape
         ctx = f"{self.context // 1024}k" if self.context % 1024 == 0 else str(self.context)
         tail = f"-E{self.new}" if self.op == "verify" else ""
-        return f"{s.name}-B{self.batch}-L{ctx}{tail}-W{s.window_left}-D{s.d}-P{self.page_size}" + ("-fp8" if self.fp8 else "")
+        return f"{self.op}-{s.name}-B{self.batch}-L{ctx}{tail}-W{s.window_left}-D{s.d}-P{self.page_size}" + ("-fp8" if self.fp8 else "")
 
     @property
     def prefix(self) -> int:

@@ -181,6 +181,8 @@ def _sglang_triton(case: Case, x: dict):
     s = case.shape
     if case.op != "decode" or case.page_size != 1:
         return "decode over token slots only (bench/bench_sglang_triton.py runs its whole backend)"
+    if x["q"].device.type != "cuda":
+        return "its bf16 dots are wrong in Triton's interpreter (SPEC §8)"
     B, dev, splits = case.batch, x["q"].device, SGLANG_MAX_KV_SPLITS
     cores = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
     lens = torch.full((B,), case.window, dtype=torch.int32, device=dev)
