@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import triton_swa.ops.decode.launcher as decode_mod  # noqa: E402
 from bench.harness import Recorder, rotation_count, time_rotated  # noqa: E402
+from triton_swa.benchmark.cases import SHAPES, Shape  # noqa: E402
 from triton_swa.ops.decode.launcher import _swa_decode_impl, _Tune, swa_decode  # noqa: E402
 from triton_swa.runtime.launch import set_fast_launch  # noqa: E402
 
@@ -60,23 +61,9 @@ DTYPE = torch.bfloat16
 DEVICE = "cuda"
 
 
-@dataclass(frozen=True)
-class Model:
-    name: str
-    hq: int
-    h: int
-    d: int
-    window_left: int
-    sinks: bool = False
-
-
-MODELS = {
-    "g3": Model("g3", 32, 16, 128, 1023),
-    "g4swa": Model("g4swa", 32, 16, 256, 1023),
-    "g4full": Model("g4full", 32, 4, 512, -1),
-    "mistral": Model("mistral", 32, 8, 128, 4095),
-    "gptoss": Model("gptoss", 64, 8, 64, 127, sinks=True),
-}
+# The shapes of triton-swa bench (one list): Gemma-3/4-, Mistral- and gpt-oss-like layers.
+Model = Shape
+MODELS = {name: shape for name, shape in SHAPES.items() if name != "tiny"}
 
 
 @dataclass

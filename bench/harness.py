@@ -16,25 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-COLUMNS = [
-    "op",
-    "case",
-    "provider",
-    "us_p50",
-    "us_p20",
-    "us_p80",
-    "bytes",
-    "flops",
-    "tbps",
-    "tflops",
-    "pct_copy",
-    "copy_tbps",
-    "gpu",
-    "torch",
-    "triton",
-    "git_sha",
-    "date",
-]
+from triton_swa.benchmark.runner import SPEC_COLUMNS as COLUMNS
+
 L2_BYTES = 64 * 2**20
 
 

@@ -8,10 +8,4 @@ sha=${1:?pass the git sha of this tree (the device copy has no .git)}
 bash "$(dirname "$0")/gpu_ab.sh" "$sha" --budget-s 300 | tail -40
 source "$(dirname "$0")/device_env.sh"
 install_carried_wheels .whl/sglang .whl/demo || exit 1
-echo "git_sha $sha" > "$out/gpu-tests.log"
-timeout "${TESTS_TIMEOUT_S:-250}" python3 -m pytest tests -q -p no:cacheprovider -n 14 --deselect tests/test_soak.py -m "not compile" -rf \
-  >> "$out/gpu-tests.log" 2>&1
-status=$?
-grep -E "^FAILED|^ERROR" "$out/gpu-tests.log" | head -20
-echo "== tests: $(tail -1 "$out/gpu-tests.log") (exit $status)"
-exit $status
+TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-250} run_gpu_suite "$sha"

@@ -9,12 +9,8 @@ source "$(dirname "$0")/device_env.sh"
 install_carried_wheels .whl/sglang .whl/demo || exit 1
 tests=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  echo "git_sha $sha" > "$out/gpu-tests.log"
-  timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest tests -q -p no:cacheprovider -n 14 --deselect tests/test_soak.py -m "not compile" -rf \
-    >> "$out/gpu-tests.log" 2>&1
+  run_gpu_suite "$sha"
   tests=$?
-  grep -E "^FAILED|^ERROR" "$out/gpu-tests.log" | head -20
-  echo "== tests: $(tail -1 "$out/gpu-tests.log") (exit $tests)"
 fi
 bench() {
   timeout "$1" python3 -m triton_swa bench --git-sha "$sha" --dirty clean --out "$out" "${@:2}" 2> "$out/bench-stderr.log"

@@ -8,12 +8,4 @@ sha=${1:?pass the git sha of this tree (the device copy has no .git)}
 shift
 bash "$(dirname "$0")/gpu_ab.sh" "$sha" --budget-s "${AB_BUDGET_S:-240}" | tail -42
 source "$(dirname "$0")/device_env.sh"
-day=$(date +%F)
-GIT_SHA=$sha timeout "${FP8_TIMEOUT_S:-280}" python3 bench/bench_fp8.py --sweep "$@" > "$out/fp8-decode-$day.log" 2>&1
-status=$?
-cp bench/results/fp8-decode-"$day"-*.csv "$out"/ 2>/dev/null || true
-grep "^WRONG" "$out/fp8-decode-$day.log" | head
-sed -n '/^== summary/,$p' "$out/fp8-decode-$day.log"
-[ "$status" -eq 0 ] || tail -5 "$out/fp8-decode-$day.log"
-echo "== bench_fp8 exit $status"
-exit $status
+run_bench_fp8 "$sha" --sweep "$@"
