@@ -120,3 +120,19 @@ def test_the_copy_ceiling_counts_read_and_write():
     copy, mine = to_csv_rows([case], rows, "abc", "clean", "r")
     assert copy["bytes"] == 2 * mine["bytes"] and copy["copy_tbps"] == mine["copy_tbps"] == round(copy["tbps"], 3)
     assert mine["pct_copy"] == 50.0  # the same time for half the bytes
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--op", "prefil"], "--op: unknown ['prefil']"),
+        (["--providers", "triton_swa,flashinfer"], "--providers: unknown ['flashinfer']"),
+        (["--shape", "g5"], "--shape: unknown ['g5']"),
+    ],
+)
+def test_bad_arguments_are_named(args, message, capsys):
+    from triton_swa.benchmark import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--smoke", *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -498,7 +498,8 @@ def swa_decode(
         q (torch.Tensor): queries `[B, HQ, D]`, float16, bfloat16 or float32 (last stride 1).
         k_buffer (torch.Tensor): a layer's keys `[slots, H, D]`, in ``q``'s dtype or fp8 e4m3
             (``torch.float8_e4m3fn`` or its ``uint8`` storage, or ``torch.float8_e4m3fnuz``);
-            ``HQ % H == 0`` (GQA, MQA at ``H = 1``).
+            ``HQ % H == 0`` (GQA, MQA at ``H = 1``). Over fp8, bfloat16 queries are rounded to
+            float16 (clamped at ±65504) and both dots run in float16, where fp8 converts exactly.
         v_buffer (torch.Tensor): the layer's values `[slots, H, Dv]`, same dtype as ``k_buffer``.
         kv_indptr (torch.Tensor | None): int32/int64 `[B + 1]` offsets into ``kv_indices``.
         kv_indices (torch.Tensor | None): int32/int64 token slots of each window, oldest first.
