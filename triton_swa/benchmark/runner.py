@@ -298,6 +298,18 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def read_csv(path: Path, run_id: str | None = None) -> list[dict]:
+    """The rows of one run (the last in the file unless ``run_id``), numbers parsed back."""
+    with Path(path).open() as f:
+        rows = list(csv.DictReader(f))
+    run_id = run_id or (rows[-1]["run_id"] if rows else None)
+    rows = [r for r in rows if r["run_id"] == run_id]
+    for r in rows:
+        for key in ("us_p50", "us_p20", "us_p80", "tbps", "tflops", "pct_copy", "copy_tbps"):
+            r[key] = float(r[key])
+    return rows
+
+
 def summary(rows: list[dict]) -> str:
     """Markdown: one line per case, each provider's p50 (or its status) and triton_swa's speedup."""
     providers = list(dict.fromkeys(r["provider"] for r in rows))
