@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_swa.benchmark.cases import SHAPES, Case, catalog
+from triton_swa.benchmark.cases import SHAPES, Case, Shape, catalog
 from triton_swa.benchmark.runner import to_csv_rows, write_csv
 
 HERE = Path(__file__).resolve().parent
@@ -136,3 +136,30 @@ def test_bad_arguments_are_named(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--smoke", *args])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_vllm_peer_adapter_matches_the_reference(tmp_path, monkeypatch):
+    """scripts/fetch_peers.sh re-creates vLLM's Triton unified attention with its shims, and the
+    adapter feeds it our pool as vLLM blocks: in the interpreter (float16, whose dots it multiplies
+    right) both block tables give the reference over the window, full and sliding, with sinks and fp8."""
+
+    from triton_swa.benchmark import providers as P
+
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "fetch_peers.sh")], env=dict(os.environ, PEERS_DIR=str(tmp_path)), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    monkeypatch.setenv("TRITON_SWA_PEERS", str(tmp_path))
+    for shape in (SHAPES["tiny"], Shape("tfull", 4, 1, 32, -1), Shape("tsink", 8, 2, 32, 7, sinks=True)):
+        for fp8 in (False, True):
+            case = Case("decode", shape, 2, 40, page_size=16, fp8=fp8)
+            x = P.build(case, 0, "cpu")
+            x["q"], x["out"] = x["q"].half(), x["out"].half()
+            if not fp8:
+                x["k_pool"], x["v_pool"] = x["k_pool"].half(), x["v_pool"].half()
+            expected = P.reference(case, x)
+            for name in ("vllm_triton", "vllm_triton_trimmed"):
+                call = P.prepare(name, case, x)
+                assert not isinstance(call, str), call
+                err = P.check(case, x, call, expected)
+                assert err <= 2e-3, (case.id, name, err)

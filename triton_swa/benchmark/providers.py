@@ -15,6 +15,9 @@ Providers (a provider that cannot run a case says why, and is not timed):
   ``scaled_dot_product_attention``; no sinks, no fp8.
 - ``sglang_triton``: SGLang's Triton decode kernel (when sglang is importable), given the
   window-trimmed token slots and the split counts its backend computes; decode at page size 1.
+- ``vllm_triton`` / ``vllm_triton_trimmed``: vLLM 0.32's Triton unified attention (from
+  ``.peers/vllm_triton``, made by ``scripts/fetch_peers.sh``), decode over pages of 16: its block
+  table as its backend builds it (from position 0), and trimmed to the window's pages.
 - ``copy_same_bytes``: a device copy of the case's bytes (read and write): the hardware's ceiling.
 - ``read_same_bytes``: a read-only pass over the case's bytes (a max reduction), which an attention
   kernel, reading far more than it writes, may pass.
@@ -23,6 +26,8 @@ Providers (a provider that cannot run a case says why, and is not timed):
 from __future__ import annotations
 
 import math
+import os
+import sys
 import zlib
 
 import torch
@@ -181,7 +186,7 @@ def _sglang_triton(case: Case, x: dict):
     s = case.shape
     if case.op != "decode" or case.page_size != 1:
         return "decode over token slots only (bench/bench_sglang_triton.py runs its whole backend)"
-    if x["q"].device.type != "cuda":
+    if x["q"].device.type != "cuda" and x["q"].dtype == torch.bfloat16:
         return "its bf16 dots are wrong in Triton's interpreter (SPEC §8)"
     B, dev, splits = case.batch, x["q"].device, SGLANG_MAX_KV_SPLITS
     cores = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
@@ -193,6 +198,88 @@ def _sglang_triton(case: Case, x: dict):
     scale = FP8_SCALE if case.fp8 else 1.0
     args = (x["q"], x["k_pool"], x["v_pool"], x["out"], x["kv_indptr"], x["kv_indices"], logits, lse, num_kv_splits, splits)
     return lambda: decode_attention_fwd(*args, 1.0 / math.sqrt(s.d), scale, scale, sinks=x["sinks"])
+
+
+def _peer_folder(name: str):
+    """``.peers/<name>`` (made by scripts/fetch_peers.sh) under ``$TRITON_SWA_PEERS`` or the checkout."""
+    root = os.environ.get("TRITON_SWA_PEERS") or os.path.join(os.path.dirname(__file__), "..", "..", ".peers")
+    folder = os.path.abspath(os.path.join(root, name))
+    return folder if os.path.isdir(folder) else None
+
+
+def _vllm_unified_attention():
+    folder = _peer_folder("vllm_triton")
+    if folder is None:
+        return None
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+    from vllm.v1.kv_cache_interface import KVQuantMode
+
+    return unified_attention, KVQuantMode
+
+
+VLLM_MIN_GRID_2D, VLLM_SEGMENTS = 128, 16  # its backend's 2D-kernel grid floor and softmax segments
+
+
+def _vllm(case: Case, x: dict, trimmed: bool):
+    """vLLM's Triton unified attention (``.peers/vllm_triton``, scripts/fetch_peers.sh) over the pool
+    as pages of 16 (its KV blocks), with the split buffers its backend allocates. Untrimmed: the block
+    table from position 0, as its backend builds it, pages before the window on the NaN dummy page
+    (its window logic must skip them); trimmed: the window's pages only."""
+    peer = _vllm_unified_attention()
+    if peer is None:
+        return "no .peers/vllm_triton (bash scripts/fetch_peers.sh)"
+    unified_attention, mode = peer
+    s = case.shape
+    if case.op != "decode" or case.page_size < 16:
+        return "decode over pages of 16 or more only"
+    if x["q"].device.type != "cuda" and x["q"].dtype == torch.bfloat16:
+        return "its bf16 dots are wrong in Triton's interpreter (SPEC §8)"
+    B, ps, L, dev = case.batch, case.page_size, case.context, x["q"].device
+    first = (L - case.window) // ps
+    k = x["k_pool"].view(-1, ps, s.h, s.d)
+    v = x["v_pool"].view(-1, ps, s.h, s.d)
+    if trimmed:
+        table, seq_len = x["page_table"], L - first * ps
+    else:
+        table = torch.zeros(B, first + x["page_table"].shape[1], dtype=torch.int32, device=dev)
+        table[:, first:] = x["page_table"]
+        seq_len = L
+    lens = torch.full((B,), seq_len, dtype=torch.int32, device=dev)
+    threshold = VLLM_MIN_GRID_2D // s.h
+    segm = (
+        torch.empty(threshold, s.hq, VLLM_SEGMENTS, 1 << (s.d - 1).bit_length(), dtype=torch.float32, device=dev),
+        torch.empty(threshold, s.hq, VLLM_SEGMENTS, dtype=torch.float32, device=dev),
+        torch.empty(threshold, s.hq, VLLM_SEGMENTS, dtype=torch.float32, device=dev),
+    )
+    descale = torch.full((1,), FP8_SCALE if case.fp8 else 1.0, dtype=torch.float32, device=dev).expand(B, s.h)
+    kw = dict(
+        q=x["q"],
+        k=k,
+        v=v,
+        out=x["out"],
+        cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=dev),
+        max_seqlen_q=1,
+        seqused_k=lens,
+        max_seqlen_k=seq_len,
+        softmax_scale=1.0 / math.sqrt(s.d),
+        causal=True,
+        window_size=(s.window_left, 0) if s.window_left >= 0 else (-1, -1),
+        block_table=table,
+        softcap=0,
+        q_descale=None,
+        k_descale=descale,
+        v_descale=descale,
+        seq_threshold_3D=threshold,
+        num_par_softmax_segments=VLLM_SEGMENTS,
+        softmax_segm_output=segm[0],
+        softmax_segm_max=segm[1],
+        softmax_segm_expsum=segm[2],
+        sinks=x["sinks"],
+        kv_quant_mode=mode.FP8_PER_TENSOR if case.fp8 else mode.NONE,
+    )
+    return lambda: unified_attention(**kw)
 
 
 def _ceiling_buffers(case: Case, x: dict):
@@ -217,6 +304,8 @@ PROVIDERS = {
     "flex": _flex,
     "gather_sdpa": _gather_sdpa,
     "sglang_triton": _sglang_triton,
+    "vllm_triton": lambda case, x: _vllm(case, x, trimmed=False),
+    "vllm_triton_trimmed": lambda case, x: _vllm(case, x, trimmed=True),
     "copy_same_bytes": _copy,
     "read_same_bytes": _read,
 }
