@@ -104,7 +104,8 @@ def catalog(ops=OPS, shapes=None, batches=None, contexts=None, pages=None, quick
                         for p in pages or ([1] if quick else [1, 16]):
                             cases.append(Case("decode", s, B, L, page_size=p))
                 if not quick and s.d in (128, 256) and s.window_left >= 0:
-                    cases += [Case("decode", s, B, ctxs[0], fp8=True) for B in (8, 64) if not batches or B in batches]
+                    page = (pages or [1])[0]
+                    cases += [Case("decode", s, B, ctxs[0], page_size=page, fp8=True) for B in (8, 64) if not batches or B in batches]
             elif op == "prefill" and s.window_left >= 0:
                 n = (contexts or [8192])[0]
                 cases.append(Case("prefill", s, 1, n, new=n, page_size=(pages or [1])[0]))
