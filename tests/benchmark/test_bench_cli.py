@@ -5,6 +5,7 @@ a provider that kills its process costs only its own row, and rows carry their p
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
@@ -52,6 +53,11 @@ def test_smoke_run_checks_and_records_every_provider(tmp_path):
     flex = {r["case"]: r["status"] for r in rows if r["provider"] == "flex"}
     assert flex["decode-tiny-B2-L40-W15-D32-P1-fp8"].startswith("n/a") and flex["decode-tiny-B2-L40-W15-D32-P1"].startswith("ok")
     assert "| decode-tiny-B2-L40-W15-D32-P1 |" in done.stdout
+    if importlib.util.find_spec("matplotlib"):
+        (png,) = tmp_path.glob("bench-*.png")
+        png.unlink()
+        again = _bench("--replot", str(next(tmp_path.glob("bench-*.csv"))), tmp_path=tmp_path)
+        assert again.returncode == 0 and png.exists(), again.stderr[-2000:]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke run")

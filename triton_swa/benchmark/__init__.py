@@ -8,6 +8,7 @@ against a float64 reference before it is timed by CUDA-graph replay over rotated
     triton-swa bench --quick
     triton-swa bench --op decode --shape g4swa,g4full --batch 1,64 --providers triton_swa,flex
     triton-swa bench --smoke            # tiny shapes; on a CPU through Triton's interpreter
+    triton-swa bench --replot bench/results/bench-2026-12-01-NVIDIA_H200.csv   # the plots, from the rows
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ __all__ = ["main"]
 
 def _ints(text: str) -> list[int]:
     return [int(x.replace("k", "")) * (1024 if x.endswith("k") else 1) for x in text.split(",")]
+
+
+def _replot(csv_path: Path) -> int:
+    import csv
+
+    from .runner import plot
+
+    with csv_path.open() as f:
+        runs = list(dict.fromkeys(r["run_id"] for r in csv.DictReader(f)))
+    for run_id in runs:
+        png = csv_path.with_name(f"bench-{run_id}.png")
+        if not plot(csv_path, png, run_id):
+            print("plot: matplotlib is not installed (pip install 'triton-swa[bench]')", file=sys.stderr)
+            return 2
+        print(f"plot: {png}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -46,7 +63,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dirty", choices=("clean", "dirty"), help="whether the tree has uncommitted changes")
     parser.add_argument("--no-csv", action="store_true", help="print the table only")
     parser.add_argument("--plugin", action="append", default=[], help="a module whose PROVIDERS dict adds providers (yours)")
+    parser.add_argument("--replot", metavar="CSV", help="only redraw the plot of every run in CSV, beside it")
     args = parser.parse_args(argv)
+    if args.replot:
+        return _replot(Path(args.replot))
     load_plugins(args.plugin)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -332,9 +332,10 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(csv_path: Path, png_path: Path) -> bool:
-    """Achieved TB/s per case and provider, the same-bytes copy and read ceilings beside them, from
-    the CSV (so it can be regenerated). False when matplotlib is missing."""
+def plot(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
+    """One run of the CSV (the last unless ``run_id``) as bars per case and provider: achieved TB/s
+    for decode beside the same-bytes copy and read ceilings, TFLOP/s for prefill and verify (compute
+    bound). Regenerated from the CSV alone. False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -342,24 +343,34 @@ def plot(csv_path: Path, png_path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    with csv_path.open() as f:
-        rows = [r for r in csv.DictReader(f) if r["status"].startswith("ok")]
-    run_id = rows[-1]["run_id"] if rows else None
-    rows = [r for r in rows if r["run_id"] == run_id]
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    providers = list(dict.fromkeys(r["provider"] for r in rows))
-    value = {(r["case"], r["provider"]): float(r["tbps"]) for r in rows}
-    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(cases) * len(providers) / 2), 5))
-    width = 0.8 / max(len(providers), 1)
-    for i, p in enumerate(providers):
-        held = [(j, value[(c, p)]) for j, c in enumerate(cases) if (c, p) in value]
-        ax.bar([j + i * width for j, _ in held], [v for _, v in held], width, label=p)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=75, fontsize=7)
-    ax.set_ylabel("TB/s (fewest bytes over the median time; the copy counts read and write)")
-    ax.set_title(f"triton-swa bench, run {run_id}")
-    ax.legend(fontsize=7)
+    rows = [r for r in read_csv(csv_path, run_id) if r["status"].startswith("ok")]
+    panels = [
+        ("decode", "tbps", "TB/s (fewest bytes / p50; copy: read + write)", True),
+        ("prefill / verify", "tflops", "TFLOP/s (attended pairs only)", False),
+    ]
+    panels = [
+        (title, key, label, [r for r in rows if (r["op"] == "decode") == is_decode and (key == "tbps" or r["provider"] not in P.CEILINGS)])
+        for title, key, label, is_decode in panels
+    ]
+    panels = [p for p in panels if p[3]]
+    if not panels:
+        return False
+    width_cases = max(len({r["case"] for r in p[3]}) for p in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 0.9 * width_cases), 4.5 * len(panels)), squeeze=False)
+    for ax, (title, key, label, sub) in zip(axes[:, 0], panels):
+        cases = list(dict.fromkeys(r["case"] for r in sub))
+        providers = list(dict.fromkeys(r["provider"] for r in sub))
+        value = {(r["case"], r["provider"]): r[key] for r in sub}
+        width = 0.8 / max(len(providers), 1)
+        for i, prov in enumerate(providers):
+            held = [(j, value[(c, prov)]) for j, c in enumerate(cases) if (c, prov) in value]
+            ax.bar([j + i * width for j, _ in held], [v for _, v in held], width, label=prov)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_title(f"{title}: triton-swa bench run {rows[0]['run_id']} ({rows[0]['gpu']}, {rows[0]['git_sha']})", fontsize=9)
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
+    fig.savefig(png_path, dpi=110)
     plt.close(fig)
     return True
 
