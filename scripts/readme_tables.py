@@ -11,22 +11,16 @@ with the run's provenance. ``--check`` exits 1 when the README's block differs (
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from triton_swa.benchmark.runner import read_csv, summary  # noqa: E402
+from triton_swa.benchmark.runner import read_csv, run_ids, summary  # noqa: E402
 
 BEGIN, END = "<!-- triton-swa bench: begin -->", "<!-- triton-swa bench: end -->"
 DEFAULT_CSV = ROOT / "bench" / "results" / "bench-2026-12-01-NVIDIA_H200.csv"
-
-
-def run_ids(csv_path: Path) -> list[str]:
-    with csv_path.open() as f:
-        return list(dict.fromkeys(r["run_id"] for r in csv.DictReader(f)))
 
 
 def block(csv_path: Path, runs: list[str]) -> str:

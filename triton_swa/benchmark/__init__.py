@@ -27,13 +27,9 @@ def _ints(text: str) -> list[int]:
 
 
 def _replot(csv_path: Path) -> int:
-    import csv
+    from .runner import plot, run_ids
 
-    from .runner import plot
-
-    with csv_path.open() as f:
-        runs = list(dict.fromkeys(r["run_id"] for r in csv.DictReader(f)))
-    for run_id in runs:
+    for run_id in run_ids(csv_path):
         png = csv_path.with_name(f"bench-{run_id}.png")
         if not plot(csv_path, png, run_id):
             print("plot: matplotlib is not installed (pip install 'triton-swa[bench]')", file=sys.stderr)

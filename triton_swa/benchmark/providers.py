@@ -172,6 +172,14 @@ def _gather_sdpa(case: Case, x: dict):
     return run
 
 
+INTERPRETED_BF16 = "its bf16 dots are wrong in Triton's interpreter (SPEC §8)"
+
+
+def _interpreted_bf16(x: dict) -> bool:
+    """A peer's own Triton kernel under the interpreter with bf16 inputs (it cannot be checked there)."""
+    return x["q"].device.type != "cuda" and x["q"].dtype == torch.bfloat16
+
+
 SGLANG_MAX_KV_SPLITS = 8  # SGLang's default --triton-attention-num-kv-splits
 
 
@@ -186,8 +194,8 @@ def _sglang_triton(case: Case, x: dict):
     s = case.shape
     if case.op != "decode" or case.page_size != 1:
         return "decode over token slots only (bench/bench_sglang_triton.py runs its whole backend)"
-    if x["q"].device.type != "cuda" and x["q"].dtype == torch.bfloat16:
-        return "its bf16 dots are wrong in Triton's interpreter (SPEC §8)"
+    if _interpreted_bf16(x):
+        return INTERPRETED_BF16
     B, dev, splits = case.batch, x["q"].device, SGLANG_MAX_KV_SPLITS
     cores = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
     lens = torch.full((B,), case.window, dtype=torch.int32, device=dev)
@@ -234,8 +242,8 @@ def _vllm(case: Case, x: dict, trimmed: bool):
     s = case.shape
     if case.op != "decode" or case.page_size < 16:
         return "decode over pages of 16 or more only"
-    if x["q"].device.type != "cuda" and x["q"].dtype == torch.bfloat16:
-        return "its bf16 dots are wrong in Triton's interpreter (SPEC §8)"
+    if _interpreted_bf16(x):
+        return INTERPRETED_BF16
     B, ps, L, dev = case.batch, case.page_size, case.context, x["q"].device
     first = (L - case.window) // ps
     k = x["k_pool"].view(-1, ps, s.h, s.d)

@@ -298,6 +298,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def run_ids(path: Path) -> list[str]:
+    """The runs of a CSV, in the order they were written."""
+    with Path(path).open() as f:
+        return list(dict.fromkeys(r["run_id"] for r in csv.DictReader(f)))
+
+
 def read_csv(path: Path, run_id: str | None = None) -> list[dict]:
     """The rows of one run (the last in the file unless ``run_id``), numbers parsed back."""
     with Path(path).open() as f:
