@@ -11,8 +11,11 @@
 4. ``stats``: registers, spills and shared memory of every model's default kernels (the residency
    estimate of ``decode_resident_programs`` against the compiler's numbers).
 5. ``splits``: split counts at 512-wide heads with few programs (B 1 and 8).
+6. ``b1``: B 1 over 8-17 MB windows (Gemma-3-, Gemma-4-sliding-, Mistral-like at L 8k) against a
+   device copy of the same bytes: split counts x key tiles x stages (graph replay: the merge kernel).
+7. ``d512p16``: Gemma-4-full-like B 64 L 4k through a page table of 16: key tiles x warps x stages.
 
-    python bench/probe_decode.py [d512] [short] [floor] [stats] [splits]
+    python bench/probe_decode.py [d512] [short] [floor] [stats] [splits] [b1] [d512p16]
 
 Prints one line per measurement; timings are CUDA-graph replay medians over rotated input sets.
 """
@@ -158,6 +161,55 @@ def splits() -> None:
             for stages in (None, 2):
                 over = dict(num_splits=n) if stages is None else dict(num_splits=n, num_stages=stages)
                 line(f"g4full B{B} L{L // 1024}k P{page} {over}", timed(provs, **over), nbytes)
+
+
+def _copy_us(nbytes: int) -> float:
+    bufs = [
+        (torch.empty(nbytes // 4, dtype=torch.int16, device="cuda"), torch.empty(nbytes // 4, dtype=torch.int16, device="cuda"))
+        for _ in range(rotation_count(nbytes))
+    ]
+    return time_rotated([lambda s=s, d=d: d.copy_(s) for s, d in bufs], reps=20, use_graph=True)[1]
+
+
+def b1() -> None:
+    for name in ("g3", "g4swa", "mistral"):
+        provs, nbytes = provs_for(name, 1, 8192, 1, 1)
+        copy = _copy_us(nbytes)
+        line(f"{name} B1 L8k copy of the same bytes ({nbytes / 1e6:.1f} MB)", copy, nbytes)
+        best = (timed(provs), "default")
+        line(f"{name} B1 L8k default", best[0], nbytes)
+        for n in (8, 16, 32, 64):
+            for block_n in (32, 64):
+                for stages in (2, 3):
+                    over = dict(num_splits=n, block_n=block_n, num_stages=stages)
+                    try:
+                        us = timed(provs, **over)
+                    except Exception as exc:
+                        print(f"  {over}: {type(exc).__name__}: {str(exc)[:100]}")
+                        continue
+                    line(f"{name} B1 L8k {over}", us, nbytes)
+                    best = min(best, (us, str(over)))
+        print(f"B1 {name}: best {best[0]:.2f} us ({best[1]}), copy {copy:.2f} us, ratio {best[0] / copy:.2f}", flush=True)
+        del provs
+        torch.cuda.empty_cache()
+
+
+def d512p16() -> None:
+    provs, nbytes = provs_for("g4full", 64, 4096, 16, 16)
+    best = (timed(provs), "default")
+    line("g4full B64 L4k P16 default", best[0], nbytes)
+    for block_n in (16, 32, 64):
+        for warps in (4, 8):
+            for stages in (2, 3, 4):
+                over = dict(block_n=block_n, num_warps=warps, num_stages=stages)
+                try:
+                    us = timed(provs, **over)
+                except Exception as exc:
+                    print(f"  {over}: {type(exc).__name__}: {str(exc)[:100]}")
+                    continue
+                line(f"g4full B64 L4k P16 {over}", us, nbytes)
+                best = min(best, (us, str(over)))
+    print(f"D512 P16: best {best[0]:.2f} us ({best[1]})", flush=True)
 
 
 def main() -> None:
