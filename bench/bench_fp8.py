@@ -5,13 +5,10 @@ Providers, each over its own pool of the same values (bf16, or ``value / 0.5`` c
 - ``bf16``: a bf16 pool;
 - ``fp8_native``: float8_e4m3fn loaded with Triton's conversion (the default on sm_89+ and AMD), to
   float16, dotted with the bf16 queries rounded to float16 (the default);
-  with V tiles loaded as 32-bit words (the default on NVIDIA, ``load_byte_rows``);
-- ``fp8_native_vbytes``: as ``fp8_native``, V tiles loaded as a tile of bytes (the default before: Triton
-  then reads the transposed dot operand from shared memory a byte per instruction);
-- ``fp8_native_bf16dot``: as ``fp8_native``, converted to bf16 and dotted in bf16;
+- ``fp8_native_bf16dot``: as ``fp8_native``, converted to bf16 and dotted in bf16 (the default before);
 - ``fp8_bytes``: the same bytes loaded as uint8 and decoded with integer ops in the kernel (the path of
   sm_80/86, forced here with ``triton_swa.testing.without_native_fp8``), bf16 queries dotting in float16;
-- ``fp8_bytes_vbytes``: as ``fp8_bytes``, V tiles loaded as a tile of bytes;
+- ``fp8_bytes_bf16dot``: as ``fp8_bytes``, every decoded element converted on to bf16 for the dots;
 - ``fp8nuz``: float8_e4m3fnuz (MI300's format), decoded from its bytes off gfx942.
 
 Shapes: Gemma-3-like (32/16 heads, D 128, W 1023), Gemma-4-sliding-like (32/16, D 256, W 1023),
@@ -50,14 +47,13 @@ SCALE = 0.5
 DEVICE = "cuda"
 TOL = 2e-2
 PROVIDERS = {
-    # name: (pool dtype, bytes decoded in the kernel, f16_dot, v_words)
-    "bf16": (torch.bfloat16, False, None, None),
-    "fp8_native": (torch.float8_e4m3fn, False, None, None),
-    "fp8_native_vbytes": (torch.float8_e4m3fn, False, None, False),
-    "fp8_native_bf16dot": (torch.float8_e4m3fn, False, False, None),
-    "fp8_bytes": (torch.float8_e4m3fn, True, None, None),
-    "fp8_bytes_vbytes": (torch.float8_e4m3fn, True, None, False),
-    "fp8nuz": (torch.float8_e4m3fnuz, False, None, None),
+    # name: (pool dtype, bytes decoded in the kernel, f16_dot)
+    "bf16": (torch.bfloat16, False, None),
+    "fp8_native": (torch.float8_e4m3fn, False, None),
+    "fp8_native_bf16dot": (torch.float8_e4m3fn, False, False),
+    "fp8_bytes": (torch.float8_e4m3fn, True, None),
+    "fp8_bytes_bf16dot": (torch.float8_e4m3fn, True, False),
+    "fp8nuz": (torch.float8_e4m3fnuz, False, None),
 }
 
 
@@ -83,10 +79,10 @@ def make_set(hq, h, d, window, batch, gen):
 
 
 def call(s, provider, window, block_n=None, num_warps=None):
-    dtype, as_bytes, f16_dot, v_words = PROVIDERS[provider]
+    dtype, as_bytes, f16_dot = PROVIDERS[provider]
     k, v = s["pools"][dtype]
     scales = {} if dtype == torch.bfloat16 else dict(k_scale=SCALE, v_scale=SCALE)
-    tune = _Tune(num_warps=num_warps, f16_dot=f16_dot, v_words=v_words)
+    tune = _Tune(num_warps=num_warps, f16_dot=f16_dot)
     with without_native_fp8(DEVICE) if as_bytes else contextlib.nullcontext():
         where = dict(kv_indptr=s["kv_indptr"], kv_indices=s["kv_indices"])
         _swa_decode_impl(s["q"], k, v, **where, out=s["out"], max_window=window, block_n=block_n, tune=tune, **scales)

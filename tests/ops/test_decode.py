@@ -283,36 +283,6 @@ def test_decode_fp8_formats(case, how, device):
     assert_close(got, want, name=f"{case.id}-{how}")
 
 
-def _misaligned_copy(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (1-byte elements, contiguous) copied into storage that starts one byte past a word."""
-    raw = torch.empty(x.numel() + 4, dtype=torch.uint8, device=x.device)
-    y = raw[1 : 1 + x.numel()].view(x.dtype).view(x.shape)
-    y.copy_(x)
-    assert y.data_ptr() % 4 == 1
-    return y
-
-
-@pytest.mark.interpreter
-@pytest.mark.parametrize("how", ["words", "bytes", "misaligned"])
-def test_decode_fp8_v_words(how, device):
-    """fp8 V tiles load as 32-bit words (``load_byte_rows``) where the rows allow it, else as bytes:
-    with the option off, and for a pool that starts off a 4-byte boundary. Each path equals the
-    reference, and the launch says which path it took."""
-    from triton_swa.runtime.device import device_facts
-    from triton_swa.testing.compile_matrix import recorded_launches
-
-    case = FP8_CASES[0]
-    b = build(case, device)
-    want = expected(case, b)
-    kwargs = {"tune": _Tune(v_words=False)} if how == "bytes" else {}
-    if how == "misaligned":
-        b.v = _misaligned_copy(b.v)
-    with recorded_launches() as launches:
-        run(case, b, **kwargs)
-    assert launches[0][2]["V_WORDS"] is (how == "words" and device_facts(b.q.device).backend == "cuda")
-    assert_close(run(case, b, **kwargs), want, name=f"{case.id}-{how}")
-
-
 @pytest.mark.interpreter
 def test_decode_fixed_buffers_ignore_tails(device):
     """CUDA-graph style buffers: kv_indices and page-table rows longer than the windows, their tails

@@ -45,7 +45,6 @@ class CompileResult:
     shared_limit: int = 0
     registers: int | None = None
     spills: int | None = None
-    byte_shared_loads: int = 0
     seconds: float = 0.0
     error: str = ""
 
@@ -120,12 +119,6 @@ def _first_error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(lines[-1] if lines else '')[:300]}"
 
 
-# Shared-memory loads of one byte each (how Triton reads an 8-bit dot operand it cannot load as a
-# matrix): PTX ``ld.shared.b8/u8/s8``, AMD ``ds_read_u8/i8``.
-_PTX_BYTE_SHARED_LOAD = re.compile(r"\bld\.shared\.[bsu]8\b")
-_AMD_BYTE_SHARED_LOAD = re.compile(r"\bds_read_[ui]8\b")
-
-
 def _variant(constexprs: dict, options: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in {**constexprs, **options}.items())
 
@@ -164,10 +157,8 @@ def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[
             res.shared = int(kernel.metadata.shared)
             if facts.backend == "cuda":
                 res.registers, res.spills = _nvidia_registers(kernel.asm["cubin"])
-                res.byte_shared_loads = len(_PTX_BYTE_SHARED_LOAD.findall(kernel.asm["ptx"]))
             else:
                 res.registers, res.spills = _amd_registers(kernel.asm["amdgcn"])
-                res.byte_shared_loads = len(_AMD_BYTE_SHARED_LOAD.findall(kernel.asm["amdgcn"]))
             res.ok = res.shared <= facts.smem_per_program
             if not res.ok:
                 res.error = f"shared memory {res.shared} B > the target's {facts.smem_per_program} B"

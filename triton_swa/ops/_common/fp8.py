@@ -17,13 +17,12 @@ are loaded in their own dtype (float16, bfloat16, float32, or an fp8 format the 
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from ...runtime.device import KV_E4M3FN_BITS, KV_E4M3FNUZ_BITS, KV_NATIVE
 
-__all__ = ["KV_E4M3FNUZ_BITS", "KV_E4M3FN_BITS", "KV_NATIVE", "fp8_decode", "fp8_rescale", "load_byte_rows", "word_rows"]
+__all__ = ["KV_E4M3FNUZ_BITS", "KV_E4M3FN_BITS", "KV_NATIVE", "fp8_decode", "fp8_rescale"]
 
 
 @triton.jit
@@ -51,42 +50,3 @@ def fp8_rescale(scale, KV_FP8: tl.constexpr):
     elif KV_FP8 == 2:
         scale = scale * 128.0
     return scale
-
-
-@triton.jit
-def load_byte_rows(p_rows, m_rows, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """The uint8 tile ``[rows, BLOCK_D]`` of the 1-byte rows starting at ``p_rows`` (4-byte aligned,
-    ``D % 4 == 0``), loaded as 32-bit words; masked rows (``ROWS``) and columns past ``D``
-    (``COLS``) read 0.
-
-    Why words: a ``tl.dot`` operand whose reduction runs down the rows of memory (V in ``P @ V``)
-    cannot be read from shared memory with 8-bit matrix loads (sm_90 has no 8-bit ``ldmatrix.trans``),
-    so Triton 3.6 reads an fp8 V tile one byte per instruction (128 ``ld.shared.b8`` per thread at
-    128 x 128). Loading words and splitting them in registers makes the tile a register tensor that
-    Triton stages through shared memory as float16 after the conversion, with 16-bit transposed
-    matrix loads (the compile tier asserts it: no byte loads from shared memory in NVIDIA decode).
-    """
-    o_w = tl.arange(0, BLOCK_D // 4)
-    p_w = p_rows.to(tl.pointer_type(tl.int32))[:, None] + o_w[None, :]
-    if ROWS:
-        if COLS:
-            w = tl.load(p_w, mask=m_rows[:, None] & (o_w < D // 4)[None, :], other=0)
-        else:
-            w = tl.load(p_w, mask=m_rows[:, None], other=0)
-    elif COLS:
-        w = tl.load(p_w, mask=(o_w < D // 4)[None, :], other=0)
-    else:
-        w = tl.load(p_w)
-    # little-endian: byte i of word j is element 4 j + i; join builds [.., j, i // 2, i % 2]
-    b0 = (w & 0xFF).to(tl.uint8)
-    b1 = ((w >> 8) & 0xFF).to(tl.uint8)
-    b2 = ((w >> 16) & 0xFF).to(tl.uint8)
-    b3 = ((w >> 24) & 0xFF).to(tl.uint8)
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [p_rows.shape[0], BLOCK_D])
-
-
-def word_rows(buf: torch.Tensor, width: int) -> bool:
-    """Whether every row of ``width`` 1-byte elements of ``buf`` (`[slots, heads, width]`, or pages of
-    slots) starts on a 4-byte boundary and holds whole words (what :func:`load_byte_rows` needs)."""
-    *outer, last = buf.stride()
-    return width % 4 == 0 and last == 1 and all(s % 4 == 0 for s in outer) and buf.data_ptr() % 4 == 0

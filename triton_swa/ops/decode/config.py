@@ -37,13 +37,7 @@ class DecodeConfig(NamedTuple):
 
 
 def decode_block_config(
-    head_dim: int,
-    v_head_dim: int,
-    group: int,
-    kv_itemsize: int,
-    interpret: bool = False,
-    smem_limit: int | None = None,
-    v_words: bool = False,
+    head_dim: int, v_head_dim: int, group: int, kv_itemsize: int, interpret: bool = False, smem_limit: int | None = None
 ) -> DecodeConfig:
     """Tiles for a head geometry.
 
@@ -74,16 +68,14 @@ def decode_block_config(
     block_n = max(16, min(128, triton.next_power_of_2(32768 // row_bytes)))
     if width >= 512:
         block_n = max(block_n, 32)
-    return DecodeConfig(block_g, decode_fit_block_n(block_n, head_dim, v_head_dim, kv_itemsize, smem_limit, v_words), 4, 3)
+    return DecodeConfig(block_g, decode_fit_block_n(block_n, head_dim, v_head_dim, kv_itemsize, smem_limit), 4, 3)
 
 
-def decode_fit_block_n(
-    block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int, smem_limit: int | None, v_words: bool = False
-) -> int:
+def decode_fit_block_n(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int, smem_limit: int | None) -> int:
     """``block_n`` halved (down to 16) until :func:`decode_shared_bytes` fits ``smem_limit``, the
     target's shared memory per program (64 KB of LDS on AMD: D 512 takes 16-key tiles there, D 256
     32); Hopper's 227 KB keeps every default."""
-    while smem_limit is not None and block_n > 16 and decode_shared_bytes(block_n, head_dim, v_head_dim, kv_itemsize, v_words) > smem_limit:
+    while smem_limit is not None and block_n > 16 and decode_shared_bytes(block_n, head_dim, v_head_dim, kv_itemsize) > smem_limit:
         block_n //= 2
     return block_n
 
@@ -96,17 +88,14 @@ def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_items
     return max(1, triton.cdiv(SPLIT_READ_RATIO * partial, (head_dim + v_head_dim) * kv_itemsize))
 
 
-def decode_shared_bytes(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int, v_words: bool = False) -> int:
+def decode_shared_bytes(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int) -> int:
     """Shared memory of one split-kernel program, as fitted to what Triton 3.6 compiles for sm_90
     (``bench/probe_decode.py stats``): one K plus V tile, and a layout-conversion scratch that grows
     with the head width, ``block_n * (D + Dv) * itemsize + 4 KB + 32 * width`` (D 128 at 64 keys:
-    39 KB; D 256 at 64: 76 KB; D 512 at 32: 83 KB). ``v_words`` (fp8 V tiles loaded as words,
-    ``load_byte_rows``) adds the float16 V tile staged for the second dot: D 128 at 128 keys, 74 KB
-    (sm_80 and sm_90 compile 72.5 KB). The compile tier checks it against what each target's
-    compiler reports."""
+    39 KB; D 256 at 64: 76 KB; D 512 at 32: 83 KB). The compile tier checks it against what each
+    target's compiler reports."""
     width = max(triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim))
-    staged_v = block_n * v_head_dim * 2 if v_words else 0
-    return block_n * (head_dim + v_head_dim) * kv_itemsize + 4 * 1024 + 32 * width + staged_v
+    return block_n * (head_dim + v_head_dim) * kv_itemsize + 4 * 1024 + 32 * width
 
 
 def decode_resident_programs(
@@ -118,7 +107,6 @@ def decode_resident_programs(
     num_warps: int = 4,
     warp_size: int = 32,
     regs_per_sm: int = 65536,
-    v_words: bool = False,
 ) -> int:
     """Split-kernel programs one SM (or CU) holds at once (at most 8), bounded by shared memory
     (:func:`decode_shared_bytes`) and registers.
@@ -133,7 +121,7 @@ def decode_resident_programs(
     """
     width = max(triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim))
     threads = warp_size * num_warps
-    shared = decode_shared_bytes(block_n, head_dim, v_head_dim, kv_itemsize, v_words)
+    shared = decode_shared_bytes(block_n, head_dim, v_head_dim, kv_itemsize)
     registers = min(255, 80 + (5 * block_n * width) // (4 * threads))
     return max(1, min(8, smem_per_sm // shared, regs_per_sm // (threads * registers)))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._common.fp8 import fp8_decode, fp8_rescale, load_byte_rows
+from .._common.fp8 import fp8_decode, fp8_rescale
 from .._common.merge import merge_partials
 from .._common.softmax import LOG2E, fold_sink, soft_cap
 
@@ -61,7 +61,6 @@ def _swa_decode_kernel(
     K_SCALE_PTR: tl.constexpr,
     V_SCALE_PTR: tl.constexpr,
     KV_FP8: tl.constexpr,
-    V_WORDS: tl.constexpr,
     SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -169,12 +168,7 @@ def _swa_decode_kernel(
             m_v = m_n[:, None]
         else:
             m_v = m_n[:, None] & m_dv[None, :]
-        if V_WORDS:
-            b_v = load_byte_rows(p_vh + slot * stride_vn, m_n, DV, BLOCK_DV, True, BLOCK_DV != DV)
-            if KV_FP8 == 0:
-                b_v = b_v.to(v_buffer.dtype.element_ty, bitcast=True)
-        else:
-            b_v = tl.load(p_vh + slot[:, None] * stride_vn + o_dv[None, :], mask=m_v, other=0.0)
+        b_v = tl.load(p_vh + slot[:, None] * stride_vn + o_dv[None, :], mask=m_v, other=0.0)
         if KV_FP8 != 0:
             b_v = fp8_decode(b_v, KV_FP8)
         b_v = b_v.to(b_q.dtype)

@@ -49,7 +49,6 @@ from ...runtime.checks import (
 from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
-from .._common.fp8 import word_rows
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
@@ -85,15 +84,12 @@ class _Tune(NamedTuple):
     capture the merge kernel runs instead, so warm up such a call inside the capture's stream context).
     ``f16_dot``: over an fp8 pool, bfloat16 queries run both dots in float16 (the default) or, with
     False, in bfloat16.
-    ``v_words``: fp8 V tiles load as 32-bit words (the default where the rows allow it) or, with False,
-    as a tile of bytes.
     """
 
     num_warps: int | None = None
     num_stages: int | None = None
     fused_merge: bool | None = None
     f16_dot: bool | None = None
-    v_words: bool | None = None
 
 
 class _Plan:
@@ -151,7 +147,6 @@ def _signature(
         tensor_key(q),
         tensor_key(k_buffer),
         tensor_key(v_buffer),
-        v_buffer.data_ptr() % 4,
         tensor_key(kv_indptr),
         indices,
         tensor_key(page_table),
@@ -276,31 +271,20 @@ def _check_and_plan(
     itemsize = k_buffer.element_size()
     facts = device_facts(device)
     kv_fp8, kv_view = kv_fp8_mode(facts, kv_dtype)
+    cfg = decode_block_config(D, DV, G, itemsize, interpret, facts.smem_per_program)
     tune = tune or _Tune()
-    # fp8 V tiles as 32-bit words (``load_byte_rows``) on NVIDIA, where Triton otherwise reads them
-    # from shared memory a byte per instruction; rows of whole, aligned words only.
-    v_words = tune.v_words is not False and itemsize == 1 and facts.backend == "cuda" and word_rows(v_buffer, DV)
-    cfg = decode_block_config(D, DV, G, itemsize, interpret, facts.smem_per_program, v_words)
     num_gb = triton.cdiv(G, cfg.block_g)
     programs = B * H * num_gb
     num_sms = facts.num_sms
     resident = decode_resident_programs(
-        block_n or cfg.block_n,
-        D,
-        DV,
-        itemsize,
-        facts.smem_per_sm,
-        tune.num_warps or cfg.num_warps,
-        facts.warp_size,
-        facts.regs_per_sm,
-        v_words,
+        block_n or cfg.block_n, D, DV, itemsize, facts.smem_per_sm, tune.num_warps or cfg.num_warps, facts.warp_size, facts.regs_per_sm
     )
     if block_n is None:
         block_n = cfg.block_n
         if programs >= num_sms * resident and not interpret and max(D, DV) <= 256:
             # A full GPU without splits streams long loops: 64-token tiles (one program per SM at D 256)
             # beat 32 there (H200, D 256, B 64: 256 against 270 us).
-            block_n = max(block_n, decode_fit_block_n(64, D, DV, itemsize, facts.smem_per_program, v_words))
+            block_n = max(block_n, decode_fit_block_n(64, D, DV, itemsize, facts.smem_per_program))
     if num_splits is None:
         min_tokens = decode_min_split_tokens(G, D, DV, itemsize)
         num_splits = decode_num_splits(programs, max_window, block_n, num_sms, min_tokens, resident)
@@ -357,7 +341,6 @@ def _check_and_plan(
             K_SCALE_PTR=k_scale_t is not None,
             V_SCALE_PTR=v_scale_t is not None,
             KV_FP8=kv_fp8,
-            V_WORDS=v_words,
             SOFTCAP=softcap,
             HAS_SINK=sinks is not None,
             SPLIT=split,
