@@ -88,7 +88,7 @@ def catalog(ops=OPS, shapes=None, batches=None, contexts=None, pages=None, quick
     if smoke:
         t = SHAPES["tiny"]
         cases = [Case("decode", t, 2, 40), Case("decode", t, 2, 40, page_size=4), Case("decode", t, 2, 40, fp8=True)]
-        cases += [Case("prefill", t, 1, 48, new=48), Case("verify", t, 2, 40, new=4)]
+        cases += [Case("prefill", t, 1, 48, new=48), Case("verify", t, 2, 40, new=4), Case("verify", t, 2, 40, new=4, fp8=True)]
         return [c for c in cases if c.op in ops]
     names = shapes or [n for n in SHAPES if n != "tiny"]
     cases = []
@@ -113,6 +113,8 @@ def catalog(ops=OPS, shapes=None, batches=None, contexts=None, pages=None, quick
                 L = (contexts or [4096])[0] + 8
                 for B in batches or ([1, 8] if not quick else [8]):
                     cases.append(Case("verify", s, B, L, new=8, page_size=(pages or [1])[0]))
+                if not quick and s.d in (128, 256) and s.window_left >= 0 and (not batches or 8 in batches):
+                    cases.append(Case("verify", s, 8, L, new=8, page_size=(pages or [1])[0], fp8=True))  # an fp8 prefix
     return cases
 
 

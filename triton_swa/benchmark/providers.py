@@ -13,11 +13,14 @@ Providers (a provider that cannot run a case says why, and is not timed):
   prefill without a cached prefix; no sinks, no fp8.
 - ``gather_sdpa``: decode only, the window gathered from the pool (timed) then
   ``scaled_dot_product_attention``; no sinks, no fp8.
-- ``sglang_triton``: SGLang's Triton decode kernel (when sglang is importable), given the
-  window-trimmed token slots and the split counts its backend computes; decode at page size 1.
+- ``sglang_triton``: SGLang's Triton kernels (when sglang is importable) at page size 1: decode given
+  the window-trimmed token slots and the split counts its backend computes; prefill and verify by
+  its extend kernel, given the window-trimmed prefix slots and ``sliding_window_size = W``.
 - ``vllm_triton`` / ``vllm_triton_trimmed``: vLLM 0.32's Triton unified attention (from
-  ``.peers/vllm_triton``, made by ``scripts/fetch_peers.sh``), decode over pages of 16: its block
-  table as its backend builds it (from position 0), and trimmed to the window's pages.
+  ``.peers/vllm_triton``, made by ``scripts/fetch_peers.sh``): decode over the case's pages of 16;
+  prefill and verify over a paged copy of the window and the new K/V (pages of 16: it reads new K/V
+  from its cache); its block table as its backend builds it (from position 0), and trimmed to the
+  window's pages.
 - ``copy_same_bytes``: a device copy of the case's bytes (read and write): the hardware's ceiling.
 - ``read_same_bytes``: a read-only pass over the case's bytes (a max reduction), which an attention
   kernel, reading far more than it writes, may pass.
@@ -184,6 +187,15 @@ SGLANG_MAX_KV_SPLITS = 8  # SGLang's default --triton-attention-num-kv-splits
 
 
 def _sglang_triton(case: Case, x: dict):
+    """SGLang's Triton kernels over token slots (page size 1): decode, or extend for prefill/verify."""
+    if case.page_size != 1:
+        return "token slots (page size 1) only"
+    if case.op != "decode":
+        return _sglang_extend(case, x)
+    return _sglang_decode(case, x)
+
+
+def _sglang_decode(case: Case, x: dict):
     """SGLang's Triton decode kernel, fed the window-trimmed token slots (it has no window logic of its
     own) and the split counts its backend computes (``get_num_kv_splits_triton``, at most 8)."""
     try:
@@ -192,8 +204,6 @@ def _sglang_triton(case: Case, x: dict):
     except ImportError as exc:
         return f"sglang not importable ({type(exc).__name__})"
     s = case.shape
-    if case.op != "decode" or case.page_size != 1:
-        return "decode over token slots only (bench/bench_sglang_triton.py runs its whole backend)"
     if _interpreted_bf16(x):
         return INTERPRETED_BF16
     B, dev, splits = case.batch, x["q"].device, SGLANG_MAX_KV_SPLITS
@@ -206,6 +216,34 @@ def _sglang_triton(case: Case, x: dict):
     scale = FP8_SCALE if case.fp8 else 1.0
     args = (x["q"], x["k_pool"], x["v_pool"], x["out"], x["kv_indptr"], x["kv_indices"], logits, lse, num_kv_splits, splits)
     return lambda: decode_attention_fwd(*args, 1.0 / math.sqrt(s.d), scale, scale, sinks=x["sinks"])
+
+
+def _sglang_extend(case: Case, x: dict):
+    """SGLang's Triton extend kernel (``extend_attention_fwd``), as its backend calls it for a sliding
+    layer: the cached prefix as window-trimmed token slots (the last ``W`` of them), the step's new
+    K/V contiguous, ``sliding_window_size = W`` (its mask keeps keys at most ``W`` behind the query),
+    causal, per-tensor K/V scales."""
+    try:
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    except ImportError as exc:
+        return f"sglang not importable ({type(exc).__name__})"
+    if _interpreted_bf16(x):
+        return INTERPRETED_BF16
+    s = case.shape
+    scale = FP8_SCALE if case.fp8 else 1.0
+    args = (x["q"], x["k"], x["v"], x["out"], x["k_pool"], x["v_pool"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"])
+    kw = dict(
+        custom_mask=None,
+        is_causal=True,
+        mask_indptr=None,
+        max_len_extend=case.new,
+        k_scale=scale,
+        v_scale=scale,
+        sm_scale=1.0 / math.sqrt(s.d),
+        sliding_window_size=s.window_left,
+        sinks=x["sinks"],
+    )
+    return lambda: extend_attention_fwd(*args, **kw)
 
 
 def _peer_folder(name: str):
@@ -228,6 +266,27 @@ def _vllm_unified_attention():
 
 
 VLLM_MIN_GRID_2D, VLLM_SEGMENTS = 128, 16  # its backend's 2D-kernel grid floor and softmax segments
+VLLM_PAGE = 16  # its KV block size for prefill/verify (a paged copy of the case's window)
+
+
+def _vllm_extend_cache(case: Case, x: dict, ps: int):
+    """A paged K/V cache for vLLM's prefill/verify, which reads the step's new K/V from its cache (its
+    backend writes them there first, not timed here): the window's cached keys and the new ones at
+    their positions in pages of ``ps`` scattered over the cache, every other slot NaN (page 0 too).
+    Returns (k, v, pages): the caches ``[pages, ps, H, D]`` and the window's pages ``[B, n]``."""
+    s, B, E, dev = case.shape, case.batch, case.new, x["q"].device
+    start, end = case.prefix - case.window, case.context
+    first = start // ps
+    per = (end - 1) // ps - first + 1
+    gen = torch.Generator(device=dev).manual_seed(_seed(case, 1 << 20))
+    pages = (torch.randperm(B * per, generator=gen, device=dev) + 1).view(B, per).to(torch.int32)
+    k = torch.full((B * per + 1, ps, s.h, s.d), float("nan"), dtype=x["k"].dtype, device=dev)
+    v = torch.full_like(k, float("nan"))
+    pos = torch.arange(start, end, device=dev)
+    at = (pages[:, pos // ps - first].long(), (pos % ps).expand(B, -1))
+    k[at] = torch.cat([x["k_pool"][x["slots"]], x["k"].view(B, E, s.h, s.d)], dim=1)
+    v[at] = torch.cat([x["v_pool"][x["slots"]], x["v"].view(B, E, s.h, s.d)], dim=1)
+    return k, v, pages
 
 
 def _vllm(case: Case, x: dict, trimmed: bool):
@@ -240,19 +299,26 @@ def _vllm(case: Case, x: dict, trimmed: bool):
         return "no .peers/vllm_triton (bash scripts/fetch_peers.sh)"
     unified_attention, mode = peer
     s = case.shape
-    if case.op != "decode" or case.page_size < 16:
-        return "decode over pages of 16 or more only"
     if _interpreted_bf16(x):
         return INTERPRETED_BF16
-    B, ps, L, dev = case.batch, case.page_size, case.context, x["q"].device
-    first = (L - case.window) // ps
-    k = x["k_pool"].view(-1, ps, s.h, s.d)
-    v = x["v_pool"].view(-1, ps, s.h, s.d)
-    if trimmed:
-        table, seq_len = x["page_table"], L - first * ps
+    B, L, dev = case.batch, case.context, x["q"].device
+    if case.op == "decode":
+        if case.page_size < 16:
+            return "decode over pages of 16 or more only (the case's own pool)"
+        ps = case.page_size
+        k, v, pages = x["k_pool"].view(-1, ps, s.h, s.d), x["v_pool"].view(-1, ps, s.h, s.d), x["page_table"]
     else:
-        table = torch.zeros(B, first + x["page_table"].shape[1], dtype=torch.int32, device=dev)
-        table[:, first:] = x["page_table"]
+        if case.fp8:
+            return "its new K/V would be read back from its fp8 cache, not the step's bf16 K/V"
+        ps = VLLM_PAGE
+        k, v, pages = _vllm_extend_cache(case, x, ps)
+    # the first page read: the window's first cached key (decode: the step's token is cached too)
+    first = (L - case.window - (0 if case.op == "decode" else case.new)) // ps
+    if trimmed:
+        table, seq_len = pages, L - first * ps
+    else:
+        table = torch.zeros(B, first + pages.shape[1], dtype=torch.int32, device=dev)
+        table[:, first:] = pages
         seq_len = L
     lens = torch.full((B,), seq_len, dtype=torch.int32, device=dev)
     threshold = VLLM_MIN_GRID_2D // s.h
@@ -267,8 +333,8 @@ def _vllm(case: Case, x: dict, trimmed: bool):
         k=k,
         v=v,
         out=x["out"],
-        cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=dev),
-        max_seqlen_q=1,
+        cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=dev) * case.new,
+        max_seqlen_q=case.new,
         seqused_k=lens,
         max_seqlen_k=seq_len,
         softmax_scale=1.0 / math.sqrt(s.d),
