@@ -716,8 +716,13 @@ def test_split_heuristic():
         assert extend_num_splits(programs, window, bn, sms) == 1, (n_new, d)
     programs, bn = _programs(8, 1, 32, 8, 128)
     assert extend_num_splits(programs, 0, bn, sms) == 1  # no cached prefix anywhere
-    assert extend_num_splits(programs, 128, bn, sms) == 2  # two tiles: one each
+    assert extend_num_splits(programs, 192, bn, sms) == 3  # three tiles: one each
+    assert extend_num_splits(programs, 128, bn, sms) == 1  # two tiles: the merge costs more than a tile
     assert extend_num_splits(programs, 64, bn, sms) == 1  # one tile: nothing to split
+    # verify (one query tile per request): split while the programs fit one wave
+    assert extend_num_splits(128, window, bn, sms) == 1
+    assert extend_num_splits(128, window, bn, sms, one_tile_per_request=True) == 2
+    assert extend_num_splits(133, window, bn, sms, one_tile_per_request=True) == 1
     assert extend_num_splits(programs, 1 << 20, bn, sms) == 33  # a long full-attention prefix: fill 2 per SM
     assert extend_num_splits(1, 1 << 30, bn, sms) == 64  # at most MAX_SPLITS
     assert extend_num_splits(64, window, 32, sms, resident=1) == 2  # D 512 tiles: one program per SM

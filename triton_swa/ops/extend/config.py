@@ -15,6 +15,7 @@ __all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", 
 # Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and most programs counted as
 # running at once on one SM. Estimates to tune on the GPU (bench_extend.py --verify-splits).
 SPLIT_MIN_TILES = 1
+SPLIT_MIN_WINDOW_TILES = 2
 SPLIT_RESIDENT = 2
 
 
@@ -139,7 +140,9 @@ def _fit_shared(block_m: int, block_n: int, stages: int, head_dim: int, v_head_d
     return tile["block_m"], tile["block_n"], tile["stages"]
 
 
-def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int, resident: int = SPLIT_RESIDENT) -> int:
+def extend_num_splits(
+    programs: int, max_window: int, block_n: int, num_sms: int, resident: int = SPLIT_RESIDENT, one_tile_per_request: bool = False
+) -> int:
     """Splits of each program's cached-prefix window, from host ints only (CUDA-graph capturable).
 
     ``programs`` is the launch's unsplit grid (query tiles of the longest request x query-head groups
@@ -152,6 +155,13 @@ def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
       program streams its whole window serially: B 1, 8 drafts, W 1023, 32/8 heads, D 128 is 8
       programs on 132 SMs, 30-38 us on the H200 against 7.2 us for decode over the same window).
       Prefills and large batches keep the unsplit kernel, untouched.
+    - ``one_tile_per_request`` (every request's new tokens fit one query tile: verify): split while
+      the programs fit one wave (``programs <= num_sms``), where the partials stay small. H200, B 8,
+      8 drafts, W 1023, 32/16 heads (128 programs), 2 splits against none: D 128 32.3 against 37.1
+      us, D 256 53.8 against 70.9 (``bench/verify_splits_plugin.py``).
+    - Windows of at most ``SPLIT_MIN_WINDOW_TILES`` key tiles are never split: the merge costs more
+      than the tile it saves (gpt-oss-like W 127, 64/8 heads, D 64, 8 drafts: B 1 6.2 us unsplit
+      against 7.5 in 2 splits, B 8 8.8 against 12.1).
     - Then fill about ``resident`` programs per SM (two verify-sized tiles fit one SM's shared
       memory and registers up to 256-wide heads), down to ``SPLIT_MIN_TILES`` (one) key tile per
       split, at most ``MAX_SPLITS``. On 132 SMs, W 1023, D 128 (1024 keys, 16 tiles of 64): 16
@@ -163,7 +173,8 @@ def extend_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
     us unsplit, 25.5 in 4 splits, 32.0 and 44.0 in 8 and 16 (two and four waves). A prefix-less
     launch (a whole prompt) gains nothing from splits: pass ``max_window=0`` there.
     """
-    if programs <= 0 or 2 * programs > num_sms or max_window <= 0:
+    busy = programs > num_sms if one_tile_per_request else 2 * programs > num_sms
+    if programs <= 0 or busy or max_window <= SPLIT_MIN_WINDOW_TILES * block_n:
         return 1
     most = triton.cdiv(max_window, block_n) // SPLIT_MIN_TILES
     return max(1, min(MAX_SPLITS, most, (num_sms * max(1, resident)) // programs))

@@ -358,7 +358,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     m_tiles = triton.cdiv(max_extend_len, bm // gp)
     if num_splits is None:
         resident = extend_resident_programs(bm, bn, stages, D, DV, itemsize, facts.smem_per_sm)
-        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, inputs.max_window, bn, facts.num_sms, resident)
+        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, inputs.max_window, bn, facts.num_sms, resident, m_tiles == 1)
     plan = _Plan()
     plan.split = num_splits > 1
     plan.num_splits = num_splits
