@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from triton_swa.benchmark.runner import read_csv, run_ids, summary  # noqa: E402
 
 BEGIN, END = "<!-- triton-swa bench: begin -->", "<!-- triton-swa bench: end -->"
-DEFAULT_CSV = ROOT / "bench" / "results" / "bench-2026-12-01-NVIDIA_H200.csv"
+DEFAULT_CSV = ROOT / "bench" / "results" / "bench-4f5fdff-2026-12-01-NVIDIA_H200.csv"
 
 
 def block(csv_path: Path, runs: list[str]) -> str:
