@@ -171,24 +171,28 @@ def _copy_us(nbytes: int) -> float:
     return time_rotated([lambda s=s, d=d: d.copy_(s) for s, d in bufs], reps=20, use_graph=True)[1]
 
 
+def _best_of(provs, label: str, nbytes: int, variants) -> tuple[float, str]:
+    """The defaults, then each override in ``variants``: one line each; the fastest (us, name)."""
+    best = (timed(provs), "default")
+    line(f"{label} default", best[0], nbytes)
+    for over in variants:
+        try:
+            us = timed(provs, **over)
+        except Exception as exc:
+            print(f"  {over}: {type(exc).__name__}: {str(exc)[:100]}")
+            continue
+        line(f"{label} {over}", us, nbytes)
+        best = min(best, (us, str(over)))
+    return best
+
+
 def b1() -> None:
     for name in ("g3", "g4swa", "mistral"):
         provs, nbytes = provs_for(name, 1, 8192, 1, 1)
         copy = _copy_us(nbytes)
         line(f"{name} B1 L8k copy of the same bytes ({nbytes / 1e6:.1f} MB)", copy, nbytes)
-        best = (timed(provs), "default")
-        line(f"{name} B1 L8k default", best[0], nbytes)
-        for n in (8, 16, 32, 64):
-            for block_n in (32, 64):
-                for stages in (2, 3):
-                    over = dict(num_splits=n, block_n=block_n, num_stages=stages)
-                    try:
-                        us = timed(provs, **over)
-                    except Exception as exc:
-                        print(f"  {over}: {type(exc).__name__}: {str(exc)[:100]}")
-                        continue
-                    line(f"{name} B1 L8k {over}", us, nbytes)
-                    best = min(best, (us, str(over)))
+        variants = [dict(num_splits=n, block_n=bn, num_stages=st) for n in (8, 16, 32, 64) for bn in (32, 64) for st in (2, 3)]
+        best = _best_of(provs, f"{name} B1 L8k", nbytes, variants)
         print(f"B1 {name}: best {best[0]:.2f} us ({best[1]}), copy {copy:.2f} us, ratio {best[0] / copy:.2f}", flush=True)
         del provs
         torch.cuda.empty_cache()
@@ -196,19 +200,8 @@ def b1() -> None:
 
 def d512p16() -> None:
     provs, nbytes = provs_for("g4full", 64, 4096, 16, 16)
-    best = (timed(provs), "default")
-    line("g4full B64 L4k P16 default", best[0], nbytes)
-    for block_n in (16, 32, 64):
-        for warps in (4, 8):
-            for stages in (2, 3, 4):
-                over = dict(block_n=block_n, num_warps=warps, num_stages=stages)
-                try:
-                    us = timed(provs, **over)
-                except Exception as exc:
-                    print(f"  {over}: {type(exc).__name__}: {str(exc)[:100]}")
-                    continue
-                line(f"g4full B64 L4k P16 {over}", us, nbytes)
-                best = min(best, (us, str(over)))
+    variants = [dict(block_n=bn, num_warps=w, num_stages=st) for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3, 4)]
+    best = _best_of(provs, "g4full B64 L4k P16", nbytes, variants)
     print(f"D512 P16: best {best[0]:.2f} us ({best[1]})", flush=True)
 
 
