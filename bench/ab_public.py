@@ -240,25 +240,29 @@ class ExtendCase:
     new_tokens: int
     prefix: int
     check_rows: int = 256
+    fp8: bool = False
     op = "extend"
     tolerance = BF16_TOL
 
     @property
     def id(self) -> str:
         m = self.model
-        return f"extend-{self.label}-{m.name}-B{self.batch}-E{self.new_tokens}-pre{self.prefix}-W{m.window_left}-D{m.d}"
+        return f"extend-{self.label}-{m.name}-B{self.batch}-E{self.new_tokens}-pre{self.prefix}-W{m.window_left}-D{m.d}" + (
+            "-fp8" if self.fp8 else ""
+        )
 
     def make_inputs(self, gen: torch.Generator, device: str) -> dict:
         m, B, E, P = self.model, self.batch, self.new_tokens, self.prefix
         start = _window_start(P, m.window_left)
         slots, _, pool_slots = _scattered_windows(B, start, P, 1, gen, device)
         T = B * E
+        kv_dtype = torch.float8_e4m3fn if self.fp8 else DTYPE
         return dict(
             q=_randn(T, m.hq, m.d, gen=gen, device=device),
             k=_randn(T, m.h, m.d, gen=gen, device=device),
             v=_randn(T, m.h, m.d, gen=gen, device=device),
-            k_buffer=_nan_pool(pool_slots, slots, m.h, m.d, DTYPE, gen, device),
-            v_buffer=_nan_pool(pool_slots, slots, m.h, m.d, DTYPE, gen, device),
+            k_buffer=_nan_pool(pool_slots, slots, m.h, m.d, kv_dtype, gen, device),
+            v_buffer=_nan_pool(pool_slots, slots, m.h, m.d, kv_dtype, gen, device),
             qo_indptr=(torch.arange(B + 1, device=device) * E).to(torch.int32),
             prefix_lens=torch.full((B,), P, dtype=torch.int32, device=device),
             kv_indptr=(torch.arange(B + 1, device=device) * (P - start)).to(torch.int32),
@@ -284,6 +288,7 @@ class ExtendCase:
             sinks=s["sinks"],
             out=s["out"],
             max_extend_len=self.new_tokens,
+            **(dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE) if self.fp8 else {}),
         )
 
     def reference(self, ref, s: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,8 +308,10 @@ class ExtendCase:
             q0 = b * E
             pool_slots = s["kv_indices"][b * cached : (b + 1) * cached].long()[ref_start - start :]
             new_from, new_to = q0 + max(0, ref_start - P), q0 + cut
-            k_win = torch.cat([s["k_buffer"][pool_slots], s["k"][new_from:new_to]])
-            v_win = torch.cat([s["v_buffer"][pool_slots], s["v"][new_from:new_to]])
+            # the pool's values (fp8 times its scale) and this step's first new keys, in float32
+            scale = FP8_SCALE if self.fp8 else 1.0
+            k_win = torch.cat([s["k_buffer"][pool_slots].float() * scale, s["k"][new_from:new_to].float()])
+            v_win = torch.cat([s["v_buffer"][pool_slots].float() * scale, s["v"][new_from:new_to].float()])
             n = k_win.shape[0]
             t = slice(q0 + cut, q0 + E)
             values.append(
@@ -393,6 +400,8 @@ def _catalog() -> dict[str, list]:
     extend = [ExtendCase("prefill", M[name], 1, 8192, 0) for name in ("g3", "g4swa")]
     extend += [ExtendCase("chunk", M["g3"], 4, 1024, 4096)]
     extend += [ExtendCase("verify", M[name], B, 8, 4096) for name in ("g3", "g4swa") for B in (1, 8)]
+    extend += [ExtendCase("chunk", M["g3"], 4, 1024, 4096, fp8=True)]
+    extend += [ExtendCase("verify", M[name], 8, 8, 4096, fp8=True) for name in ("g3", "g4swa")]
     full = decode + extend + [IndicesCase(64, 8192, 1023)]
     quick_ids = {
         "decode-g3-B1-L8k-W1023-D128-P1",
@@ -416,6 +425,7 @@ def _catalog() -> dict[str, list]:
         ExtendCase("prefill", M["tswa"], 1, 48, 0, check_rows=16),
         ExtendCase("chunk", M["tswa"], 2, 16, 40, check_rows=8),
         ExtendCase("verify", M["twide"], 2, 4, 40),
+        ExtendCase("chunk", M["tswa"], 2, 16, 40, check_rows=8, fp8=True),
         IndicesCase(2, 40, 15, full_slots=1024),
     ]
     return dict(full=full, quick=[c for c in full if c.id in quick_ids], smoke=smoke)

@@ -48,6 +48,7 @@ class Case:
     sinks: bool = False
     fp8: str = ""  # "" | "float" (scale as a number) | "tensor" (one-element device tensor)
     fp8_dtype: torch.dtype = torch.float8_e4m3fn  # or float8_e4m3fnuz (MI300's format)
+    fp8_scales: tuple[float, float] = (0.7, 1.9)  # k_scale, v_scale
     bm: int | None = 16
     bn: int | None = 16
     pack: int | None = None
@@ -143,7 +144,7 @@ def build(case: Case, device, seed: int = 0) -> dict:
     if case.sinks:
         kw["sinks"] = (torch.randn(case.HQ, generator=g) * 2).to(device)
     if case.fp8:
-        ks, vs = 0.7, 1.9
+        ks, vs = case.fp8_scales
         kw["k_scale"] = ks if case.fp8 == "float" else torch.tensor([ks], device=device)
         kw["v_scale"] = vs if case.fp8 == "float" else torch.tensor([vs], device=device)
     if case.mode == "chain_qpos":
@@ -322,6 +323,19 @@ def test_extend_fp8_formats(case, how, device):
     with without_native_fp8(device) if how == "e4m3fn-bytes" else contextlib.nullcontext():
         got = run_kernel(case, built)
     assert_close(got, built["expected"], name=f"{case.id}-{how}")
+
+
+@pytest.mark.parametrize("how", ["e4m3fn-native", "e4m3fn-bytes"])
+def test_extend_fp8_v_scale_past_float16(how, device):
+    """bf16 queries dot an fp8 prefix in float16: a v_scale past float16's range (P times it would
+    overflow there; times the bytes' 2^8, for the byte path, too) still equals the reference."""
+    case = replace(FP8_CASES[0], fp8_scales=(0.7, 3.0e5))
+    built = build(case, device)
+    with without_native_fp8(device) if how == "e4m3fn-bytes" else contextlib.nullcontext():
+        got = run_kernel(case, built)
+    assert bool(built["expected"].abs().max() > 65504)
+    # outputs are sums of terms of about v_scale: bf16's tolerance scaled with them (an overflow gives inf)
+    assert_close(got, built["expected"], atol=0.016 * case.fp8_scales[1], name=f"{case.id}-{how}")
 
 
 @pytest.mark.gpu

@@ -86,6 +86,7 @@ def _swa_extend_tiles(
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr,
+    F16_PREFIX: tl.constexpr = False,
     EDGE: tl.constexpr = False,
     edge_end=0,
 ):
@@ -101,6 +102,8 @@ def _swa_extend_tiles(
     edge and the tiles every row sees (a separate one-tile loop restarts the load pipeline).
     ``KV_FP8`` (prefix calls over an fp8 pool read as bytes): K/V tiles decoded in the kernel
     (``triton_swa.ops._common.fp8``); their power of two rides on ``qk_scale`` and ``v_scale``.
+    ``F16_PREFIX`` (prefix calls over an fp8 pool, ``b_q`` float16): ``v_scale`` multiplies each
+    tile's product rather than P, which in float16 it could overflow.
     """
     if not PREFIX:
         # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
@@ -207,9 +210,13 @@ def _swa_extend_tiles(
         b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
         if KV_FP8 != 0:
             b_v = fp8_decode(b_v, KV_FP8)
-        if KV_SCALE:
-            b_p = b_p * v_scale
-        acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
+        if KV_SCALE and b_q.dtype == tl.float16 and F16_PREFIX:
+            # float16 P times v_scale could pass float16's range: scale the product instead
+            acc += tl.dot(b_p.to(tl.float16), b_v.to(tl.float16), input_precision=DOT_PREC) * v_scale
+        else:
+            if KV_SCALE:
+                b_p = b_p * v_scale
+            acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
         m_i = m_ij
     return acc, m_i, l_i
 
@@ -274,6 +281,7 @@ def _swa_extend_kernel(
     KV_SCALE: tl.constexpr,
     SCALE_PTR: tl.constexpr,
     KV_FP8: tl.constexpr,
+    F16_DOT: tl.constexpr,
     DOT_PREC: tl.constexpr,
     SPLIT: tl.constexpr,
     EDGE_IN_LOOP: tl.constexpr,
@@ -326,6 +334,13 @@ def _swa_extend_kernel(
         # The interpreter multiplies bf16 dot operands as raw bits (SPEC §8): every dot takes b_q's
         # dtype, so float32 here makes them all float32 (interpreter only; compiled code never sets it).
         b_q = b_q.to(tl.float32)
+    # the query of the cached-prefix tiles
+    b_qp = b_q
+    if F16_DOT:
+        # fp8 prefix K/V convert to float16 in one instruction per two elements where bf16 takes a
+        # conversion per element more: bf16 queries join them in float16 for the prefix tiles (float16
+        # holds bf16's precision and more, up to |q| = 65504, where the query is clamped)
+        b_qp = tl.minimum(tl.maximum(b_q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     # Row positions relative to P (r_i), and the tile's first/last row positions.
     if HAS_QPOS:
@@ -465,23 +480,23 @@ def _swa_extend_kernel(
     )
     # cached prefix tiles every row sees
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, pu_lo, pu_hi, pre_scale, vs, logit_cap,
+        acc, m_i, l_i, b_qp, pu_lo, pu_hi, pre_scale, vs, logit_cap,
         k_buffer, v_buffer, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, 0, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        PREFIX=True, MASKED=False, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, BLOCK_N=BLOCK_N,
+        PREFIX=True, MASKED=False, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, F16_PREFIX=F16_DOT, BLOCK_N=BLOCK_N,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )
     # cached prefix tiles on the window's lower edge
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_q, pm_lo, pm_hi, pre_scale, vs, logit_cap,
+        acc, m_i, l_i, b_qp, pm_lo, pm_hi, pre_scale, vs, logit_cap,
         k_buffer, v_buffer, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, 0, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        PREFIX=True, MASKED=True, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, BLOCK_N=BLOCK_N,
+        PREFIX=True, MASKED=True, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, F16_PREFIX=F16_DOT, BLOCK_N=BLOCK_N,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )
