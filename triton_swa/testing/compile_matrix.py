@@ -45,6 +45,7 @@ class CompileResult:
     shared_limit: int = 0
     registers: int | None = None
     spills: int | None = None
+    wgmma_serialised: bool = False
     seconds: float = 0.0
     error: str = ""
 
@@ -119,6 +120,19 @@ def _first_error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(lines[-1] if lines else '')[:300]}"
 
 
+def _wgmma_serialised(ptx: str) -> bool:
+    """Whether ptxas serialises the kernel's wgmma for sm_90a (its warning C7515: about half of
+    Hopper's tensor-core rate), as ``ptxas -v`` reports it."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        info = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"], capture_output=True, text=True)
+    return "C7515" in info.stdout + info.stderr
+
+
 def _variant(constexprs: dict, options: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in {**constexprs, **options}.items())
 
@@ -157,6 +171,8 @@ def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[
             res.shared = int(kernel.metadata.shared)
             if facts.backend == "cuda":
                 res.registers, res.spills = _nvidia_registers(kernel.asm["cubin"])
+                if facts.name == "sm_90" and fn.__name__ == "_swa_extend_kernel":
+                    res.wgmma_serialised = _wgmma_serialised(kernel.asm["ptx"])
             else:
                 res.registers, res.spills = _amd_registers(kernel.asm["amdgcn"])
             res.ok = res.shared <= facts.smem_per_program
