@@ -327,8 +327,8 @@ def test_extend_fp8_formats(case, how, device):
 
 @pytest.mark.parametrize("how", ["e4m3fn-native", "e4m3fn-bytes"])
 def test_extend_fp8_v_scale_past_float16(how, device):
-    """bf16 queries dot an fp8 prefix in float16: a v_scale past float16's range (P times it would
-    overflow there; times the bytes' 2^8, for the byte path, too) still equals the reference."""
+    """A v_scale past float16's range (for the byte path times the bytes' 2^8 too) equals the
+    reference: no 16-bit intermediate may hold P times it (a float16 prefix dot must keep it out)."""
     case = replace(FP8_CASES[0], fp8_scales=(0.7, 3.0e5))
     built = build(case, device)
     with without_native_fp8(device) if how == "e4m3fn-bytes" else contextlib.nullcontext():

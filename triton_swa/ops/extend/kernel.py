@@ -86,7 +86,6 @@ def _swa_extend_tiles(
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr,
-    F16_PREFIX: tl.constexpr = False,
     EDGE: tl.constexpr = False,
     edge_end=0,
 ):
@@ -102,9 +101,6 @@ def _swa_extend_tiles(
     edge and the tiles every row sees (a separate one-tile loop restarts the load pipeline).
     ``KV_FP8`` (prefix calls over an fp8 pool read as bytes): K/V tiles decoded in the kernel
     (``triton_swa.ops._common.fp8``); their power of two rides on ``qk_scale`` and ``v_scale``.
-    ``F16_PREFIX`` (prefix calls over an fp8 pool, ``b_q`` float16): P is not multiplied by
-    ``v_scale`` (in float16 the product could overflow); the caller holds ``acc`` in units of
-    ``v_scale`` around these calls instead.
     """
     if not PREFIX:
         # new keys are contiguous rows: a scalar base pointer per tile plus fixed in-tile offsets
@@ -211,7 +207,7 @@ def _swa_extend_tiles(
         b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
         if KV_FP8 != 0:
             b_v = fp8_decode(b_v, KV_FP8)
-        if KV_SCALE and not F16_PREFIX:
+        if KV_SCALE:
             b_p = b_p * v_scale
         acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PREC)
         m_i = m_ij
@@ -278,7 +274,6 @@ def _swa_extend_kernel(
     KV_SCALE: tl.constexpr,
     SCALE_PTR: tl.constexpr,
     KV_FP8: tl.constexpr,
-    F16_DOT: tl.constexpr,
     DOT_PREC: tl.constexpr,
     SPLIT: tl.constexpr,
     EDGE_IN_LOOP: tl.constexpr,
@@ -331,13 +326,6 @@ def _swa_extend_kernel(
         # The interpreter multiplies bf16 dot operands as raw bits (SPEC §8): every dot takes b_q's
         # dtype, so float32 here makes them all float32 (interpreter only; compiled code never sets it).
         b_q = b_q.to(tl.float32)
-    # the query of the cached-prefix tiles
-    b_qp = b_q
-    if F16_DOT:
-        # fp8 prefix K/V convert to float16 in one instruction per two elements where bf16 takes a
-        # conversion per element more: bf16 queries join them in float16 for the prefix tiles (float16
-        # holds bf16's precision and more, up to |q| = 65504, where the query is clamped)
-        b_qp = tl.minimum(tl.maximum(b_q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     # Row positions relative to P (r_i), and the tile's first/last row positions.
     if HAS_QPOS:
@@ -475,35 +463,28 @@ def _swa_extend_kernel(
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
         EDGE=EDGE_IN_LOOP, edge_end=n_mid,
     )
-    if F16_DOT and KV_SCALE:
-        # the prefix tiles add P @ V in float16 without v_scale (P <= 1 stays in range): hold acc in
-        # units of v_scale meanwhile (a multiply of acc between loops keeps Hopper's wgmma async,
-        # where scaling each tile's product did not: ptxas C7515, 315 against 468 us)
-        acc = acc * (1.0 / vs)
     # cached prefix tiles every row sees
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_qp, pu_lo, pu_hi, pre_scale, vs, logit_cap,
+        acc, m_i, l_i, b_q, pu_lo, pu_hi, pre_scale, vs, logit_cap,
         k_buffer, v_buffer, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, 0, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        PREFIX=True, MASKED=False, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, F16_PREFIX=F16_DOT, BLOCK_N=BLOCK_N,
+        PREFIX=True, MASKED=False, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, BLOCK_N=BLOCK_N,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )
     # cached prefix tiles on the window's lower edge
     acc, m_i, l_i = _swa_extend_tiles(
-        acc, m_i, l_i, b_qp, pm_lo, pm_hi, pre_scale, vs, logit_cap,
+        acc, m_i, l_i, b_q, pm_lo, pm_hi, pre_scale, vs, logit_cap,
         k_buffer, v_buffer, stride_bkt, stride_bkh, stride_bvt, stride_bvh,
         kv_indices, kv_end, page_table, page_base, ws_page,
         custom_mask, 0, q_positions, q_start, i_kvh, P, E, lo, window_left,
         o_i, r_i, o_n, o_d, o_dv, m_d, m_dv,
-        PREFIX=True, MASKED=True, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, F16_PREFIX=F16_DOT, BLOCK_N=BLOCK_N,
+        PREFIX=True, MASKED=True, KV_SCALE=KV_SCALE, KV_FP8=KV_FP8, BLOCK_N=BLOCK_N,
         PAGED=PAGED, PAGE=PAGE, WINDOW=WINDOW, CAUSAL=CAUSAL, HAS_MASK=HAS_MASK, HAS_QPOS=HAS_QPOS,
         SOFTCAP=SOFTCAP, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PREC=DOT_PREC,
     )
-    if F16_DOT and KV_SCALE:
-        acc = acc * vs
     if not EDGE_IN_LOOP:
         # new keys on the window's lower edge
         acc, m_i, l_i = _swa_extend_tiles(

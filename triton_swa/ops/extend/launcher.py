@@ -339,12 +339,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     upcast = interpret and dtype == torch.bfloat16
     facts = device_facts(device)
     kv_fp8, kv_view = kv_fp8_mode(facts, inputs.kv_dtype)
-    # bf16 queries over an fp8 pool dot the prefix tiles in float16, as swa_decode does (fp8 converts
-    # to float16 in one instruction per two elements; to bf16 it takes one more per element)
-    f16_dot = kv_view is not None and dtype == torch.bfloat16
-    # a second query tile in shared memory: bytes decoded in the kernel, or the float16 copy
-    q_tiles_2 = kv_fp8 != KV_NATIVE or f16_dot
-    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret, facts.smem_per_program, q_tiles_2)
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret, facts.smem_per_program, kv_fp8 != KV_NATIVE)
     bm = cfg.block_m if block_m is None else block_m
     bn = cfg.block_n if block_n is None else block_n
     gp = min(cfg.pack, bm) if pack is None else pack
@@ -394,7 +389,6 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         KV_SCALE=inputs.kv_scaled or kv_fp8 != KV_NATIVE,
         SCALE_PTR=inputs.scale_ptr,
         KV_FP8=kv_fp8,
-        F16_DOT=f16_dot,
         # float32 dots are exact (not tf32)
         # 16-bit dots: the target's default (tf32 applies to float32 inputs only, and AMD targets
         # other than gfx942 have no tf32 at all)
