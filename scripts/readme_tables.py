@@ -36,8 +36,8 @@ def block(csv_path: Path, runs: list[str]) -> str:
         )
     note = (
         f"From `{csv_path.relative_to(ROOT)}`: microseconds per call (p50, CUDA-graph replay over rotated inputs), "
-        '`n/a` where a provider does not run the case, the copy counting its read and write; "best peer" leaves out '
-        "the ceilings."
+        "`n/a` where a provider does not run the case, in brackets a peer's time over triton-swa's, the copy counting "
+        'its read and write; "best peer" leaves out the ceilings.'
     )
     return f"{BEGIN}\n{note}\n\n" + "\n\n".join(parts) + f"\n{END}"
 

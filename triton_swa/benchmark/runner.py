@@ -317,18 +317,27 @@ def read_csv(path: Path, run_id: str | None = None) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> str:
-    """Markdown: one line per case, each provider's p50 (or its status) and triton_swa's speedup."""
+    """Markdown: one line per case, each provider's p50 (or its status), each peer's time over
+    triton_swa's in brackets, and the best peer's."""
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     cases = list(dict.fromkeys(r["case"] for r in rows))
     cell = {(r["case"], r["provider"]): r for r in rows}
     head = "| case | " + " | ".join(f"{p} us" for p in providers) + " | triton_swa TB/s | % of copy | best peer / triton_swa |"
     lines = [head, "|" + " --- |" * (len(providers) + 4)]
     for cid in cases:
+        mine = cell.get((cid, "triton_swa"))
+        mine_us = mine["us_p50"] if mine and mine["status"].startswith("ok") else math.nan
         vals = []
         for p in providers:
             r = cell.get((cid, p))
-            vals.append("-" if r is None else (f"{r['us_p50']:.2f}" if r["status"].startswith("ok") else r["status"].split(":")[0]))
-        mine = cell.get((cid, "triton_swa"))
+            if r is None:
+                vals.append("-")
+            elif not r["status"].startswith("ok"):
+                vals.append(r["status"].split(":")[0])
+            elif p in ("triton_swa", *P.CEILINGS) or not math.isfinite(mine_us):
+                vals.append(f"{r['us_p50']:.2f}")
+            else:
+                vals.append(f"{r['us_p50']:.2f} ({r['us_p50'] / mine_us:.2f}x)")
         peers = [cell[(cid, p)]["us_p50"] for p in providers if p not in ("triton_swa", *P.CEILINGS) and (cid, p) in cell]
         peers = [u for u in peers if math.isfinite(u)]
         ratio = f"{min(peers) / mine['us_p50']:.2f}x" if mine and peers and math.isfinite(mine["us_p50"]) else "-"
