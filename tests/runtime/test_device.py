@@ -63,3 +63,27 @@ def test_without_native_fp8_plans_the_byte_path_and_restores():
     with planning_for(TARGETS["gfx942"]):
         assert device_facts(device).name == "gfx942"
     assert device_facts(device) == before
+
+
+@pytest.mark.parametrize("target, fp8_keys", [("sm_90", 128), ("sm_80", 128), ("gfx942", 128), ("gfx1100", 64)])
+def test_fp8_decode_tiles_double_the_keys_except_on_rdna(target, fp8_keys, monkeypatch):
+    """fp8 decode tiles hold as many bytes as bf16 ones (twice the keys), except on RDNA (32-lane AMD
+    waves), where the converted tile spills and keeps bf16's key count (``decode_block_config``).
+    Planned as compiled code plans it (recorded, not run)."""
+    import triton_swa.ops.decode.launcher as launcher
+    from triton_swa.ops.decode import swa_decode
+    from triton_swa.testing.compile_matrix import recorded_launches
+
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+
+    def block_n(kv_dtype):
+        q = torch.randn(64, 32, 128, dtype=torch.bfloat16)
+        k = torch.zeros(64 * 1024 + 1, 16, 128, dtype=kv_dtype)
+        indptr = torch.arange(65, dtype=torch.int32) * 1024
+        indices = torch.arange(1, 64 * 1024 + 1, dtype=torch.int32)
+        with planning_for(TARGETS[target]), recorded_launches() as launches:
+            swa_decode(q, k, k, kv_indptr=indptr, kv_indices=indices, max_window=1024)
+        return launches[0][2]["BLOCK_N"]
+
+    assert block_n(torch.bfloat16) == 64
+    assert block_n(FN) == fp8_keys

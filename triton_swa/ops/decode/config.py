@@ -37,7 +37,13 @@ class DecodeConfig(NamedTuple):
 
 
 def decode_block_config(
-    head_dim: int, v_head_dim: int, group: int, kv_itemsize: int, interpret: bool = False, smem_limit: int | None = None
+    head_dim: int,
+    v_head_dim: int,
+    group: int,
+    kv_itemsize: int,
+    interpret: bool = False,
+    smem_limit: int | None = None,
+    wide_fp8_tiles: bool = True,
 ) -> DecodeConfig:
     """Tiles for a head geometry.
 
@@ -56,6 +62,13 @@ def decode_block_config(
       slot loads unpipelined (565 against 548 us at D 512, B 8, L 32k on the H200); 5 (two iterations of
       lead, three buffers) measured no better (136 against 131 us at D 128, B 64).
 
+    - ``wide_fp8_tiles``: 1-byte (fp8) pools take as many bytes per tile as 16-bit ones, so twice the
+      keys (H200, Mistral-like B 64, fp8: 205 us at 128 keys against 282 at 64;
+      ``bench/results/fp8-decode-cff4e57-*``). False keeps the 16-bit key count. The launcher passes
+      False on RDNA (AMD, 32-lane waves). There the converted tile is what spills: gfx1100, D 128,
+      128 keys spills 215 B and takes 113 s to compile, against 78 B and 21 s at 64 keys (compile
+      tier; no RDNA GPU was available to time either).
+
     Under the interpreter, the smallest legal tiles (it pays per element, not per instruction).
     Off Hopper, ``smem_limit`` (shared memory per program) caps ``block_n`` (:func:`decode_fit_block_n`).
     """
@@ -64,7 +77,8 @@ def decode_block_config(
     block_g = min(max(16, triton.next_power_of_2(group)), g_cap)
     if interpret:
         return DecodeConfig(block_g, 16, 1, 1)
-    row_bytes = (triton.next_power_of_2(head_dim) + triton.next_power_of_2(v_head_dim)) * kv_itemsize
+    tile_itemsize = kv_itemsize if wide_fp8_tiles else max(kv_itemsize, 2)
+    row_bytes = (triton.next_power_of_2(head_dim) + triton.next_power_of_2(v_head_dim)) * tile_itemsize
     block_n = max(16, min(128, triton.next_power_of_2(32768 // row_bytes)))
     if width >= 512:
         block_n = max(block_n, 32)

@@ -271,7 +271,8 @@ def _check_and_plan(
     itemsize = k_buffer.element_size()
     facts = device_facts(device)
     kv_fp8, kv_view = kv_fp8_mode(facts, kv_dtype)
-    cfg = decode_block_config(D, DV, G, itemsize, interpret, facts.smem_per_program)
+    rdna = facts.backend == "hip" and facts.warp_size == 32
+    cfg = decode_block_config(D, DV, G, itemsize, interpret, facts.smem_per_program, wide_fp8_tiles=not rdna)
     tune = tune or _Tune()
     num_gb = triton.cdiv(G, cfg.block_g)
     programs = B * H * num_gb
