@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 bash scripts/setup_sglang.sh .venv/bin/python || echo "SGLang tier: SKIPPED (its install failed, above; tests/integration will skip)"
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" -q "$@"
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q "$@"

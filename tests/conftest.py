@@ -24,11 +24,29 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
+# The longest tests on a CPU (a minute or more each, cold: the compile tier per target, the soak, the
+# demo, the serving loop) run first, and pytest-xdist's work stealing (scripts/test.sh: --dist
+# worksteal) spreads them, so that the workers finish together on short tests instead of one of them
+# running the last long test alone. Order within each file is kept.
+LONGEST_FIRST = (
+    "tests/compile/",
+    "tests/integration/test_demo.py",
+    "tests/test_soak.py",
+    "tests/integration/test_serving.py",
+    "tests/test_backend.py",
+)
+
+
+def _start_rank(item) -> int:
+    return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+    items.sort(key=_start_rank)
 
 
 @pytest.fixture(autouse=True)
