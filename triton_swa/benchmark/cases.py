@@ -68,6 +68,11 @@ class Case:
         """Cached keys the step reads: the window of its first new token, from the prefix."""
         return min(self.prefix, self.keys_seen(self.prefix) - 1) if self.op != "decode" else self.keys_seen(self.prefix)
 
+    @property
+    def window_start(self) -> int:
+        """Position of the first cached key the step reads (decode: its own token is cached too)."""
+        return self.prefix + (1 if self.op == "decode" else 0) - self.window
+
     def nbytes(self) -> int:
         """The fewest bytes the op moves: the cached window's K and V once, new K/V, q read, o written."""
         s, kv = self.shape, 1 if self.fp8 else 2

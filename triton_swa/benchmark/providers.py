@@ -54,8 +54,8 @@ def build(case: Case, index: int, device: str) -> dict:
     s, B = case.shape, case.batch
     bf16 = torch.bfloat16
     n, ps = case.window, case.page_size
-    end = case.prefix + (1 if case.op == "decode" else 0)
-    start = end - n
+    start = case.window_start
+    end = start + n
     first = start // ps
     pages_per = (end - 1) // ps - first + 1 if n else 0
     used = B * pages_per
@@ -275,7 +275,7 @@ def _vllm_extend_cache(case: Case, x: dict, ps: int):
     their positions in pages of ``ps`` scattered over the cache, every other slot NaN (page 0 too).
     Returns (k, v, pages): the caches ``[pages, ps, H, D]`` and the window's pages ``[B, n]``."""
     s, B, E, dev = case.shape, case.batch, case.new, x["q"].device
-    start, end = case.prefix - case.window, case.context
+    start, end = case.window_start, case.context
     first = start // ps
     per = (end - 1) // ps - first + 1
     gen = torch.Generator(device=dev).manual_seed(_seed(case, 1 << 20))
@@ -311,9 +311,10 @@ def _vllm(case: Case, x: dict, trimmed: bool):
         if case.fp8:
             return "its new K/V would be read back from its fp8 cache, not the step's bf16 K/V"
         ps = VLLM_PAGE
-        k, v, pages = _vllm_extend_cache(case, x, ps)
-    # the first page read: the window's first cached key (decode: the step's token is cached too)
-    first = (L - case.window - (0 if case.op == "decode" else case.new)) // ps
+        if "vllm_cache" not in x:  # one copy for both block tables
+            x["vllm_cache"] = _vllm_extend_cache(case, x, ps)
+        k, v, pages = x["vllm_cache"]
+    first = case.window_start // ps  # the first page read
     if trimmed:
         table, seq_len = pages, L - first * ps
     else:

@@ -120,7 +120,7 @@ def _first_error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(lines[-1] if lines else '')[:300]}"
 
 
-def _wgmma_serialised(ptx: str) -> bool:
+def wgmma_serialised(ptx: str) -> bool:
     """Whether ptxas serialises the kernel's wgmma for sm_90a (its warning C7515: about half of
     Hopper's tensor-core rate), as ``ptxas -v`` reports it."""
     from triton import knobs
@@ -172,7 +172,7 @@ def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[
             if facts.backend == "cuda":
                 res.registers, res.spills = _nvidia_registers(kernel.asm["cubin"])
                 if facts.name == "sm_90" and fn.__name__ == "_swa_extend_kernel":
-                    res.wgmma_serialised = _wgmma_serialised(kernel.asm["ptx"])
+                    res.wgmma_serialised = wgmma_serialised(kernel.asm["ptx"])
             else:
                 res.registers, res.spills = _amd_registers(kernel.asm["amdgcn"])
             res.ok = res.shared <= facts.smem_per_program
