@@ -75,37 +75,51 @@ class _Layer:
 
 
 class _VerifySpec:
-    """SGLang's verify input as the core reads it: the drafts' own mask block and tree positions."""
+    """SGLang's verify input as the core reads it: the drafts' own mask blocks and tree positions.
 
-    def __init__(self, spec_info, forward_batch):
+    SGLang lays a verify mask out as one ``[drafts, prefix + drafts]`` block per request, row-major,
+    back to back; its buffers may be longer than the batch needs (the graph runners hand every
+    captured batch size the static buffer sized for the largest, and an unknown ``seq_lens_sum``
+    sizes it ``bs * max_context_len``): blocks are taken in order and the tail is ignored.
+
+    Args:
+        graph: the batch is a CUDA-graph capture or replay view, whose padded requests (past the
+            real ones) may have no block: they get a causal one (their rows are discarded).
+        mask_required: the captured graph reads a mask; a verify input without one (DFlash's
+            chain verify) gets causal blocks.
+    """
+
+    def __init__(self, spec_info, forward_batch, *, graph: bool = False, mask_required: bool = False):
         n = int(spec_info.draft_token_num)
         self.draft_token_num = n
         self.causal = True
         self.custom_mask = None
         self.positions = None
         mask = getattr(spec_info, "custom_mask", None)
-        if mask is None:
+        if mask is None and not mask_required:
             return
+        bs = int(forward_batch.batch_size)
         lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens.cpu()
+        lens = [int(x) for x in lens[:bs].tolist()]
+        causal = torch.ones(n, n, dtype=torch.bool, device=forward_batch.seq_lens.device).tril_().reshape(-1)
         blocks, at = [], 0
-        # A padded graph batch has more requests than the verify input covers: take prefixes in
-        # order until SGLang's mask is consumed.
-        for p in (int(x) for x in lens.tolist()):
-            if at == mask.numel():
-                break
+        for p in lens:
             size = n * (p + n)
-            if at + size > mask.numel():
+            if mask is None or at + size > mask.numel():
                 break
             blocks.append(mask[at : at + size].view(n, p + n)[:, p:].reshape(-1))
             at += size
-        if at != mask.numel():
+        if len(blocks) < bs and mask is not None and not graph:
+            need = sum(n * (p + n) for p in lens)
             raise ValueError(
-                f"spec_info.custom_mask has {mask.numel()} entries; SGLang's layout ([drafts, prefix + "
-                f"drafts] per request over seq_lens {lens.tolist()}) does not add up to it"
+                f"spec_info.custom_mask has {mask.numel()} entries, fewer than the {need} that SGLang's layout "
+                f"([draft_token_num, prefix + draft_token_num] per request, draft_token_num {n}, seq_lens {lens}) "
+                "needs for the batch"
             )
-        self.custom_mask = torch.cat(blocks)
+        blocks += [causal] * (bs - len(blocks))
+        self.custom_mask = torch.cat(blocks) if blocks else causal[:0]
         positions = getattr(forward_batch, "positions", None)
-        self.positions = None if positions is None else positions[: len(blocks) * n].to(torch.int64)
+        self.positions = None if positions is None else positions[: bs * n].to(torch.int64)
 
 
 class _Batch:
@@ -121,6 +135,15 @@ class _Batch:
 
     def __getattr__(self, name):
         return getattr(self._fb, name)
+
+
+class _CaptureBatch:
+    """The fields of a capture batch that the graph path reads, for runners that pass them one by one."""
+
+    def __init__(self, forward_mode, bs, req_pool_indices, seq_lens, out_cache_loc, spec_info):
+        self.forward_mode, self.batch_size, self.spec_info = forward_mode, int(bs), spec_info
+        self.req_pool_indices, self.seq_lens, self.out_cache_loc = req_pool_indices, seq_lens, out_cache_loc
+        self.seq_lens_cpu, self.positions, self.kv_loc_plan = None, None, None
 
 
 class _Core(TritonSWAAttnBackend):
@@ -266,7 +289,11 @@ class TritonSWASGLangBackend(AttentionBackend):
         fb = forward_batch
         bs = int(fb.batch_size)
         mode = fb.forward_mode
-        spec = _VerifySpec(fb.spec_info, fb) if mode.is_target_verify() else None
+        spec = None
+        if mode.is_target_verify():
+            captured = self.core.cuda_graph["captured"].get((bs, mode)) if not in_capture else None
+            # A graph captured with a mask reads one at replay; DFlash verifies a chain without one.
+            spec = _VerifySpec(fb.spec_info, fb, graph=True, mask_required=bool(captured and captured[2]))
         if in_capture:
             num_tokens = fb.positions.numel() if getattr(fb, "positions", None) is not None else bs
             self.core.init_forward_metadata_capture_cuda_graph(bs, num_tokens, fb.req_pool_indices, fb.seq_lens, None, mode, spec)
@@ -302,8 +329,26 @@ class TritonSWASGLangBackend(AttentionBackend):
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return self.core.get_cuda_graph_seq_len_fill_value()
 
+    # SGLang's CPU graph runner (decode only) captures a compiled forward per batch size: it sets the
+    # backend up with these two hooks, runs the capture batch through them, and before each replay
+    # builds the metadata eagerly (``init_forward_metadata``) over the captured, padded batch.
+
     def get_cpu_graph_seq_len_fill_value(self) -> int:
         return self.core.get_cuda_graph_seq_len_fill_value()
+
+    def init_cpu_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def init_forward_metadata_capture_cpu_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, out_cache_loc, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        """Metadata of the CPU graph runner's capture batch (DECODE; its fixed buffers, as for CUDA graphs)."""
+        if encoder_lens is not None:
+            raise ValueError("the triton_swa SGLang backend serves decoder-only models: encoder_lens must be None")
+        if not forward_mode.is_decode():
+            raise ValueError(f"SGLang's CPU graphs capture DECODE, not {getattr(forward_mode, 'name', forward_mode)}")
+        batch = _CaptureBatch(forward_mode, bs, req_pool_indices, seq_lens, out_cache_loc, spec_info)
+        self.init_forward_metadata_out_graph(batch, in_capture=True)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
         self._sync_pool()
@@ -316,17 +361,167 @@ class TritonSWASGLangBackend(AttentionBackend):
         return self.core.forward_extend(q, k, v, view, forward_batch, save_kv_cache and k is not None)
 
 
+class _DraftStepBatch:
+    """Draft decode step ``step`` of a chain draft (topk 1) as a plain DECODE batch.
+
+    The draft's tokens sit in ``req_to_token`` right after each request's committed ``seq_lens``
+    (SGLang assigns them there before the draft runs), so step ``i`` decodes at length
+    ``seq_lens + i + 1`` and writes the ``i``-th of the request's draft slots.
+    """
+
+    def __init__(self, forward_batch, step: int):
+        self._fb = forward_batch
+        shift = step + 1
+        bs = int(forward_batch.batch_size)
+        self.seq_lens = forward_batch.seq_lens + shift
+        cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        self.seq_lens_cpu = None if cpu is None else cpu + shift
+        self.seq_lens_sum = None
+        self.spec_info = None
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        # SGLang's layout: [bs, topk = 1, columns], step i writes column i.
+        self.out_cache_loc = None if loc is None or bs == 0 else loc.view(bs, -1)[:, step]
+        self.kv_loc_plan = None
+
+    def __getattr__(self, name):
+        return getattr(self._fb, name)
+
+
+class _DraftStepBackend(TritonSWASGLangBackend):
+    """The backend of one draft decode step (see :class:`TritonSWAMultiStepDraftBackend`)."""
+
+    def __init__(self, model_runner, step: int):
+        super().__init__(model_runner)
+        self.step = step
+
+    def _swa_write_ids(self, forward_batch):
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        if not self.core.use_sliding_window_kv_pool or loc is None:
+            return None
+        return self._swa_kv_pool.translate_loc_from_full_to_swa(loc)
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        super().init_forward_metadata(_DraftStepBatch(forward_batch, self.step))
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        super().init_forward_metadata_out_graph(_DraftStepBatch(forward_batch, self.step), in_capture)
+
+
+class TritonSWAMultiStepDraftBackend:
+    """SGLang's multi-step draft decode container (EAGLE, EAGLE3, STANDALONE) over triton-swa: one
+    backend per draft step, ``attn_backends[i]`` for step ``i``, each resolving its SWA pool by the
+    policy on the draft runner.
+
+    Chain drafts only (``--speculative-eagle-topk 1``): a tree draft's branches do not sit in
+    ``req_to_token`` in order, and this container does not gather them.
+
+    Raises:
+        ValueError: ``topk`` is not 1.
+    """
+
+    def __init__(self, model_runner, topk: int, speculative_num_steps: int):
+        if int(topk) != 1:
+            raise ValueError(
+                f"the triton_swa draft decode backend runs chain drafts (--speculative-eagle-topk 1), got topk {topk}; "
+                "use another --speculative-draft-attention-backend for tree drafts"
+            )
+        self.topk, self.speculative_num_steps = 1, int(speculative_num_steps)
+        self.attn_backends = [_DraftStepBackend(model_runner, i) for i in range(self.speculative_num_steps - 1)]
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.req_to_token_pool = model_runner.req_to_token_pool
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        for backend in self.attn_backends:
+            backend.init_forward_metadata(forward_batch)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        for backend in self.attn_backends:
+            backend.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        for backend in self.attn_backends:
+            backend.init_forward_metadata_out_graph(forward_batch, in_capture)
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        """Nothing to record (as for one step)."""
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return self.attn_backends[0].get_cuda_graph_seq_len_fill_value()
+
+
 def _factory(model_runner):
     return TritonSWASGLangBackend(model_runner)
 
 
-def register() -> None:
-    """Register ``triton_swa`` with SGLang: the backend registry and both choice lists (idempotent).
+# SGLang accepts triton_swa wherever it accepts this sibling: its own Triton backend serves the same
+# features (sliding windows, sinks, softcap, head dims up to 512, KV-shared layers, custom masks).
+SIBLING = "triton"
 
-    SGLang's plugin loader calls this through the ``sglang.srt.plugins`` entry point.
+# The SGLang functions that select by backend name, hooked at plugin load (SGLang's HookRegistry):
+# target -> (hook type name, hook). tests/integration checks each against SGLang's real code.
+_HOOKS: dict = {}
+_registered = False
+
+
+def _as_sibling(name):
+    return SIBLING if name == NAME else name
+
+
+def _model_adjustments(original, server_args, *args, **kwargs):
+    """Per-model server-argument checks (Gemma 4, gpt-oss, ...) read triton_swa as its sibling."""
+    from sglang.srt.arg_groups import model_hook
+
+    real = model_hook.attention_backends_of
+
+    def backends_of(view):
+        return tuple(_as_sibling(b) for b in real(view))
+
+    model_hook.attention_backends_of = backends_of
+    try:
+        return original(server_args, *args, **kwargs)
+    finally:
+        model_hook.attention_backends_of = real
+
+
+def _dflash_mask_policy(result, attn_backend, *args, **kwargs):
+    """DFlash verifies a causal chain without a mask; this backend expresses that natively."""
+    name, _ = result
+    if name == TritonSWASGLangBackend.__name__:
+        return name, False
+    return None
+
+
+def _draft_backend(original, factory, backend_name, backend_map, error_template, stamps_children=False):
+    """SGLang's draft-backend factory builds triton_swa draft backends: the multi-step draft decode
+    container (``stamps_children``) or a draft-extend backend."""
+    runner = factory.draft_model_runner
+    if stamps_children:
+        creator = lambda: (NAME, TritonSWAMultiStepDraftBackend(runner, factory.topk, factory.speculative_num_steps))  # noqa: E731
+    else:
+        creator = lambda: (NAME, TritonSWASGLangBackend(runner))  # noqa: E731
+    return original(factory, backend_name, {**backend_map, NAME: creator}, error_template, stamps_children)
+
+
+def _hooks() -> dict:
+    return {
+        "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments": ("AROUND", _model_adjustments),
+        "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": ("AFTER", _dflash_mask_policy),
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend": ("AROUND", _draft_backend),
+    }
+
+
+def register() -> None:
+    """Register ``triton_swa`` with SGLang (idempotent): the backend registry, both choice lists, and
+    hooks on the SGLang functions that accept attention backends by name (:func:`_hooks`).
+
+    SGLang's plugin loader calls this through the ``sglang.srt.plugins`` entry point and applies the
+    hooks right after every plugin has run (``HookRegistry.apply_hooks``), before it resolves server
+    arguments, in the server process and in each scheduler process.
     """
+    global _registered
     from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     if NAME not in ATTENTION_BACKENDS:
         register_attention_backend(NAME)(_factory)
@@ -336,3 +531,7 @@ def register() -> None:
             continue
         add = choices.add_attention_backend_choices if name.startswith("ATT") else choices.add_draft_attention_backend_choices
         add([NAME])
+    if not _registered:
+        for target, (kind, hook) in _hooks().items():
+            HookRegistry.register(target, hook, HookType[kind])
+        _registered = True

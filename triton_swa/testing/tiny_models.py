@@ -1,0 +1,278 @@
+"""Tiny random-weight causal LMs written to a local directory, for the real-engine tier.
+
+:func:`build_tiny_model` writes ``config.json``, ``model.safetensors`` and a small byte-level BPE
+tokenizer (trained here with the ``tokenizers`` package on a seeded synthetic corpus) for one of:
+
+- ``"gemma3"``: ``Gemma3ForCausalLM`` (text), sliding and full layers of one head dim;
+- ``"gemma4"``: ``Gemma4ForCausalLM`` (text only), sliding and full layers with different head dims
+  and KV-head counts, per-layer inputs (PLE) and KV-shared layers at the top of the stack;
+- ``"gpt-oss"``: ``GptOssForCausalLM``, attention sinks, a small mixture of experts (bf16);
+- ``"gemma3-draft"``: a one-layer Gemma 3 sharing the tokenizer (and vocabulary) of the others, the
+  draft model of speculative STANDALONE decoding.
+
+Nothing is downloaded. Weights are drawn from a seeded generator with a larger spread than
+transformers' default init, so greedy tokens are decided by clear margins (float32 implementations
+agree on them) while still depending on the context. The sliding windows are small (8-16 tokens) so a
+few dozen generated tokens already exercise eviction.
+
+Importing this module imports neither transformers nor SGLang; transformers is imported inside the
+builders. Gemma 4's ``config.json`` is written in the form SGLang 0.5.23 reads for ``gemma4_text``
+(``head_dim`` / ``num_key_value_heads`` of the full layers, ``swa_head_dim`` /
+``swa_num_key_value_heads`` of the sliding ones, no ``per_layer_config``), plus
+``global_head_dim`` / ``num_global_key_value_heads``; :func:`load_hf_config` turns it back into the
+transformers config (sliding shape as the base, full layers overridden).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+__all__ = ["FAMILIES", "SPECIALS", "build_tiny_model", "build_tokenizer", "load_hf_config", "model_info"]
+
+FAMILIES = ("gemma3", "gemma4", "gpt-oss", "gemma3-draft")
+# Gemma's special-token ids (pad 0, eos 1, bos 2), used by every family here.
+SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
+VOCAB_SIZE = 384
+_TOKENIZER_SEED = 1234
+_WORDS = (
+    "the a window slides over keys and values while queries attend to recent tokens only pages hold slots "
+    "of the cache evicted when they fall out of range sinks keep mass full layers see everything draft "
+    "models propose tokens target verifies accepts some rejects others kernel triton block tile warp grid"
+).split()
+
+
+def _corpus(n_lines: int = 400, seed: int = _TOKENIZER_SEED) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 14))]
+        if rng.random() < 0.3:
+            words.append(str(rng.randint(0, 999)))
+        lines.append(" ".join(words) + rng.choice([".", ",", "!", "?", ""]))
+    return lines
+
+
+def build_tokenizer(path: str, vocab_size: int = VOCAB_SIZE) -> int:
+    """Train a byte-level BPE tokenizer on the seeded corpus and save it (``tokenizer.json`` and the
+    ``PreTrainedTokenizerFast`` files) in ``path``; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    for i, name in enumerate(SPECIALS):
+        assert tok.token_to_id(name) == i, (name, tok.token_to_id(name))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+    fast.model_max_length = 512
+    os.makedirs(path, exist_ok=True)
+    fast.save_pretrained(path)
+    return tok.get_vocab_size()
+
+
+def _gemma3_config(vocab: int, *, layers: int, window: int) -> Any:
+    from transformers import Gemma3TextConfig
+
+    # every other layer sliding, the last one full
+    types = ["sliding_attention" if (i % 2 == 0 and i != layers - 1) else "full_attention" for i in range(layers)]
+    return Gemma3TextConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=window,
+        layer_types=types,
+        max_position_embeddings=512,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        },
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=None,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=True,
+        architectures=["Gemma3ForCausalLM"],
+    )
+
+
+# Gemma 4: sliding layers (head_dim 16, 2 KV heads) and full layers (head_dim 32, 1 KV head); the
+# last two layers reuse the KV of the last non-shared layer of their type.
+_G4 = dict(layers=6, sliding_head_dim=16, full_head_dim=32, sliding_kv_heads=2, full_kv_heads=1, kv_shared=2)
+_G4_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+
+
+def _gemma4_hf_kwargs(vocab: int, window: int) -> dict:
+    return dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=_G4["layers"],
+        num_attention_heads=4,
+        num_key_value_heads=_G4["sliding_kv_heads"],
+        head_dim=_G4["sliding_head_dim"],
+        global_head_dim=_G4["full_head_dim"],
+        num_global_key_value_heads=_G4["full_kv_heads"],
+        attention_k_eq_v=True,  # gates num_global_key_value_heads in transformers; SGLang then drops v_proj of full layers
+        sliding_window=window,
+        layer_types=list(_G4_TYPES),
+        max_position_embeddings=512,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=vocab,
+        num_kv_shared_layers=_G4["kv_shared"],
+        final_logit_softcapping=30.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=True,
+    )
+
+
+def _gemma4_config(vocab: int, *, window: int) -> Any:
+    from transformers import Gemma4TextConfig
+
+    cfg = Gemma4TextConfig(**_gemma4_hf_kwargs(vocab, window))
+    cfg.architectures = ["Gemma4ForCausalLM"]
+    return cfg
+
+
+def _gemma4_sglang_json(cfg_dict: dict) -> dict:
+    """transformers' Gemma4TextConfig dict -> the flattened form SGLang 0.5.23 reads (see module doc)."""
+    out = {k: v for k, v in cfg_dict.items() if k != "per_layer_config"}
+    out.update(
+        head_dim=_G4["full_head_dim"],
+        num_key_value_heads=_G4["full_kv_heads"],
+        v_head_dim=_G4["full_head_dim"],
+        swa_head_dim=_G4["sliding_head_dim"],
+        swa_v_head_dim=_G4["sliding_head_dim"],
+        swa_num_key_value_heads=_G4["sliding_kv_heads"],
+        global_head_dim=_G4["full_head_dim"],
+        num_global_key_value_heads=_G4["full_kv_heads"],
+        triton_swa_tiny_model="gemma4",
+    )
+    return out
+
+
+def _gpt_oss_config(vocab: int, *, layers: int, window: int) -> Any:
+    from transformers import GptOssConfig
+
+    return GptOssConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=window,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=False,
+        architectures=["GptOssForCausalLM"],
+    )
+
+
+def load_hf_config(path: str) -> Any:
+    """The transformers config of a directory written by :func:`build_tiny_model` (Gemma 4's
+    ``config.json`` is in SGLang's flattened form; the others load with ``AutoConfig``)."""
+    from transformers import AutoConfig
+
+    with open(os.path.join(path, "config.json")) as f:
+        raw = json.load(f)
+    if raw.get("triton_swa_tiny_model") == "gemma4":
+        return _gemma4_config(raw["vocab_size"], window=raw["sliding_window"])
+    return AutoConfig.from_pretrained(path)
+
+
+def _init_weights(model, seed: int, std: float) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if not p.is_floating_point():
+                continue
+            if "norm" in name:  # RMSNorm scales: transformers' init (Gemma's 1 + w, gpt-oss's w = 1)
+                continue
+            s = std if p.ndim >= 2 else std / 4
+            if "embed" in name:
+                s = 1.0 if "per_layer" not in name else 0.5
+            if name.endswith("sinks"):
+                s = 1.0
+            p.copy_((torch.randn(p.shape, generator=gen, dtype=torch.float32) * s).to(p.dtype))
+
+
+def model_info(path: str) -> dict:
+    """``triton_swa_tiny.json`` of a built model: family, seed, sliding window, layer types, dtype."""
+    with open(os.path.join(path, "triton_swa_tiny.json")) as f:
+        return json.load(f)
+
+
+def build_tiny_model(family: str, path: str, seed: int = 0, *, window: int | None = None, num_layers: int | None = None) -> str:
+    """Write a tiny random-weight model of ``family`` (one of :data:`FAMILIES`) to ``path``; returns ``path``.
+
+    ``window`` is the ``sliding_window`` of the config (defaults: 8 for Gemma 3, 16 for Gemma 4, 8
+    for gpt-oss); ``num_layers`` overrides the layer count of Gemma 3 / gpt-oss.
+    """
+    import torch
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny-model family {family!r}; expected one of {FAMILIES}")
+    os.makedirs(path, exist_ok=True)
+    vocab = build_tokenizer(path)
+    dtype = torch.float32
+    if family == "gemma3":
+        cfg, std = _gemma3_config(vocab, layers=num_layers or 4, window=window or 8), 0.15
+    elif family == "gemma3-draft":
+        cfg, std = _gemma3_config(vocab, layers=num_layers or 1, window=window or 8), 0.15
+        cfg.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
+    elif family == "gemma4":
+        cfg, std = _gemma4_config(vocab, window=window or 16), 0.15
+    else:
+        cfg, std = _gpt_oss_config(vocab, layers=num_layers or 2, window=window or 8), 0.15
+        dtype = torch.bfloat16
+
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    _init_weights(model, seed, std)
+    model = model.to(dtype)
+    model.generation_config.eos_token_id = None  # the tier decodes a fixed number of tokens
+    model.save_pretrained(path, safe_serialization=True)
+    if family == "gemma4":
+        cfg_path = os.path.join(path, "config.json")
+        with open(cfg_path) as f:
+            saved = json.load(f)
+        with open(cfg_path, "w") as f:
+            json.dump(_gemma4_sglang_json(saved), f, indent=2, sort_keys=True)
+    info = {
+        "family": family,
+        "seed": seed,
+        "vocab_size": vocab,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": list(cfg.layer_types),
+        "dtype": str(dtype).removeprefix("torch."),
+        "architecture": cfg.architectures[0],
+    }
+    with open(os.path.join(path, "triton_swa_tiny.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    return path
