@@ -457,9 +457,6 @@ def _factory(model_runner):
 # features (sliding windows, sinks, softcap, head dims up to 512, KV-shared layers, custom masks).
 SIBLING = "triton"
 
-# The SGLang functions that select by backend name, hooked at plugin load (SGLang's HookRegistry):
-# target -> (hook type name, hook). tests/integration checks each against SGLang's real code.
-_HOOKS: dict = {}
 _registered = False
 
 
@@ -467,8 +464,9 @@ def _as_sibling(name):
     return SIBLING if name == NAME else name
 
 
-def _model_adjustments(original, server_args, *args, **kwargs):
-    """Per-model server-argument checks (Gemma 4, gpt-oss, ...) read triton_swa as its sibling."""
+def _model_adjustments(server_args, previous):
+    """SGLang's per-model server-argument step (its Gemma 4 and gpt-oss backend allow-lists among
+    them) reads triton_swa as its sibling while it runs; everything else reads the real name."""
     from sglang.srt.arg_groups import model_hook
 
     real = model_hook.attention_backends_of
@@ -478,7 +476,7 @@ def _model_adjustments(original, server_args, *args, **kwargs):
 
     model_hook.attention_backends_of = backends_of
     try:
-        return original(server_args, *args, **kwargs)
+        previous(server_args)
     finally:
         model_hook.attention_backends_of = real
 
@@ -502,9 +500,14 @@ def _draft_backend(original, factory, backend_name, backend_map, error_template,
     return original(factory, backend_name, {**backend_map, NAME: creator}, error_template, stamps_children)
 
 
+# SGLang's resolution steps that select by backend name: step name -> wrapper(server_args, previous).
+_RESOLUTION_HOOKS = {"handle_model_specific_adjustments": _model_adjustments}
+
+
 def _hooks() -> dict:
+    """The SGLang functions that select by backend name with no resolution step of their own, hooked
+    at plugin load through SGLang's HookRegistry: target -> (hook type, hook)."""
     return {
-        "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments": ("AROUND", _model_adjustments),
         "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": ("AFTER", _dflash_mask_policy),
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend": ("AROUND", _draft_backend),
     }
@@ -520,6 +523,7 @@ def register() -> None:
     """
     global _registered
     from sglang.srt.arg_groups import choices
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -532,6 +536,8 @@ def register() -> None:
         add = choices.add_attention_backend_choices if name.startswith("ATT") else choices.add_draft_attention_backend_choices
         add([NAME])
     if not _registered:
+        for step, wrapper in _RESOLUTION_HOOKS.items():
+            register_resolution_hook(step)(wrapper)
         for target, (kind, hook) in _hooks().items():
             HookRegistry.register(target, hook, HookType[kind])
         _registered = True
