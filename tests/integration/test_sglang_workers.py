@@ -552,3 +552,151 @@ def test_mixed_and_draft_extend_v2_run_extend_shaped(mode):
             q, k, v = rand_qkv(layer, sum(new), g)
             out = call(layer, q, k, v, fb).view(-1, HQ, layer.v_head_dim)
             assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v), name=f"{mode.name} layer {layer.layer_id}")
+
+
+def verify_mask_blocks(prefix, n, g, *, tree: bool):
+    """SGLang's verify mask, ``[n, prefix + n]`` per request (prefix visible), and the drafts' own
+    ``[n, n]`` blocks: causal for a chain, a random subset of the ancestors (the diagonal kept) for a tree."""
+    layout, blocks = [], []
+    for p in prefix:
+        block = torch.ones(n, n).tril().bool()
+        if tree:
+            block &= (torch.rand(n, n, generator=g) < 0.6) | torch.eye(n, dtype=torch.bool)
+        layout.append(torch.cat([torch.ones(n, p, dtype=torch.bool), block], 1).reshape(-1))
+        blocks.append(block)
+    return torch.cat(layout), blocks
+
+
+def want_verify(layer, hist, rows, prefix, n, q, k, v, blocks):
+    """Float64 reference of a verify step whose drafts see each other through ``blocks``."""
+    outs = []
+    for i, (r, p) in enumerate(zip(rows, prefix)):
+        kp, vp = hist[(layer.layer_id, r)]
+        s = slice(i * n, (i + 1) * n)
+        q_pos, k_pos = torch.arange(p, p + n), torch.arange(p + n)
+        win = layer.sliding_window_size
+        mask = torch.cat([ref.window_mask(q_pos, k_pos[:p], win), ref.window_mask(q_pos, k_pos[p:], win, causal=False) & blocks[i]], 1)
+        outs.append(ref.attention(q[s], torch.cat([kp[:p], k[s]]), torch.cat([vp[:p], v[s]]), mask, sm_scale=layer.scaling))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("algo", ["eagle-tree", "eagle-chain", "ngram", "dflash", "dflash-masked-capture"])
+def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeypatch):
+    """SGLang's TARGET_VERIFY graph sequence on its own static buffers: ``_allocate_decode_buffers``
+    (the mask sized for the largest batch at the fill length, handed whole to every batch size),
+    capture at each batch size largest first with the verify input SGLang's graph runner builds,
+    then a replay of 3 real requests padded to 4 the way its replay view pads them (row 0, the
+    fill length). The real requests' outputs equal the float64 reference; the padded one is finite.
+
+    ``dflash``: captured without a mask, as SGLang does once the plugin's policy hook is loaded;
+    ``dflash-masked-capture``: captured with SGLang's all-true mask (no hook) and replayed, as
+    DFlash always verifies, with ``custom_mask=None``.
+    """
+    from sglang.srt.model_executor.runner import base_runner
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    g = torch.Generator().manual_seed(31)
+    pool, alloc, rtp, rows, lens = drifted_state(g, rows_n=3, lens=(14, 10, 7))
+    hist = write_history(pool, rtp, rows, lens, layers(), g)
+    evict(alloc, rtp, rows, lens)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp, algo=A.DFLASH if algo.startswith("dflash") else A.EAGLE))
+    n, capture_bs = 3, [1, 2, 4]
+    max_bs = max(capture_bs)
+    fill = backend.get_cuda_graph_seq_len_fill_value()
+    backend.init_cuda_graph_state(max_bs, max_bs * n)
+    # a single-rank process: the buffers' parallel-only fields are off
+    monkeypatch.setattr(base_runner, "get_parallel", lambda: SimpleNamespace(pp_size=1, num_dp_ranks=1))
+    monkeypatch.setattr(base_runner, "enable_num_token_non_padded", lambda: False)
+    buffers = base_runner._allocate_decode_buffers(
+        device=torch.device(DEV), max_bs=max_bs, max_num_token=max_bs * n, hidden_size=8, vocab_size=8, dtype=torch.float32,
+        is_encoder_decoder=False, require_mlp_tp_gather=False, seq_len_fill_value=fill, encoder_len_fill_value=0,
+        num_tokens_per_req=n, cache_loc_dtype=torch.int64, enable_mamba_track=False, allocate_logits_buffer=False,
+    )  # fmt: skip
+
+    def spec_for(mask, positions):
+        if algo.startswith("eagle"):
+            return EagleVerifyInput(
+                draft_token=None, custom_mask=mask, positions=positions, retrieve_index=None, retrieve_next_token=None,
+                retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=n - 1, topk=2 if algo == "eagle-tree" else 1,
+                draft_token_num=n, capture_hidden_mode=None, seq_lens_sum=None, seq_lens_cpu=None,
+            )  # fmt: skip
+        if algo == "ngram":
+            return NgramVerifyInput(None, mask, positions, None, None, None, n)
+        return DFlashVerifyInput(draft_token=None, positions=positions, draft_token_num=n, custom_mask=mask)
+
+    def run(fb):
+        outs = []
+        with forward_context(ForwardContext(attn_backend=backend)):
+            for layer in layers():
+                q, k, v = rand_qkv(layer, fb.batch_size * n, torch.Generator().manual_seed(200 + layer.layer_id))
+                outs.append((call(layer, q, k, v, fb, save_kv_cache=True), q, k, v))
+        return outs
+
+    for bs in reversed(capture_bs):
+        mask = None if algo == "dflash" else buffers.custom_mask
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=buffers.input_ids[: bs * n],
+            req_pool_indices=buffers.req_pool_indices[:bs], seq_lens=buffers.seq_lens[:bs], out_cache_loc=buffers.out_cache_loc[: bs * n],
+            seq_lens_sum=int(buffers.seq_lens[:bs].sum()), positions=buffers.positions[: bs * n], spec_algorithm=A.EAGLE,
+            spec_info=spec_for(mask, None),
+        )  # fmt: skip
+        backend.init_forward_metadata_out_graph(fb, in_capture=True)
+        for out, *_ in run(fb):
+            assert out.shape[0] == bs * n
+
+    raw = len(rows)
+    loc = place(alloc, rtp, rows, lens, [n] * raw)
+    positions = torch.cat([p + torch.arange(n) for p in lens])
+    layout, blocks = verify_mask_blocks(lens, n, g, tree=algo == "eagle-tree")
+    if algo.startswith("dflash"):
+        layout, blocks = None, [torch.ones(n, n).tril().bool()] * raw
+    spec = spec_for(None if layout is None else layout.to(DEV), positions.to(DEV))
+    # SGLang's replay view: the graph's batch size, its buffers padded with row 0 at the fill length
+    pad = max_bs - raw
+    view = sgl_batch(
+        ForwardMode.TARGET_VERIFY, rows + [0] * pad, lens + [fill] * pad, [0] * max_bs,
+        torch.cat([loc, torch.zeros(pad * n, dtype=torch.int64, device=DEV)]),
+        positions=torch.cat([positions, torch.zeros(pad * n, dtype=torch.int64)]).to(DEV), spec_info=spec, spec_algorithm=A.EAGLE,
+    )  # fmt: skip
+    backend.init_forward_metadata_out_graph(view)
+    for layer, (out, q, k, v) in zip(layers(), run(view)):
+        real = raw * n
+        assert_close(out[:real].view(real, HQ, -1), want_verify(layer, hist, rows, lens, n, q[:real], k[:real], v[:real], blocks), name=f"{algo} layer {layer.layer_id}")
+        assert torch.isfinite(out[real:]).all(), "padded request"
+
+
+def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one():
+    """SGLang sizes an eager verify mask ``bs * max_context_len`` per draft when ``seq_lens_sum`` is
+    unknown: the blocks lead, the tail is ignored. A mask too short for the batch is refused, named."""
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    g = torch.Generator().manual_seed(32)
+    pool, alloc, rtp, rows, lens = drifted_state(g, rows_n=2, lens=(14, 10))
+    hist = write_history(pool, rtp, rows, lens, layers(), g)
+    evict(alloc, rtp, rows, lens)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp, algo=A.EAGLE))
+    n = 3
+    loc = place(alloc, rtp, rows, lens, [n] * 2)
+    layout, blocks = verify_mask_blocks(lens, n, g, tree=True)
+    positions = torch.cat([p + torch.arange(n) for p in lens]).to(DEV)
+
+    def batch(mask):
+        spec = EagleVerifyInput(
+            draft_token=None, custom_mask=mask.to(DEV), positions=positions, retrieve_index=None, retrieve_next_token=None,
+            retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=n - 1, topk=2, draft_token_num=n,
+            capture_hidden_mode=None, seq_lens_sum=None, seq_lens_cpu=None,
+        )  # fmt: skip
+        return sgl_batch(ForwardMode.TARGET_VERIFY, rows, lens, [0, 0], loc, positions=positions, spec_info=spec, spec_algorithm=A.EAGLE)
+
+    oversized = torch.cat([layout, torch.ones(2 * n * 64 - layout.numel(), dtype=torch.bool)])
+    fb = batch(oversized)
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        for layer in layers():
+            q, k, v = rand_qkv(layer, 2 * n, g)
+            out = call(layer, q, k, v, fb, save_kv_cache=True)
+            assert_close(out.view(2 * n, HQ, -1), want_verify(layer, hist, rows, lens, n, q, k, v, blocks), name=f"layer {layer.layer_id}")
+    with pytest.raises(ValueError, match=r"custom_mask has 40 entries, fewer than the 90 "):
+        backend.init_forward_metadata(batch(layout[:40]))
