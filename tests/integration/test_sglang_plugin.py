@@ -53,6 +53,8 @@ def probes(tmp_path_factory):
 
 def test_hooks_apply_through_sglangs_plugin_loader(probes):
     assert probes["plugin"]["patched"] == [
+        "sglang.srt.models.gemma3_mm.Gemma3ForConditionalGeneration.prepare_attn_masks",
+        "sglang.srt.models.gemma4_mm.Gemma4ForConditionalGeneration.prepare_attn_masks",
         "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend",
     ]

@@ -700,3 +700,48 @@ def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one():
             assert_close(out.view(2 * n, HQ, -1), want_verify(layer, hist, rows, lens, n, q, k, v, blocks), name=f"layer {layer.layer_id}")
     with pytest.raises(ValueError, match=r"custom_mask has 40 entries, fewer than the 90 "):
         backend.init_forward_metadata(batch(layout[:40]))
+
+
+def test_gemma_image_tokens_attend_bidirectionally():
+    """Gemma 3 / 4 prefill with images: SGLang's ``prepare_attn_masks`` of those models (through the
+    plugin's hook) has the backend let each image's tokens see one another when the whole image is
+    in the chunk; text stays causal, a split image stays causal, and the window still holds."""
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalInputs
+
+    from triton_swa.integrations.sglang import _image_masks
+
+    g = torch.Generator().manual_seed(33)
+    pool, alloc, rtp, rows, lens = drifted_state(g, rows_n=2, lens=(4, 6))
+    hist = write_history(pool, rtp, rows, lens, layers(), g)
+    new = [9, 7]
+    loc = place(alloc, rtp, rows, lens, new)
+    # request 0: an image at absolute positions 6..9 (inside the chunk 4..12); request 1: one at 3..7,
+    # begun in the cached prefix (split: stays causal), one at 8..10
+    mm = [
+        MultimodalInputs(mm_items=[MultimodalDataItem(modality=Modality.IMAGE, offsets=[(6, 9)])]),
+        MultimodalInputs(mm_items=[MultimodalDataItem(modality=Modality.IMAGE, offsets=[(3, 7), (8, 10)])]),
+    ]
+    fb = sgl_batch(ForwardMode.EXTEND, rows, lens, new, loc, mm_inputs=mm)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        _image_masks(lambda *a: pytest.fail("the hook called SGLang's Triton-only mask builder"), None, fb, None, torch.bool)
+        blocks = []
+        for p, e, spans in zip(lens, new, ([(6, 9)], [(8, 10)])):
+            block = torch.ones(e, e).tril().bool()
+            for b, end in spans:
+                block[b - p : end + 1 - p, b - p : end + 1 - p] = True
+            blocks.append(block)
+        for layer in layers():
+            q, k, v = rand_qkv(layer, sum(new), g)
+            out = call(layer, q, k, v, fb).view(sum(new), HQ, -1)
+            want, at = [], 0
+            for i, (r, p, e) in enumerate(zip(rows, lens, new)):
+                kp, vp = hist[(layer.layer_id, r)]
+                s = slice(at, at + e)
+                q_pos, k_pos = torch.arange(p, p + e), torch.arange(p + e)
+                win = layer.sliding_window_size
+                mask = torch.cat([ref.window_mask(q_pos, k_pos[:p], win), ref.window_mask(q_pos, k_pos[p:], win, causal=False) & blocks[i]], 1)
+                want.append(ref.attention(q[s], torch.cat([kp[:p], k[s]]), torch.cat([vp[:p], v[s]]), mask, sm_scale=layer.scaling))
+                at += e
+            assert_close(out, torch.cat(want), name=f"layer {layer.layer_id}")

@@ -350,6 +350,38 @@ class TritonSWASGLangBackend(AttentionBackend):
         batch = _CaptureBatch(forward_mode, bs, req_pool_indices, seq_lens, out_cache_loc, spec_info)
         self.init_forward_metadata_out_graph(batch, in_capture=True)
 
+    def attend_images_bidirectionally(self, forward_batch) -> None:
+        """Gemma 3 / Gemma 4 prefill: each image's tokens see one another, as in Hugging Face's models.
+
+        Set by SGLang's ``prepare_attn_masks`` of those models (hooked by the plugin) after the step's
+        metadata: the step's new tokens get one ``[extend, extend]`` mask block per request, causal,
+        with each image span that lies wholly inside this chunk made bidirectional (a span split by
+        chunked prefill stays causal, as SGLang's Triton backend does). Keys stay windowed by position.
+        """
+        if not forward_batch.forward_mode.is_extend() or forward_batch.forward_mode.is_target_verify():
+            return
+        meta = self.core.forward_metadata
+        ext = [int(x) for x in forward_batch.extend_seq_lens_cpu]
+        prefix = [int(x) for x in forward_batch.extend_prefix_lens_cpu]
+        mm_inputs = getattr(forward_batch, "mm_inputs", None) or [None] * len(ext)
+        blocks, offsets, spans = [], [0], 0
+        for e, p, mm in zip(ext, prefix, mm_inputs):
+            block = torch.ones(e, e, dtype=torch.bool).tril_()
+            for item in getattr(mm, "mm_items", None) or ():
+                if not item.is_image():
+                    continue
+                for begin, end in item.offsets:
+                    if p <= begin and end < p + e:
+                        block[begin - p : end + 1 - p, begin - p : end + 1 - p] = True
+                        spans += 1
+            blocks.append(block.reshape(-1))
+            offsets.append(offsets[-1] + e * e)
+        if spans == 0:
+            return
+        dev = self.core.device
+        meta.custom_mask = torch.cat(blocks).to(dev)
+        meta.mask_indptr = torch.tensor(offsets[:-1], dtype=torch.int32, device=dev)
+
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
         self._sync_pool()
         view = _Layer(layer, sinks, kv_shared=k is None)
@@ -500,6 +532,19 @@ def _draft_backend(original, factory, backend_name, backend_map, error_template,
     return original(factory, backend_name, {**backend_map, NAME: creator}, error_template, stamps_children)
 
 
+def _image_masks(original, model, forward_batch, *args, **kwargs):
+    """Gemma 3 / Gemma 4 build bidirectional image-token masks for SGLang's Triton backend only
+    (by class); with triton_swa serving the prefill, it builds them itself."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    backend = get_attn_backend()
+    backend = getattr(backend, "prefill_backend", backend)
+    if isinstance(backend, TritonSWASGLangBackend):
+        backend.attend_images_bidirectionally(forward_batch)
+        return None
+    return original(model, forward_batch, *args, **kwargs)
+
+
 # SGLang's resolution steps that select by backend name: step name -> wrapper(server_args, previous).
 _RESOLUTION_HOOKS = {"handle_model_specific_adjustments": _model_adjustments}
 
@@ -510,6 +555,8 @@ def _hooks() -> dict:
     return {
         "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": ("AFTER", _dflash_mask_policy),
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend": ("AROUND", _draft_backend),
+        "sglang.srt.models.gemma3_mm.Gemma3ForConditionalGeneration.prepare_attn_masks": ("AROUND", _image_masks),
+        "sglang.srt.models.gemma4_mm.Gemma4ForConditionalGeneration.prepare_attn_masks": ("AROUND", _image_masks),
     }
 
 
