@@ -235,7 +235,68 @@ BATCH = [
     pytest.param(EXTEND, _set(extend_seq_lens_cpu=[3]), ValueError, "extend_seq_lens_cpu", id="extend-seq-lens-cpu-short"),
     pytest.param(EXTEND, _set(extend_prefix_lens_cpu=[-1, 5]), ValueError, "extend_prefix_lens_cpu", id="extend-prefix-lens-cpu-negative"),
     pytest.param(EXTEND, _set(extend_seq_lens_cpu=[3.0, 1.0]), TypeError, "extend_seq_lens_cpu", id="extend-seq-lens-cpu-float"),
-    pytest.param(EXTEND, _set(extend_seq_lens_cpu=[4, 1]), ValueError, "out_cache_loc", id="extend-tokens-vs-out_cache_loc"),
+    # issue 25 (4, 5): lengths that do not add up name the lengths, not out_cache_loc
+    pytest.param(
+        EXTEND,
+        _set(extend_seq_lens_cpu=[4, 1]),
+        ValueError,
+        r"request 0: forward_batch.extend_prefix_lens_cpu\[0\] \+ extend_seq_lens_cpu\[0\] = 6 \+ 4 = 10, but seq_lens_cpu\[0\] = 9",
+        id="extend-tokens-vs-out_cache_loc",
+    ),
+    pytest.param(
+        EXTEND,
+        _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu + torch.tensor([0, 1])),
+        ValueError,
+        r"request 1: forward_batch.extend_prefix_lens_cpu\[1\] \+ extend_seq_lens_cpu\[1\] = 5 \+ 1 = 6, but seq_lens_cpu\[1\] = 7",
+        id="extend-prefix-plus-new-vs-seq_lens_cpu",
+    ),
+    pytest.param(
+        EXTEND,
+        _set(extend_prefix_lens_cpu=[6, 4]),
+        ValueError,
+        r"request 1: forward_batch.extend_prefix_lens_cpu\[1\] \+ extend_seq_lens_cpu\[1\] = 4 \+ 1 = 5, but seq_lens_cpu\[1\] = 6",
+        id="extend-prefix-lens-cpu-short-of-seq_lens_cpu",
+    ),
+    pytest.param(
+        EXTEND,
+        _set(seq_lens_cpu=None, extend_seq_lens_cpu=[4, 1]),
+        ValueError,
+        r"out_cache_loc must have 5 entries \(one per new token: the sum of extend_seq_lens_cpu\), got 4",
+        id="extend-tokens-vs-out_cache_loc-without-seq_lens_cpu",
+    ),
+    pytest.param(
+        DECODE,
+        _set(out_cache_loc=lambda s, b: b.out_cache_loc[:1]),
+        ValueError,
+        r"out_cache_loc must have 2 entries \(one per request in DECODE: batch_size\), got 1",
+        id="decode-out_cache_loc-names-the-rule",
+    ),
+    pytest.param(
+        VERIFY,
+        _set(out_cache_loc=lambda s, b: b.out_cache_loc[:1]),
+        ValueError,
+        r"out_cache_loc must have 4 entries \(one per draft token: batch_size 2 x draft_token_num 2\), got 1",
+        id="verify-out_cache_loc-names-the-rule",
+    ),
+    # issue 25 (3): an empty batch's tensors are int tensors of length 0; a float one is still a
+    # dtype mistake (it would fail on the first non-empty batch anyway)
+    pytest.param(
+        EXTEND,
+        _set(
+            batch_size=0,
+            req_pool_indices=torch.tensor([]),
+            seq_lens=torch.zeros(0, dtype=torch.int64),
+            seq_lens_cpu=torch.zeros(0, dtype=torch.int64),
+            extend_prefix_lens=torch.zeros(0, dtype=torch.int64),
+            extend_seq_lens=torch.zeros(0, dtype=torch.int64),
+            extend_prefix_lens_cpu=[],
+            extend_seq_lens_cpu=[],
+            out_cache_loc=torch.zeros(0, dtype=torch.int64),
+        ),
+        TypeError,
+        "req_pool_indices must have dtype",
+        id="extend-empty-batch-float-req_pool_indices",
+    ),
     pytest.param(EXTEND, _set(extend_prefix_lens_cpu=lambda s, b: [_max_ctx(s), 0]), ValueError, "exceeds", id="extend-past-req_to_token"),
     pytest.param(EXTEND, _spec(causal="yes"), TypeError, "causal", id="extend-causal-str"),
 ]
@@ -264,6 +325,155 @@ def test_missing_mapping_raises_instead_of_reading_nothing():
     state.kv_pool.full_to_swa_index_mapping = None
     with pytest.raises(ValueError, match="full_to_swa_index_mapping"):
         backend.init_forward_metadata(batch_for(state, DECODE))
+
+
+class _NoLaunch:
+    """Trap every kernel launch (interpreter, JIT and the ops' direct launcher)."""
+
+    def __init__(self, monkeypatch):
+        import triton.runtime.interpreter as interpreter
+        import triton.runtime.jit as jit
+
+        from triton_swa.runtime.launch import Launcher
+
+        def trap(*args, **kwargs):
+            raise AssertionError("a kernel was launched before the bad batch was rejected")
+
+        monkeypatch.setattr(interpreter.InterpretedFunction, "run", trap)
+        monkeypatch.setattr(jit.JITFunction, "run", trap)
+        monkeypatch.setattr(Launcher, "__call__", trap)
+
+
+def _device(**over):
+    """Change device tensors only (their host copies keep the good values)."""
+    return lambda s, b: [setattr(b, k, v(s, b)) for k, v in over.items()]
+
+
+def _at(t, i, value):
+    t = t.clone()
+    t[i] = value
+    return t
+
+
+# Device contents only the debug mode reads (issue 25, items 2 and 5): each is named before any launch
+# or read, with debug=True and with TRITON_SWA_DEBUG=1 alike.
+DEBUG_BATCH = [
+    *[
+        pytest.param(
+            mode, _device(req_pool_indices=lambda s, b, r=r: _at(b.req_pool_indices, 1, r(s))), msg, id=f"{mode.name.lower()}-{name}"
+        )
+        for mode in (DECODE, VERIFY, EXTEND)
+        for name, r, msg in [
+            ("row-just-past-req_to_token", lambda s: s.req_to_token.shape[0], r"req_pool_indices\[1\] = \d+ is not a row of req_to_token"),
+            (
+                "row-far-past-req_to_token",
+                lambda s: s.req_to_token.shape[0] + 35,
+                r"req_pool_indices\[1\] = \d+ is not a row of req_to_token",
+            ),
+            ("row-negative", lambda s: -1, r"req_pool_indices\[1\] = -1 is not a row of req_to_token"),
+        ]
+    ],
+    *[
+        pytest.param(
+            mode,
+            _set(seq_lens_cpu=lambda s, b: b.seq_lens_cpu - torch.tensor([1, 0])),
+            r"request 0 \(batch index\): seq_lens_cpu\[0\] = \d+ disagrees with seq_lens\[0\]",
+            id=f"{mode.name.lower()}-seq_lens_cpu-short",
+        )
+        for mode in (DECODE, VERIFY)
+    ],
+    pytest.param(
+        DECODE,
+        _device(seq_lens=lambda s, b: _at(b.seq_lens, 0, 10_000)),
+        r"seq_lens_cpu\[0\] = 9 disagrees with seq_lens\[0\] = 10000",
+        id="decode-device-seq_lens-past-req_to_token",
+    ),
+    pytest.param(
+        EXTEND,
+        _set(extend_prefix_lens_cpu=[5, 5], seq_lens_cpu=None),  # without seq_lens_cpu the host sum rule cannot see it
+        r"extend_prefix_lens_cpu\[0\] = 5 disagrees with extend_prefix_lens\[0\] = 6",
+        id="extend-prefix-lens-cpu-short",
+    ),
+    pytest.param(
+        EXTEND,
+        _device(extend_prefix_lens=lambda s, b: _at(b.extend_prefix_lens, 0, 5)),
+        r"extend_prefix_lens_cpu\[0\] = 6 disagrees with extend_prefix_lens\[0\] = 5",
+        id="extend-device-prefix-lens",
+    ),
+    pytest.param(
+        EXTEND,
+        _set(extend_prefix_lens_cpu=None, extend_seq_lens_cpu=None, extend_prefix_lens=lambda s, b: _at(b.extend_prefix_lens, 0, 5)),
+        r"extend_prefix_lens\[0\] \+ extend_seq_lens\[0\] = 5 \+ 3 = 8, but seq_lens\[0\] = 9",
+        id="extend-device-prefix-plus-new-vs-seq_lens",
+    ),
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("how", ["debug=True", "TRITON_SWA_DEBUG=1"])
+@pytest.mark.parametrize("mode, mutate, match", DEBUG_BATCH)
+def test_debug_mode_names_bad_device_contents_before_any_launch(mode, mutate, match, how, monkeypatch):
+    from triton_swa.runtime import guard
+
+    state = state_for(mode)
+    backend = TritonSWAAttnBackend(runner_for(state))
+    batch = batch_for(state, mode)
+    backend.init_forward_metadata(batch, debug=True)  # the unmodified batch passes the debug checks
+    good = backend.forward_metadata
+    mutate(state, batch)
+    before = snapshot(state)
+    if how == "TRITON_SWA_DEBUG=1":
+        monkeypatch.setattr(guard, "_DEBUG_ENV", True)
+    kw = {"debug": True} if how == "debug=True" else {}
+    _NoLaunch(monkeypatch)
+    with pytest.raises(ValueError, match=match):
+        backend.init_forward_metadata(batch, **kw)
+    assert backend.forward_metadata is good, "a rejected batch replaced the step's metadata"
+    assert_unchanged(state, before)
+
+
+def _empty_batch(mode, how):
+    e = torch.zeros(0, dtype=torch.int64)
+    if how == "engine-builders":
+        if mode == DECODE:
+            return ForwardBatch.decode([], [], e, device="cpu")
+        if mode == VERIFY:
+            return ForwardBatch.verify([], [], SpecInfo(N), e, device="cpu")
+        return ForwardBatch.extend([], [], [], e, device="cpu", mode=mode)
+    # as an engine pads: int32 device tensors of length 0 and empty host lists
+    i = torch.zeros(0, dtype=torch.int32)
+    kw = dict(seq_lens_cpu=e.clone())
+    if mode == VERIFY:
+        kw["spec_info"] = SpecInfo(N, custom_mask=torch.zeros(0, dtype=torch.bool), positions=e.clone())
+    elif mode != DECODE:
+        kw.update(extend_prefix_lens=i.clone(), extend_seq_lens=i.clone(), extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[])
+    return ForwardBatch(mode, 0, i.clone(), i.clone(), i.clone(), **kw)
+
+
+EMPTY_MODES = [m for m in ForwardMode if m != ForwardMode.PREBUILT]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("debug", [False, True], ids=["eager", "debug"])
+@pytest.mark.parametrize("how", ["engine-builders", "engine-padding"])
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("mode", EMPTY_MODES, ids=lambda m: m.name.lower())
+def test_empty_batch_is_a_no_op_in_every_mode(mode, page_size, how, debug):
+    """Issue 25 (3): an empty batch (IDLE, DP-attention padding) in any mode: metadata builds, every layer
+    returns a `[0, heads * head_dim]` output, nothing is written."""
+    state = make_pool_state(seq_lens=[9, 6], window_left=W, page_size=page_size, new_tokens=1, num_swa_layers=2, num_full_layers=1)
+    backend = TritonSWAAttnBackend(runner_for(state))
+    batch = _empty_batch(mode, how)
+    before = snapshot(state)
+    backend.init_forward_metadata(batch, debug=debug)
+    for layer in layers().values():
+        q = torch.zeros(0, HQ * layer.head_dim)
+        k = torch.zeros(0, layer.tp_k_head_num * layer.head_dim)
+        v = torch.zeros(0, layer.tp_k_head_num * layer.v_head_dim)
+        out = backend.forward(q, k, v, layer, batch)
+        assert tuple(out.shape) == (0, HQ * layer.v_head_dim)
+        assert out.dtype == q.dtype
+    assert_unchanged(state, before)
 
 
 # ----- forward -------------------------------------------------------------------------------------

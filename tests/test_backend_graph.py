@@ -341,3 +341,88 @@ def test_cuda_graph_verify_capture_and_replay_with_fresh_spec_info_equal_eager(p
             f"layer {layer.layer_id}: replay differs from eager (max {float((got.float() - want_eager.float()).abs().max()):.3e})"
         )
         assert_close(got, reference(state, layer, new, q, k, v).reshape(got.shape), name=f"layer {layer.layer_id}")
+
+
+def _padded(t, fill):
+    return torch.cat([t, t.new_full((1,), fill)])
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, VERIFY], ids=["decode", "verify"])
+def test_padded_replay_promise(device, page_size, mode):
+    """Issue 25 (6), exactly what ``init_forward_metadata_replay_cuda_graph`` promises for a batch padded
+    the engine's way (a last request on ``req_to_token`` row 0 with the fill length, its drafts past
+    the ``spec_info``): (1) the metadata equals eager metadata over the same padded batch bit for bit,
+    padding included (verify: eager given the replay's padding mask, all zeros, and positions prefix +
+    i); (2) the real requests' output rows equal eager's bit for bit; (3) the padded rows read the dummy
+    slot 0 and nothing else: they change with its contents (which the padded tokens' own stores at
+    ``out_cache_loc`` 0 write concurrently, in no fixed order on a GPU), while the real rows do not.
+    So padded rows are unspecified and must be discarded; nothing else about them is promised."""
+    n = N_DRAFT if mode == VERIFY else 1
+    state = make_pool_state(
+        seq_lens=[9, 21], window_left=W, page_size=page_size, device=device, new_tokens=n, swa_head_num=2, swa_head_dim=16,
+        full_head_num=1, full_head_dim=32,
+    )  # fmt: skip
+    runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W, device=device)
+    backend = TritonSWAAttnBackend(runner)
+    layers = [AttentionLayer(0, HQ, 2, 16, sliding_window_size=W), AttentionLayer(1, HQ, 1, 32)]
+    fill = backend.get_cuda_graph_seq_len_fill_value()
+    rows = _padded(state.req_pool_indices(), 0)
+    if mode == VERIFY:
+        lens = _padded(state.prefix_lens(), fill)
+        real_spec = tree_spec([TREE_A, TREE_B], lens[:2].tolist(), device)
+        # eager needs the whole padded batch's spec: the replay's padding (no draft seen, prefix + i)
+        full_spec = SpecInfo(
+            N_DRAFT,
+            custom_mask=torch.cat([real_spec.custom_mask, torch.zeros(N_DRAFT * N_DRAFT, dtype=torch.bool, device=device)]),
+            positions=torch.cat([real_spec.positions, fill + torch.arange(N_DRAFT, device=device)]),
+        )
+        eager_batch = ForwardBatch(VERIFY, 3, rows, lens, None, seq_lens_cpu=lens.cpu(), spec_info=full_spec)
+    else:
+        lens = _padded(state.seq_lens(), fill)
+        real_spec = None
+        eager_batch = ForwardBatch(ForwardMode.DECODE, 3, rows, lens, None, seq_lens_cpu=lens.cpu())
+    backend.init_cuda_graph_state(max_bs=3, max_num_tokens=3 * n)
+    backend.init_forward_metadata_capture_cuda_graph(3, 3 * n, rows, lens, None, mode, real_spec)
+    backend.init_forward_metadata_replay_cuda_graph(3, rows, lens, int(lens.sum()), None, mode, real_spec)
+    replay = backend.forward_metadata
+    graph_meta = {k: v.clone() for k, v in tensors(replay).items()}
+    backend.init_forward_metadata(eager_batch, debug=True)
+    eager = backend.forward_metadata
+    # (1) metadata, padding included
+    eager_meta = {k: v for k, v in tensors(eager).items() if k != "prefix_lens_cpu"}  # a host copy, eager only
+    assert eager_meta.keys() == graph_meta.keys()
+    for name, want in eager_meta.items():
+        got = graph_meta[name]
+        if name.endswith("kv_indices"):
+            got = got[: want.numel()]  # the graph's buffer is larger; readers stop at kv_indptr[B]
+        elif name.endswith("page_table"):
+            assert not got[:, want.shape[1] :].any(), f"{name}: columns past eager's width"
+            got = got[:, : want.shape[1]]
+        elif name == "custom_mask":
+            got = got[: want.numel()]
+        assert torch.equal(got.cpu().long(), want.cpu().long()), name
+
+    data = inputs(layers, 3 * n, 5, device)
+
+    def run(meta):
+        backend.forward_metadata = meta
+        outs = []
+        for layer, (q, k, v) in zip(layers, data):
+            fwd = backend.forward_decode if mode == ForwardMode.DECODE else backend.forward_extend
+            outs.append(fwd(q.reshape(len(q), -1), k, v, layer, eager_batch, save_kv_cache=False))
+        return outs
+
+    t = 2 * n  # the real requests' rows
+    for layer, got, want in zip(layers, run(replay), run(eager)):
+        assert torch.equal(got[:t], want[:t]), f"layer {layer.layer_id}: a real request's row differs from eager"
+    # (3) padded rows follow the dummy slot 0, real rows do not
+    before = run(replay)
+    for pool in (state.kv_pool.swa_kv_pool, state.kv_pool.full_kv_pool):
+        for buf in pool.k_buffer + pool.v_buffer:
+            buf[0] = 100.0 * torch.randn(buf[0].shape, generator=torch.Generator().manual_seed(9)).to(buf.dtype)
+    after = run(replay)
+    for layer, b, a in zip(layers, before, after):
+        assert torch.equal(a[:t], b[:t]), f"layer {layer.layer_id}: a real request read the dummy slot"
+        assert not torch.equal(a[t:], b[t:]), f"layer {layer.layer_id}: the padded request did not read the dummy slot"

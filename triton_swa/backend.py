@@ -38,7 +38,7 @@ from .runtime.checks import (
     check_sm_scale,
     check_tensor,
 )
-from .runtime.guard import check_forward_metadata, debug_enabled
+from .runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
 
 
 def _dequantize(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
@@ -128,10 +128,10 @@ def _check_rows(name: str, x, rows: int, heads: int, dim: int, dtype, device) ->
         raise ValueError(f"{name} must be contiguous along its last dimension (strides {x.stride()})")
 
 
-def _check_index(name: str, x, device, length: int | None = None) -> torch.Tensor:
+def _check_index(name: str, x, device, length: int | None = None, why: str = "") -> torch.Tensor:
     check_tensor(name, x, dtype=INDEX_DTYPES, device=device, ndim=1)
     if length is not None and x.shape[0] != length:
-        raise ValueError(f"{name} must have {length} entries, got {x.shape[0]}")
+        raise ValueError(f"{name} must have {length} entries{f' ({why})' if why else ''}, got {x.shape[0]}")
     return x
 
 
@@ -309,12 +309,14 @@ class TritonSWAAttnBackend:
             check_tensor("forward_batch.seq_lens_cpu", fb.seq_lens_cpu, dtype=INDEX_DTYPES, device="cpu", shape=(bs,))
         if mode.is_decode():
             num_tokens, extra = bs, 0
+            tokens_why = "one per request in DECODE: batch_size"
         elif mode.is_target_verify():
             spec = fb.spec_info
             if spec is None:
                 raise ValueError("TARGET_VERIFY needs forward_batch.spec_info with draft_token_num")
             n = _as_int("spec_info.draft_token_num", getattr(spec, "draft_token_num", None), 1)
             num_tokens, extra = bs * n, n
+            tokens_why = f"one per draft token: batch_size {bs} x draft_token_num {n}"
             self._check_spec(spec, bs, n, exact=True)
         else:
             if fb.extend_seq_lens is None or fb.extend_prefix_lens is None:
@@ -336,8 +338,19 @@ class TritonSWAAttnBackend:
                         raise ValueError(
                             f"request {i}: extend_prefix_lens_cpu + extend_seq_lens_cpu = {p + e} exceeds req_to_token's {max_ctx} columns"
                         )
+                if fb.seq_lens_cpu is not None:
+                    # host values: the sum rule of an extend step costs nothing to check, every step
+                    seq_cpu = fb.seq_lens_cpu.tolist()
+                    for i, (e, p, n) in enumerate(zip(cpu["extend_seq_lens_cpu"], cpu["extend_prefix_lens_cpu"], seq_cpu)):
+                        if p + e != n:
+                            raise ValueError(
+                                f"request {i}: forward_batch.extend_prefix_lens_cpu[{i}] + extend_seq_lens_cpu[{i}] = "
+                                f"{p} + {e} = {p + e}, but seq_lens_cpu[{i}] = {n} (cached prefix + new tokens must equal "
+                                "seq_lens in an extend step)"
+                            )
             ext = cpu.get("extend_seq_lens_cpu")
             num_tokens = sum(ext) if ext is not None else int(fb.extend_seq_lens.sum())
+            tokens_why = "one per new token: the sum of extend_seq_lens" + ("_cpu" if ext is not None else "")
             extra = 0
             spec = fb.spec_info
             if spec is not None and not isinstance(getattr(spec, "causal", True), bool):
@@ -350,7 +363,7 @@ class TritonSWAAttnBackend:
                     f"forward_batch.{what} must lie in [0, {max_ctx}] (req_to_token's columns), got values from {lo} to {hi + extra}"
                 )
         if fb.out_cache_loc is not None:
-            _check_index("forward_batch.out_cache_loc", fb.out_cache_loc, dev, num_tokens)
+            _check_index("forward_batch.out_cache_loc", fb.out_cache_loc, dev, num_tokens, tokens_why)
         return num_tokens
 
     def _check_spec(self, spec, bs: int, n: int, *, exact: bool) -> None:
@@ -380,21 +393,32 @@ class TritonSWAAttnBackend:
 
         Args:
             forward_batch: the step's batch (SGLang's ``ForwardBatch`` field names).
-            debug (bool | None): afterwards, check the built indices against the reference path and
-                every window slot for liveness (a host sync; ValueError naming request, position and
-                slot); None follows ``TRITON_SWA_DEBUG`` (see :mod:`triton_swa.runtime.guard`).
+            debug (bool | None): before any launch, check the device contents the index builds read
+                (:func:`~triton_swa.runtime.guard.check_forward_batch`: rows of ``req_to_token``,
+                lengths in range and adding up, host copies equal to their device tensors, every window
+                slot in range and live); afterwards, check the built indices against the reference path
+                (:func:`~triton_swa.runtime.guard.check_forward_metadata`). A host sync; ValueError
+                naming the field, request, position and slot. None follows ``TRITON_SWA_DEBUG`` (see
+                :mod:`triton_swa.runtime.guard`).
 
         Raises:
             TypeError, ValueError: naming the field of a bad batch (lengths of ``req_pool_indices``,
                 ``seq_lens``, ``out_cache_loc`` or the CPU copies disagreeing with ``batch_size``, a
                 missing ``spec_info`` or ``extend_seq_lens``, wrong dtypes or devices, CPU lengths past
-                ``req_to_token``), before anything is launched.
-        """
-        self._build_forward_metadata(forward_batch)
-        if debug_enabled(debug):
-            check_forward_metadata(self, forward_batch)
+                ``req_to_token``, and in extend modes ``extend_prefix_lens_cpu[i] +
+                extend_seq_lens_cpu[i] != seq_lens_cpu[i]`` when the three host copies are given),
+                before anything is launched. Checks of host values run on every call; device values
+                only in debug mode.
 
-    def _build_forward_metadata(self, forward_batch) -> None:
+        An empty batch (``batch_size`` 0, int tensors of length 0) is valid in every mode: the step's
+        layers then return ``[0, heads * head_dim]`` outputs and launch nothing.
+        """
+        debug = debug_enabled(debug)
+        self._build_forward_metadata(forward_batch, debug=debug)
+        if debug:
+            check_forward_metadata(self, forward_batch, batch_checked=True)
+
+    def _build_forward_metadata(self, forward_batch, *, debug: bool = False) -> None:
         mode = forward_batch.forward_mode
         if not all(hasattr(mode, name) for name in ("is_idle", "is_decode", "is_target_verify")):
             raise TypeError(f"forward_batch.forward_mode must be a ForwardMode, got {type(mode).__name__}")
@@ -402,6 +426,9 @@ class TritonSWAAttnBackend:
             self.forward_metadata = ForwardMetadata(mode, None, None)
             return
         num_tokens = self._check_batch(forward_batch)
+        if debug:
+            # the device contents the index builds read (rows, lengths, window slots), before any launch
+            check_forward_batch(self, forward_batch)
         req = forward_batch.req_pool_indices
         w = self.sliding_window_size
         translate = self.use_sliding_window_kv_pool
@@ -489,10 +516,27 @@ class TritonSWAAttnBackend:
         the buffers the graph reads. It must match what was captured (``draft_token_num``, ``causal``,
         whether it has a mask and positions); it may cover fewer requests than ``bs`` (padding).
 
-        A replay equals eager metadata over the same batch (``bs`` requests, padding included) bit
-        for bit: both give the kernels the same bounds, so the same split counts. Split counts
-        depend on the launch's batch size, so eager over only the real requests of a padded replay
-        may split otherwise and differ within rounding.
+        What a replay promises, for a batch padded the engine's way (the padded requests on
+        ``req_to_token`` row 0 with :meth:`get_cuda_graph_seq_len_fill_value`, their drafts past
+        ``spec_info``'s requests):
+
+        - Metadata: equal, bit for bit, to :meth:`init_forward_metadata` over the same ``bs``
+          requests, padding included: the window indices (``kv_indptr``, ``kv_indices`` up to
+          ``kv_indptr[bs]``; the page tables, whose columns past eager's width are 0), window
+          starts and ends, ``qo_indptr``, prefix lengths and the split bounds. Verify: the tree mask
+          and positions of the requests ``spec_info`` covers are copied; the requests past it get an
+          all-zero mask block (they see no draft) and positions ``prefix + i``, which is what eager
+          must be given to match.
+        - Outputs of the real requests (rows not on row 0): equal, bit for bit, to eager's over the
+          same padded batch with the same inputs and pools (same indices, bounds and split counts).
+          Eager over the real requests alone may split otherwise and differ within rounding.
+        - Outputs of the padded requests: unspecified, to be discarded. Their window is row 0's
+          dummy slot 0, which the padded tokens' own stores (``out_cache_loc`` 0) write
+          concurrently, in no fixed order on a GPU, so they can differ from eager's, and from one
+          replay to the next. They never change a real request's rows.
+
+        ``tests/test_backend_graph.py::test_padded_replay_promise`` tests exactly this (DECODE and
+        TARGET_VERIFY, page sizes 1 and 4).
         """
         self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=False)
 
@@ -595,8 +639,11 @@ class TritonSWAAttnBackend:
             max_extend = n
         else:
             prefix = forward_batch.extend_prefix_lens.to(torch.int32)
+            # int64 whatever the list holds (torch.tensor([]) alone would be float32: an empty batch)
             prefix_cpu = (
-                torch.tensor(forward_batch.extend_prefix_lens_cpu) if forward_batch.extend_prefix_lens_cpu is not None else prefix.cpu()
+                torch.tensor(forward_batch.extend_prefix_lens_cpu, dtype=torch.int64)
+                if forward_batch.extend_prefix_lens_cpu is not None
+                else prefix.cpu()
             )
             ext = forward_batch.extend_seq_lens
             qo_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)

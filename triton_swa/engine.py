@@ -112,6 +112,12 @@ class SpecInfo:
     causal: bool = True
 
 
+def _ints(values, device) -> torch.Tensor:
+    """A host list of ints as an int64 tensor on ``device`` (int64 when empty too: ``torch.tensor([])``
+    alone is float32, which the backend rejects as it would any float index tensor)."""
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
 @dataclass
 class ForwardBatch:
     """One step's batch. ``seq_lens`` count every token including this step's new ones."""
@@ -137,17 +143,18 @@ class ForwardBatch:
     @classmethod
     def extend(cls, rows, prefix_lens, extend_lens, out_cache_loc, *, device, mode=None) -> ForwardBatch:
         """An extend-shaped step (EXTEND by default): request ``i`` brings ``extend_lens[i]`` tokens
-        after its ``prefix_lens[i]`` cached ones (host lists of ints)."""
+        after its ``prefix_lens[i]`` cached ones (host lists of ints; empty lists give an empty batch
+        of int64 tensors)."""
         seq = torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens)], dtype=torch.int64)
         return cls(
             ForwardMode.EXTEND if mode is None else mode,
             len(rows),
-            torch.tensor(rows, device=device),
+            _ints(rows, device),
             seq.to(device),
             out_cache_loc,
             seq_lens_cpu=seq,
-            extend_prefix_lens=torch.tensor(prefix_lens, device=device),
-            extend_seq_lens=torch.tensor(extend_lens, device=device),
+            extend_prefix_lens=_ints(prefix_lens, device),
+            extend_seq_lens=_ints(extend_lens, device),
             extend_prefix_lens_cpu=list(prefix_lens),
             extend_seq_lens_cpu=list(extend_lens),
         )
@@ -156,7 +163,7 @@ class ForwardBatch:
     def decode(cls, rows, prefix_lens, out_cache_loc, *, device) -> ForwardBatch:
         """One new token per request, at position ``prefix_lens[i]``."""
         seq = torch.tensor(prefix_lens, dtype=torch.int64) + 1
-        return cls(ForwardMode.DECODE, len(rows), torch.tensor(rows, device=device), seq.to(device), out_cache_loc, seq_lens_cpu=seq)
+        return cls(ForwardMode.DECODE, len(rows), _ints(rows, device), seq.to(device), out_cache_loc, seq_lens_cpu=seq)
 
     @classmethod
     def verify(
@@ -175,7 +182,7 @@ class ForwardBatch:
         return cls(
             ForwardMode.TARGET_VERIFY,
             len(rows),
-            torch.tensor(rows, device=device),
+            _ints(rows, device),
             seq.to(device),
             out_cache_loc,
             seq_lens_cpu=seq,

@@ -574,6 +574,53 @@ POOL_METHODS = [
     ),
 ]
 
+# issue 25 (5): an out-of-range loc named with its range (not torch's bare IndexError), without debug
+# mode: CPU indices are host values, free to check
+LOC_RANGE = [
+    case(
+        "mha-set-loc-past-the-pool",
+        lambda s: s.mha.set_kv_buffer(5, T([4, 20]), torch.zeros(2, 2, 4), torch.zeros(2, 2, 3)),
+        ValueError,
+        r"loc\[1\] = 20 is outside this pool's slots 0..19",
+    ),
+    case(
+        "mha-set-loc-negative",
+        lambda s: s.mha.set_kv_buffer(5, T([-3]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)),
+        ValueError,
+        r"loc\[0\] = -3 is outside this pool's slots 0..19",
+    ),
+    case(
+        "swapool-translate-past-the-mapping",
+        lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4, 36])),
+        ValueError,
+        r"kv_indices\[1\] = 36 is outside the full slots 0..35 \(or -1\)",
+    ),
+    case(
+        "swapool-translate-below-minus-one",
+        lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([[4], [-2]])),
+        ValueError,
+        r"kv_indices \(flat index 1\) = -2 is outside the full slots 0..35 \(or -1\)",
+    ),
+    case(
+        "swapool-set-sliding-loc-past-the-mapping",
+        lambda s: s.swa_pool.set_kv_buffer(0, T([99]), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)),
+        ValueError,
+        r"loc\[0\] = 99 is outside the full slots 0..35",
+    ),
+    case(
+        "swapool-set-sliding-loc-minus-one",
+        lambda s: s.swa_pool.set_kv_buffer(0, T([-1]), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)),
+        ValueError,
+        r"loc\[0\] = -1 is outside the full slots 0..35",
+    ),
+    case(
+        "swapool-set-full-loc-past-the-pool",
+        lambda s: s.swa_pool.set_kv_buffer(1, T([40]), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)),
+        ValueError,
+        r"loc\[0\] = 40 is outside",
+    ),
+]
+
 DEBUG_ONLY = [
     case(
         "debug-mha-set-loc-out-of-range",
@@ -591,7 +638,7 @@ DEBUG_ONLY = [
         "debug-swapool-translate-out-of-range",
         lambda s: s.swa_pool.translate_loc_from_full_to_swa(T([4, 36])),
         ValueError,
-        "kv_indices holds 36 at flat index 1, outside the full slots 0..35",
+        r"kv_indices\[1\] = 36 is outside the full slots 0..35 \(or -1\)",
     ),
     case(
         "debug-swapool-set-loc-out-of-range",
@@ -602,7 +649,7 @@ DEBUG_ONLY = [
 ]
 
 
-@pytest.mark.parametrize("call, error, match", CONSTRUCTORS + ALLOCATOR_METHODS + POOL_METHODS)
+@pytest.mark.parametrize("call, error, match", CONSTRUCTORS + ALLOCATOR_METHODS + POOL_METHODS + LOC_RANGE)
 def test_bad_input_raises_and_changes_nothing(call, error, match):
     s = make_state()
     before = state_of(s)

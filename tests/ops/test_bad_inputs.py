@@ -612,7 +612,59 @@ def _host_cases() -> list:
     ]
 
 
-CATALOGUE = _decode_cases() + _extend_cases() + _window_cases() + _out_loc_cases() + _store_cases() + _host_cases()
+def _debug_cases() -> list:
+    """Device contents, in debug mode (``debug=True``): named before any launch (issue 25, items 1 and 5)."""
+    e, ep, w, pt = "extend", "extend_paged", "window_indices", "window_page_table"
+    qo_past = _set(qo_indptr=torch.tensor([0, 3, 9], dtype=I32), debug=True)
+    return [
+        (e, "debug-qo_indptr-past-q", qo_past, ValueError, r"qo_indptr\[2\] = 9 runs past the 5 entries of q"),
+        (ep, "debug-qo_indptr-past-q", qo_past, ValueError, r"qo_indptr\[2\] = 9 runs past the 5 entries of q"),
+        (
+            e,
+            "debug-qo_indptr-decreasing",
+            _set(qo_indptr=torch.tensor([0, 4, 3], dtype=I32), debug=True),
+            ValueError,
+            "qo_indptr decreases from 4 to 3",
+        ),
+        (
+            "decode",
+            "debug-kv_indptr-past-kv_indices",
+            _set(kv_indptr=torch.tensor([0, 3, 9], dtype=I32), debug=True),
+            ValueError,
+            r"kv_indptr\[2\] = 9 runs past the 5 entries of kv_indices",
+        ),
+        (
+            pt,
+            "debug-max_pages-too-small",
+            _set(out=DROP, max_pages=1, debug=True),
+            ValueError,
+            r"window \[1, 5\) spans 2 pages of page_size 4, more than max_pages=1: the pages past it would be dropped",
+        ),
+        (
+            pt,
+            "debug-out-page_table-too-narrow",
+            _set(out=WindowPageTable(torch.full((2, 1), -7, dtype=I32), torch.full((2,), -7, dtype=I32)), debug=True),
+            ValueError,
+            r"more than out.page_table's width \(1 columns\)",
+        ),
+        (
+            w,
+            "debug-num_indices-from-other-lengths",
+            _set(out=DROP, num_indices=5, debug=True),
+            ValueError,
+            r"num_indices=5, but the windows hold 8 indices \(window_index_count of the device seq_lens\)",
+        ),
+        (
+            w,
+            "debug-req_pool_indices-past-req_to_token",
+            _set(req_pool_indices=torch.tensor([1, 3], dtype=I64), debug=True),
+            ValueError,
+            r"req_pool_indices\[1\] = 3 is not a row of req_to_token \[0, 3\)",
+        ),
+    ]
+
+
+CATALOGUE = _decode_cases() + _extend_cases() + _window_cases() + _out_loc_cases() + _store_cases() + _host_cases() + _debug_cases()
 
 
 # ---- the runner ----

@@ -429,7 +429,7 @@ def test_builders_lengths_and_rows():
         build_window_indices(rtt, rows, lens, prefix_lens=lens + 1, debug=True, **kw)
     with raises(text="num_indices=20, but the windows hold 19"):
         build_window_indices(rtt, rows, lens, num_indices=20, debug=True, **kw)
-    with raises(0, text=r"window \[0, 5\) spans 2 pages, more than the table's 1"):
+    with raises(0, text=r"window \[0, 5\) spans 2 pages of page_size 4, more than max_pages=1: the pages past it would be dropped"):
         build_window_page_table(rtt, rows, lens, window_left=W, page_size=4, max_pages=1, debug=True)
 
 

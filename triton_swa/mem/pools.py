@@ -130,6 +130,23 @@ def _layer_id(layer) -> int:
     return check_int("layer.layer_id", layer_id)
 
 
+def _check_in_range(name: str, idx: torch.Tensor, lo: int, hi: int, what: str) -> None:
+    """ValueError naming ``name`` unless every entry of ``idx`` lies in ``[lo, hi]``.
+
+    Free on the host: always when ``idx`` is a CPU tensor (where torch's own indexing would raise a
+    bare IndexError, or wrap a negative index silently). A device tensor's values need a
+    synchronisation, so there it runs in debug mode only (``TRITON_SWA_DEBUG=1``); outside it an
+    out-of-range index is the caller's contract (a device-side assert on CUDA).
+    """
+    if idx.numel() == 0 or (idx.device.type != "cpu" and not debug_enabled()):
+        return
+    bad = (idx < lo) | (idx > hi)
+    if bool(bad.any()):
+        j = int(bad.reshape(-1).nonzero()[0])
+        at = f"[{j}]" if idx.dim() == 1 else f" (flat index {j})"
+        raise ValueError(f"{name}{at} = {int(idx.reshape(-1)[j])} is outside {what}")
+
+
 class MHATokenToKVPool:
     """Per-layer K and V buffers of one head geometry.
 
@@ -203,6 +220,11 @@ class MHATokenToKVPool:
 
         ``layer`` is a layer object with ``layer_id`` (or the id itself); ``layer_id_override`` wins.
         Values in another dtype are divided by ``k_scale``/``v_scale`` when given, then cast.
+
+        Raises:
+            TypeError, ValueError: naming the argument; a ``loc`` outside ``[0, size + page_size)``
+                is a ValueError naming it and the range, always for a CPU ``loc`` (free) and in debug
+                mode for a device one (reading it synchronises).
         """
         layer_id = layer_id_override if layer_id_override is not None else _layer_id(layer)
         i = self._index(layer_id)
@@ -219,12 +241,8 @@ class MHATokenToKVPool:
                     raise TypeError(f"{name} must be a number, a tensor or None, got {type(scale).__name__}")
                 if not math.isfinite(scale) or scale <= 0:
                     raise ValueError(f"{name} must be finite and > 0, got {scale}")
-        if debug_enabled() and n:
-            rows = self.k_buffer[i].shape[0]
-            bad = (loc < 0) | (loc >= rows)
-            if bool(bad.any()):
-                j = int(bad.nonzero()[0])
-                raise ValueError(f"loc[{j}] = {int(loc[j])} is outside this pool's slots 0..{rows - 1}")
+        rows = self.k_buffer[i].shape[0]
+        _check_in_range("loc", loc, 0, rows - 1, f"this pool's slots 0..{rows - 1}")
         for buf, x, scale in ((self.k_buffer[i], cache_k, k_scale), (self.v_buffer[i], cache_v, v_scale)):
             if x.dtype != self.dtype:
                 if scale is not None:
@@ -403,18 +421,17 @@ class SWAKVPool(BaseSWAKVPool):
         self.full_to_swa_index_mapping = full_to_swa_index_mapping
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
-        """SWA slots of full slots, as int32 (0 where evicted, -1 for -1)."""
+        """SWA slots of full slots, as int32 (0 where evicted, -1 for -1).
+
+        Raises:
+            ValueError: no mapping registered, or a slot outside ``[-1, size + page_size)`` (named with
+                the range; always for CPU ``kv_indices``, in debug mode for device ones).
+        """
         if self.full_to_swa_index_mapping is None:
             raise ValueError("no full_to_swa_index_mapping registered: call register_mapping first")
         check_tensor("kv_indices", kv_indices, dtype=INDEX_DTYPES, device=self.device)
-        if debug_enabled() and kv_indices.numel():
-            n = self.full_to_swa_index_mapping.shape[0]
-            bad = (kv_indices < -1) | (kv_indices >= n - 1)
-            if bool(bad.any()):
-                j = int(bad.reshape(-1).nonzero()[0])
-                raise ValueError(
-                    f"kv_indices holds {int(kv_indices.reshape(-1)[j])} at flat index {j}, outside the full slots 0..{n - 2} (or -1)"
-                )
+        n = self.full_to_swa_index_mapping.shape[0]
+        _check_in_range("kv_indices", kv_indices, -1, n - 2, f"the full slots 0..{n - 2} (or -1)")
         return self.full_to_swa_index_mapping[kv_indices.long()].to(torch.int32)
 
     def route(self, layer_id: int) -> tuple[MHATokenToKVPool, int, bool]:
@@ -441,9 +458,15 @@ class SWAKVPool(BaseSWAKVPool):
         return pool.get_kv_buffer(index)
 
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None):
-        """Write a layer's new K/V at full slots ``loc``; a sliding layer writes at ``mapping[loc]``."""
+        """Write a layer's new K/V at full slots ``loc``; a sliding layer writes at ``mapping[loc]``.
+
+        A ``loc`` outside the pool's full slots raises ValueError naming it and the range (always for a
+        CPU ``loc``, in debug mode for a device one)."""
         pool, index, is_swa = self.route(_layer_id(layer))
         check_tensor("loc", loc, dtype=INDEX_DTYPES, device=self.device, ndim=1)
         if is_swa:
+            if self.full_to_swa_index_mapping is not None:
+                n = self.full_to_swa_index_mapping.shape[0]
+                _check_in_range("loc", loc, 0, n - 2, f"the full slots 0..{n - 2}")
             loc = self.translate_loc_from_full_to_swa(loc)
         pool.set_kv_buffer(None, loc, cache_k, cache_v, k_scale, v_scale, layer_id_override=index)

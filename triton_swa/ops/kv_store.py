@@ -26,9 +26,9 @@ __all__ = ["store_kv"]
 
 @triton.jit
 def _fp8_e4m3_bits(x, FNUZ: tl.constexpr):
-    """Bits (uint8) of the float8 e4m3 value nearest to ``x`` (float32), ties to even, saturating as
-    torch's e4m3fn cast does (inf too): e4m3fn (bias 7) at 448, NaN as 0x7F, the sign kept (-0.0 gives
-    0x80); e4m3fnuz (``FNUZ``, bias 8, MI300's format) at 240, NaN as 0x80, and no -0 (a value that
+    """Bits (uint8) of the float8 e4m3 value nearest to ``x`` (float32), ties to even, saturating
+    (the library's rule, inf included): e4m3fn (bias 7) at ±448, NaN as 0x7F, the sign kept (-0.0 gives
+    0x80); e4m3fnuz (``FNUZ``, bias 8, MI300's format) at ±240, NaN as 0x80, and no -0 (a value that
     rounds to 0 gives 0x00, since 0x80 is its NaN).
 
     Encoded by hand because triton 3.6's interpreter converts float32 -> e4m3 wrongly (ties away from
@@ -302,10 +302,11 @@ def store_kv(
     ``v_buffer.shape[0]`` for V) and that buffer's row is written only when ``0 <= s < rows``. The
     debug guard (``TRITON_SWA_DEBUG=1``) turns the same condition into a ValueError.
 
-    fp8 e4m3 buffers saturate: a value beyond the format's range, ``inf`` included, is stored as
-    ``±448`` (e4m3fn, bytes ``0x7E``/``0xFE``, as torch's cast does) or ``±240`` (e4m3fnuz, bytes
-    ``0x7F``/``0xFF``; torch's cast gives NaN there), so a finite or infinite input never becomes a NaN
-    byte; only a NaN input is stored as NaN (e4m3fn ``0x7F``/``0xFF``, e4m3fnuz ``0x80``).
+    fp8 e4m3 buffers saturate, on every device: a value beyond the format's range, ``inf``
+    included, is stored as ``±448`` (e4m3fn, bytes ``0x7E``/``0xFE``) or ``±240`` (e4m3fnuz, bytes
+    ``0x7F``/``0xFF``), so a finite or infinite input never becomes a NaN byte; only a NaN input is
+    stored as NaN (e4m3fn ``0x7F``/``0xFF``, e4m3fnuz ``0x80``). Values inside the range round to the
+    nearest e4m3 value, ties to even.
 
     Raises:
         TypeError, ValueError: on a wrong dtype, device, shape or scale, before any launch.

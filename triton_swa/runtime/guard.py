@@ -60,7 +60,9 @@ windows are one dummy slot. The op-level checks therefore accept a window that i
 equal to 0 (or one page 0); the index builders and :func:`check_forward_metadata` know row 0 and
 exempt its tokens instead.
 
-Backend: :func:`check_forward_metadata` compares a step's ``backend.forward_metadata`` with the
+Backend: :func:`check_forward_batch` checks, before the step's index builds launch, the device
+contents they read (rows of ``req_to_token``, lengths and their sums, host copies, window slots);
+:func:`check_forward_metadata` compares a step's ``backend.forward_metadata`` with the
 reference path's indices, index for index, and checks the windows' slots are live.
 """
 
@@ -78,6 +80,7 @@ __all__ = [
     "ENV_VAR",
     "check_build_window_indices",
     "check_build_window_page_table",
+    "check_forward_batch",
     "check_forward_metadata",
     "check_store_kv",
     "check_swa_decode",
@@ -706,7 +709,12 @@ def check_build_window_indices(
     rows, starts, ends = _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens)
     total = int((ends - starts).sum())
     if num_indices is not None and num_indices != total:
-        _fail(op, f"num_indices={num_indices}, but the windows hold {total} indices")
+        lens = "prefix_lens" if prefix_lens is not None else "seq_lens"
+        _fail(
+            op,
+            f"num_indices={num_indices}, but the windows hold {total} indices (window_index_count of the device "
+            f"{lens}): num_indices was computed from other lengths, e.g. a host copy that disagrees with {lens}",
+        )
     if out is not None and getattr(out, "kv_indices", None) is not None and out.kv_indices.numel() < total:
         _fail(op, f"out.kv_indices holds {out.kv_indices.numel()} entries, fewer than the windows' {total} (it would be truncated)")
     _check_window_slots(op, req_to_token, rows, starts, ends, mapping)
@@ -720,9 +728,10 @@ def check_build_window_page_table(
     _check_count("max_pages", max_pages)
     _check_page_size(page_size, mapping)
     rows, starts, ends = _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens)
-    width = max_pages
+    width, source = max_pages, f"max_pages={max_pages}"
     if width is None and out is not None and getattr(out, "page_table", None) is not None:
         width = out.page_table.shape[1]
+        source = f"out.page_table's width ({width} columns)"
     if width is not None and isinstance(page_size, int) and page_size >= 1:
         first = starts // page_size
         pages = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, torch.zeros_like(ends))
@@ -730,8 +739,9 @@ def check_build_window_page_table(
         if b is not None:
             _fail(
                 op,
-                f"request {b} (batch index): window [{int(starts[b])}, {int(ends[b])}) spans {int(pages[b])} pages, "
-                f"more than the table's {width} (they would be dropped)",
+                f"request {b} (batch index): window [{int(starts[b])}, {int(ends[b])}) spans {int(pages[b])} pages "
+                f"of page_size {page_size}, more than {source}: the pages past it would be dropped (give "
+                f"max_pages >= {int(pages.max())}, e.g. max_window_pages(...))",
             )
     _check_window_slots(op, req_to_token, rows, starts, ends, mapping, page_size)
 
@@ -851,7 +861,85 @@ def _slots_at(rtt, rows, positions, mapping) -> torch.Tensor:
     return slots.cpu()
 
 
-def check_forward_metadata(backend, forward_batch) -> None:
+def check_forward_batch(backend, forward_batch) -> None:
+    """Check, before any launch, the device contents a step's index builds will read.
+
+    For ``TritonSWAAttnBackend.init_forward_metadata`` to call in debug mode after its host checks
+    and before building anything (the builds read ``req_to_token`` at the batch's rows and the
+    mapping at their slots: a bad row would be read, not reported). Checks:
+
+    - the host copies (``seq_lens_cpu``, ``extend_prefix_lens_cpu``, ``extend_seq_lens_cpu``) equal
+      their device tensors (named, with the request);
+    - ``req_pool_indices`` are rows of ``req_to_token``; ``seq_lens`` lie in ``[0, max_context_len]``
+      (verify: plus ``draft_token_num``); extend modes: ``extend_prefix_lens >= 0``,
+      ``extend_seq_lens >= 0`` and ``extend_prefix_lens + extend_seq_lens == seq_lens``;
+    - every in-window token of every layer kind (row 0, padding, exempt) has a full slot inside the
+      full pool (or the mapping) and, for translated sliding layers, a live SWA slot.
+
+    Raises:
+        ValueError: naming the field, the request (batch index), the position and the slot.
+    """
+    op = "forward batch"
+    mode = forward_batch.forward_mode
+    if mode.is_idle():
+        return
+    rtt = backend.req_to_token
+    R, C = rtt.shape
+    fields = {"seq_lens": forward_batch.seq_lens, "seq_lens_cpu": getattr(forward_batch, "seq_lens_cpu", None)}
+    for name in ("extend_prefix_lens", "extend_seq_lens"):
+        if getattr(forward_batch, name, None) is not None:
+            fields[name] = getattr(forward_batch, name)
+            fields[name + "_cpu"] = getattr(forward_batch, name + "_cpu", None)
+    _check_cpu_copies(op, fields)
+    rows = _host("req_pool_indices", forward_batch.req_pool_indices)
+    b = _first((rows < 0) | (rows >= R))
+    if b is not None:
+        _fail(op, f"request {b} (batch index): req_pool_indices[{b}] = {int(rows[b])} is not a row of req_to_token [0, {R})")
+    seq = _host("seq_lens", forward_batch.seq_lens)
+    verify, extend = mode.is_target_verify(), not mode.is_decode()
+    extra = int(forward_batch.spec_info.draft_token_num) if verify else 0
+    b = _first((seq < 0) | (seq + extra > C))
+    if b is not None:
+        plus = f" (+ draft_token_num {extra})" if extra else ""
+        _fail(op, f"request {b} (batch index): seq_lens[{b}] = {int(seq[b])}{plus} is outside [0, max_context_len={C}]")
+    ends = seq
+    if extend and not verify:
+        P = _host("extend_prefix_lens", forward_batch.extend_prefix_lens)
+        E = _host("extend_seq_lens", forward_batch.extend_seq_lens)
+        for name, x in (("extend_prefix_lens", P), ("extend_seq_lens", E)):
+            b = _first(x < 0)
+            if b is not None:
+                _fail(op, f"request {b} (batch index): {name}[{b}] = {int(x[b])} is negative")
+        b = _first(P + E != seq)
+        if b is not None:
+            _fail(
+                op,
+                f"request {b} (batch index): extend_prefix_lens[{b}] + extend_seq_lens[{b}] = {int(P[b])} + {int(E[b])} "
+                f"= {int(P[b] + E[b])}, but seq_lens[{b}] = {int(seq[b])} (cached prefix + new tokens must equal seq_lens)",
+            )
+        ends = P
+    ps = int(backend.page_size)
+    W = int(backend.sliding_window_size)
+    pool = backend.kv_pool
+    full_pool = getattr(pool, "full_kv_pool", None) or pool
+    swa_pool = getattr(pool, "swa_kv_pool", None)
+    kinds = [(-1, False)] + ([(W, bool(backend.use_sliding_window_kv_pool))] if W >= 0 else [])
+    for w, translate in kinds:
+        starts = window_start(ends, w, extend=extend)
+        _check_window_slots(
+            op,
+            rtt,
+            rows,
+            starts,
+            ends,
+            backend.mapping if translate else None,
+            ps if ps > 1 else None,
+            slot_rows=_pool_rows(full_pool) if not translate else None,
+            swa_rows=_pool_rows(swa_pool) if translate else None,
+        )
+
+
+def check_forward_metadata(backend, forward_batch, *, batch_checked: bool = False) -> None:
     """Check a step's metadata (``backend.forward_metadata``) against the reference path and the pools.
 
     For ``TritonSWAAttnBackend.init_forward_metadata`` to call last when :func:`debug_enabled`, and
@@ -873,6 +961,10 @@ def check_forward_metadata(backend, forward_batch) -> None:
       token; the same for full slots (full free list);
     - ``out_cache_loc`` (when given) are the new tokens' slots in ``req_to_token``, each with an SWA slot.
 
+    The batch's own device contents are checked first (:func:`check_forward_batch`), so that a bad row
+    or length is named rather than read; ``batch_checked=True`` skips that when the caller has just run
+    it (``init_forward_metadata`` does, before building).
+
     Raises:
         ValueError: naming the layer kind, the request (batch index), the position and the slot.
     """
@@ -883,6 +975,8 @@ def check_forward_metadata(backend, forward_batch) -> None:
     mode = meta.forward_mode
     if mode.is_idle():
         return
+    if not batch_checked:
+        check_forward_batch(backend, forward_batch)
     rtt = backend.req_to_token
     ps = int(backend.page_size)
     W = int(backend.sliding_window_size)

@@ -214,7 +214,7 @@ def _swa_extend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _swa_extend_kernel(
     q,
     k,
@@ -241,6 +241,7 @@ def _swa_extend_kernel(
     num_splits,
     lse_offset,
     HQ,
+    num_rows,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -287,6 +288,11 @@ def _swa_extend_kernel(
     writes float32 partials to ``part`` in decode's layout: the output over its keys normalised by its
     own denominator at ``[T, HQ, num_splits, Dv]``, its log2-sum-exp2 at ``lse_offset + [T, HQ,
     num_splits]`` (zeros and ``-inf`` for an empty split). The sinks are then left to the merge.
+
+    ``num_rows`` (``T``: the rows of ``q``, ``k``, ``v``, ``q_positions``, ``out`` and the partials)
+    bounds every token row a program touches: request ``b``'s rows ``[qo_indptr[b], qo_indptr[b + 1])``
+    are clipped to ``[0, T)`` (an identity for a valid ``qo_indptr``), so that no ``qo_indptr``
+    (device contents, unchecked outside debug mode) makes it read or write past those tensors.
     """
     TOK: tl.constexpr = BLOCK_M // GP
     EVEN_D: tl.constexpr = D == BLOCK_D
@@ -299,8 +305,9 @@ def _swa_extend_kernel(
     i_hg = tl.program_id(1)
     i_b = tl.program_id(2)
 
-    q_start = tl.load(qo_indptr + i_b).to(tl.int32)
-    E = tl.load(qo_indptr + i_b + 1).to(tl.int32) - q_start
+    # the request's rows clipped to [0, num_rows): an identity for every valid qo_indptr
+    q_start = tl.minimum(tl.maximum(tl.load(qo_indptr + i_b).to(tl.int32), 0), num_rows)
+    E = tl.minimum(tl.load(qo_indptr + i_b + 1).to(tl.int32), num_rows) - q_start
     m0 = i_m * TOK
     if m0 >= E:
         return

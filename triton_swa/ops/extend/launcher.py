@@ -496,7 +496,10 @@ def swa_extend(
         out (torch.Tensor | None): `[T, HQ, Dv]` in ``q``'s dtype, written in place; rows of
             requests (tokens ``[qo_indptr[0], qo_indptr[B])``) are written, nothing else. Without
             ``out`` the other rows of the returned tensor are unset (NaN under
-            ``TRITON_SWA_POISON=1``).
+            ``TRITON_SWA_POISON=1``). Whatever ``qo_indptr`` holds (device contents are checked only
+            in debug mode), the kernels clip each request's rows to ``[0, T)``: no row of ``q``,
+            ``k``, ``v`` or ``q_positions`` past ``T`` is read, none of ``out`` (or the split
+            partials) is written.
 
     The 1-D index tensors (``qo_indptr``, ``prefix_lens``, ``kv_indptr``, ``kv_indices``,
     ``window_starts``, ``q_positions``, ``mask_indptr``, ``custom_mask``) must be contiguous: the
@@ -621,6 +624,7 @@ def swa_extend(
         plan.num_splits,
         plan.lse_offset,
         inputs.HQ,
+        inputs.T,
         q.stride(0),
         q.stride(1),
         k.stride(0),
