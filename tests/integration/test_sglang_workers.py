@@ -585,8 +585,11 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
     """SGLang's TARGET_VERIFY graph sequence on its own static buffers: ``_allocate_decode_buffers``
     (the mask sized for the largest batch at the fill length, handed whole to every batch size),
     capture at each batch size largest first with the verify input SGLang's graph runner builds,
-    then a replay of 3 real requests padded to 4 the way its replay view pads them (row 0, the
-    fill length). The real requests' outputs equal the float64 reference; the padded one is finite.
+    then a replay of 3 real requests padded to 4 the way its replay path pads them (the real
+    inputs copied into the buffers, row 0 and the fill length after them). On a GPU each batch
+    size is a captured ``torch.cuda.CUDAGraph`` that the replay replays; on the CPU the same layers
+    run again over the same buffers. The real requests' outputs equal the float64 reference; the
+    padded one is finite.
 
     ``dflash``: captured without a mask, as SGLang does once the plugin's policy hook is loaded;
     ``dflash-masked-capture``: captured with SGLang's all-true mask (no hook) and replayed, as
@@ -614,6 +617,8 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
         is_encoder_decoder=False, require_mlp_tp_gather=False, seq_len_fill_value=fill, encoder_len_fill_value=0,
         num_tokens_per_req=n, cache_loc_dtype=torch.int64, enable_mamba_track=False, allocate_logits_buffer=False,
     )  # fmt: skip
+    # the model's per-layer inputs, static as a captured graph needs them
+    qkv = {layer.layer_id: [x.to(DEV) for x in rand_qkv(layer, max_bs * n, g)] for layer in layers()}
 
     def spec_for(mask, positions):
         if algo.startswith("eagle"):
@@ -626,25 +631,31 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
             return NgramVerifyInput(None, mask, positions, None, None, None, n)
         return DFlashVerifyInput(draft_token=None, positions=positions, draft_token_num=n, custom_mask=mask)
 
-    def run(fb):
-        outs = []
-        with forward_context(ForwardContext(attn_backend=backend)):
-            for layer in layers():
-                q, k, v = rand_qkv(layer, fb.batch_size * n, torch.Generator().manual_seed(200 + layer.layer_id))
-                outs.append((call(layer, q, k, v, fb, save_kv_cache=True), q, k, v))
-        return outs
-
-    for bs in reversed(capture_bs):
-        mask = None if algo == "dflash" else buffers.custom_mask
-        fb = ForwardBatch(
+    def batch(bs, spec, seq_lens_cpu=None):
+        return ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=buffers.input_ids[: bs * n],
             req_pool_indices=buffers.req_pool_indices[:bs], seq_lens=buffers.seq_lens[:bs], out_cache_loc=buffers.out_cache_loc[: bs * n],
-            seq_lens_sum=int(buffers.seq_lens[:bs].sum()), positions=buffers.positions[: bs * n], spec_algorithm=A.EAGLE,
-            spec_info=spec_for(mask, None),
+            seq_lens_sum=int(buffers.seq_lens[:bs].sum()), seq_lens_cpu=seq_lens_cpu, positions=buffers.positions[: bs * n],
+            spec_algorithm=A.EAGLE, spec_info=spec,
         )  # fmt: skip
+
+    def forward(fb):
+        t = fb.batch_size * n
+        with forward_context(ForwardContext(attn_backend=backend)):
+            return [layer(*(x[:t].flatten(1) for x in qkv[layer.layer_id]), fb, save_kv_cache=True) for layer in layers()]
+
+    graphs = {}
+    for bs in reversed(capture_bs):
+        fb = batch(bs, spec_for(None if algo == "dflash" else buffers.custom_mask, None))
         backend.init_forward_metadata_out_graph(fb, in_capture=True)
-        for out, *_ in run(fb):
-            assert out.shape[0] == bs * n
+        forward(fb)  # SGLang's warm-up run before capture
+        if DEV == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = forward(fb)
+            graphs[bs] = (graph, fb, outs)
+        else:
+            graphs[bs] = (None, fb, None)
 
     raw = len(rows)
     loc = place(alloc, rtp, rows, lens, [n] * raw)
@@ -653,17 +664,27 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
     if algo.startswith("dflash"):
         layout, blocks = None, [torch.ones(n, n).tril().bool()] * raw
     spec = spec_for(None if layout is None else layout.to(DEV), positions.to(DEV))
-    # SGLang's replay view: the graph's batch size, its buffers padded with row 0 at the fill length
-    pad = max_bs - raw
-    view = sgl_batch(
-        ForwardMode.TARGET_VERIFY, rows + [0] * pad, lens + [fill] * pad, [0] * max_bs,
-        torch.cat([loc, torch.zeros(pad * n, dtype=torch.int64, device=DEV)]),
-        positions=torch.cat([positions, torch.zeros(pad * n, dtype=torch.int64)]).to(DEV), spec_info=spec, spec_algorithm=A.EAGLE,
-    )  # fmt: skip
+    # SGLang's replay: the real inputs into the buffers, padded requests on row 0 at the fill length
+    buffers.seq_lens.fill_(fill)
+    buffers.out_cache_loc.zero_()
+    buffers.req_pool_indices.zero_()
+    buffers.positions.zero_()
+    buffers.req_pool_indices[:raw].copy_(torch.tensor(rows))
+    buffers.seq_lens[:raw].copy_(torch.tensor(lens))
+    buffers.out_cache_loc[: raw * n].copy_(loc)
+    buffers.positions[: raw * n].copy_(positions)
+    graph, _, outs = graphs[max_bs]
+    view = batch(max_bs, spec, seq_lens_cpu=torch.tensor(lens + [fill] * (max_bs - raw)))
     backend.init_forward_metadata_out_graph(view)
-    for layer, (out, q, k, v) in zip(layers(), run(view)):
-        real = raw * n
-        assert_close(out[:real].view(real, HQ, -1), want_verify(layer, hist, rows, lens, n, q[:real], k[:real], v[:real], blocks), name=f"{algo} layer {layer.layer_id}")
+    if graph is not None:
+        graph.replay()
+    else:
+        outs = forward(view)
+    real = raw * n
+    for layer, out in zip(layers(), outs):
+        q, k, v = (x[:real].cpu() for x in qkv[layer.layer_id])
+        out = out.cpu()
+        assert_close(out[:real].view(real, HQ, -1), want_verify(layer, hist, rows, lens, n, q, k, v, blocks), name=f"{algo} layer {layer.layer_id}")
         assert torch.isfinite(out[real:]).all(), "padded request"
 
 
