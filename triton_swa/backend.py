@@ -664,7 +664,9 @@ class TritonSWAAttnBackend:
                 meta.custom_mask = spec.custom_mask
                 meta.mask_indptr = torch.arange(0, bs * n * n, n * n, dtype=torch.int32, device=dev)
         elif spec is not None:
-            meta.causal = spec.causal
+            # an engine's own draft-extend inputs (SGLang's EagleDraftExtendInput) carry no ``causal``:
+            # their new tokens are causal
+            meta.causal = getattr(spec, "causal", True)
         return meta
 
     # ----- per-layer dispatch --------------------------------------------------------------------

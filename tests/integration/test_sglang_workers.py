@@ -545,7 +545,12 @@ def test_mixed_and_draft_extend_v2_run_extend_shaped(mode):
     evict(alloc, rtp, rows, lens)
     backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
     new = [3, 1]
-    fb = sgl_batch(mode, rows, lens, new, place(alloc, rtp, rows, lens, new))
+    spec = None
+    if mode == ForwardMode.DRAFT_EXTEND_V2:
+        from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+        spec = EagleDraftExtendInput()  # what SGLang's EAGLE / STANDALONE draft extend carries: no ``causal``
+    fb = sgl_batch(mode, rows, lens, new, place(alloc, rtp, rows, lens, new), spec_info=spec)
     backend.init_forward_metadata(fb)
     with forward_context(ForwardContext(attn_backend=backend)):
         for layer in layers():
