@@ -26,11 +26,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def probe_env() -> dict:
-    """SGLang's imports on a CPU: the torchvision stub where needed, the engine tier's sgl_kernel stub."""
-    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1")
-    paths = [os.path.join(HERE, "stubs"), os.path.join(ROOT, "tests", "engine", "stubs"), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return env
+    """SGLang's imports on a CPU (the real-engine tier's environment): the torchvision stub, the
+    engine tier's sgl_kernel stub."""
+    from triton_swa.testing.sglang_engine import engine_env
+
+    return engine_env([os.path.join(HERE, "stubs"), os.path.join(ROOT, "tests", "engine", "stubs")])
 
 
 @pytest.fixture(scope="module")

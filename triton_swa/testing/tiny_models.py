@@ -202,7 +202,7 @@ def load_hf_config(path: str) -> Any:
     return AutoConfig.from_pretrained(path)
 
 
-def _init_weights(model, seed: int, std: float) -> None:
+def _init_weights(model, seed: int, std: float, norm_centre: float, embed_std: float) -> None:
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -210,11 +210,14 @@ def _init_weights(model, seed: int, std: float) -> None:
         for name, p in sorted(model.named_parameters()):
             if not p.is_floating_point():
                 continue
-            if "norm" in name:  # RMSNorm scales: transformers' init (Gemma's 1 + w, gpt-oss's w = 1)
+            if "norm" in name:  # RMSNorm scales around 2 (Gemma scales by 1 + w, gpt-oss by w)
+                # the final norm also sets the logits' scale: a wide one keeps greedy margins clear
+                centre = 4 * norm_centre + (3.0 if norm_centre == 1.0 else 0.0) if name == "model.norm.weight" else norm_centre
+                p.copy_((centre + 0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float32)).to(p.dtype))
                 continue
             s = std if p.ndim >= 2 else std / 4
             if "embed" in name:
-                s = 1.0 if "per_layer" not in name else 0.5
+                s = embed_std if "per_layer" not in name else 0.5
             if name.endswith("sinks"):
                 s = 1.0
             p.copy_((torch.randn(p.shape, generator=gen, dtype=torch.float32) * s).to(p.dtype))
@@ -254,7 +257,7 @@ def build_tiny_model(family: str, path: str, seed: int = 0, *, window: int | Non
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    _init_weights(model, seed, std)
+    _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, 0.05)
     model = model.to(dtype)
     model.generation_config.eos_token_id = None  # the tier decodes a fixed number of tokens
     model.save_pretrained(path, safe_serialization=True)

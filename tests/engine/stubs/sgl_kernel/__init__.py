@@ -11,6 +11,20 @@ never registers, so layers take their ``forward_native`` paths. Hence:
 - ``sgl_kernel.scalar_type`` raises ``ImportError``: SGLang's quantization utilities then take their
   own fallback instead of binding placeholder scalar types.
 
+Two ops that speculative decoding reaches on a CPU are implemented rather than stubbed, in plain
+Python (each from the contract of the Triton kernel SGLang runs for the same job on GPUs):
+
+- ``assign_req_to_token_pool_cpu`` (SGLang's ``assign_req_to_token_pool`` kernel in
+  ``mem_cache/allocation.py``): request ``i`` gets ``out_cache_loc``'s next ``end[i] - start[i]``
+  slot ids at ``req_to_token[req_pool_indices[i], start[i]:end[i]]``;
+- ``copy_all_layer_kv_cache_cpu``, which
+SGLang's KV pools call (at construction, as a warm-up, and when speculative decoding moves accepted
+tokens' KV) whenever speculative decoding is on (``enable_kv_cache_copy``). Its contract, read from
+the Triton kernel SGLang uses for the same copy on GPUs (``copy_all_layer_kv_cache_tiled``): for every
+buffer ``i`` (``data_ptrs[i]``, a raw address, row stride ``strides[i]`` bytes), copy row ``src_loc[j]``
+onto row ``tgt_loc[j]`` for each ``j``. Without it, no speculative algorithm starts on a CPU with
+this stub.
+
 It reaches the engine's subprocesses through ``PYTHONPATH`` (triton_swa.testing.sglang_engine puts
 ``tests/engine/stubs`` there); nothing else in the repository imports it.
 """
@@ -72,6 +86,31 @@ class _StubSubmodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         pass
+
+
+def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len=None):
+    """``req_to_token[req_pool_indices[i], start[i]:end[i]] = out_cache_loc[o_i : o_i + end[i] - start[i]]``,
+    ``o_i`` the lengths of the requests before ``i`` (see the module docstring)."""
+    offset = 0
+    for row, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+        n = int(end) - int(start)
+        if n > 0:
+            req_to_token[int(row), int(start) : int(end)] = out_cache_loc[offset : offset + n].to(req_to_token.dtype)
+        offset += n
+
+
+def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
+    """Row copies ``src_loc -> tgt_loc`` in every KV buffer (see the module docstring)."""
+    import ctypes
+
+    ptrs = [int(p) for p in data_ptrs.reshape(-1).tolist()]
+    row_bytes = [int(s) for s in strides.reshape(-1).tolist()]
+    pairs = list(zip(tgt_loc.reshape(-1).tolist(), src_loc.reshape(-1).tolist()))
+    for ptr, stride in zip(ptrs, row_bytes):
+        # all reads before any write, as the kernel's tiles do for disjoint rows
+        rows = [(int(t), ctypes.string_at(ptr + int(s) * stride, stride)) for t, s in pairs if int(t) != int(s)]
+        for t, data in rows:
+            ctypes.memmove(ptr + t * stride, data, stride)
 
 
 sys.meta_path.insert(0, _StubSubmodules())
