@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# The test command: set up .venv, the optional SGLang tier, then run the whole suite. Without CUDA
+# The test command: set up .venv and the optional engine tiers, then run the whole suite. Without CUDA
 # the Triton kernels run in Triton's interpreter on the CPU (tests/conftest.py sets TRITON_INTERPRET=1
-# before triton loads). The SGLang tier (tests/integration) installs sglang 0.5.23 with --no-deps and
-# says "SGLang tier: installed" or "SKIPPED (why)"; when skipped, its tests are reported as skipped.
+# before triton loads).
+#
+# Optional tiers, each installed by its own script with pinned packages (--no-deps) and announced as
+# "<tier>: installed" or "<tier>: SKIPPED (why)"; a skipped tier's tests are reported as skipped:
+#   - SGLang tier (tests/integration): sglang 0.5.23's real classes (scripts/setup_sglang.sh);
+#   - SGLang engine tier (tests/engine): SGLang's own Engine and launch_server on the CPU serving
+#     tiny models through triton_swa (scripts/setup_sglang_engine.sh).
+#
+# With no arguments: the suite on two workers (pytest-xdist, work stealing), then the engine tier on
+# its own (each of its tests starts SGLang's multi-process engine, and its session shares engine runs
+# between tests). With arguments: one pytest run over them (`bash scripts/test.sh tests/ops -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 bash scripts/setup_sglang.sh .venv/bin/python || echo "SGLang tier: SKIPPED (its install failed, above; tests/integration will skip)"
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q "$@"
+bash scripts/setup_sglang_engine.sh .venv/bin/python || echo "SGLang engine tier: SKIPPED (its install failed, above; tests/engine will skip)"
+PYTEST=(.venv/bin/python -m pytest -q)
+if [ "$#" -gt 0 ]; then
+  exec "${PYTEST[@]}" -n "${TEST_WORKERS:-2}" --dist worksteal "$@"
+fi
+status=0
+"${PYTEST[@]}" -n "${TEST_WORKERS:-2}" --dist worksteal --ignore=tests/engine || status=$?
+"${PYTEST[@]}" -p no:xdist -rA tests/engine || status=$?
+exit "$status"
