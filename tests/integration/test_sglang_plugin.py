@@ -18,6 +18,8 @@ import sys
 import pytest
 
 pytest.importorskip("sglang.srt.plugins", reason="SGLang tier: sglang 0.5.23 is not installed (bash scripts/setup_sglang.sh installs it)")
+# SGLang's model runner, which the hooked paths import, needs its serving packages
+pytest.importorskip("uvicorn", reason="SGLang's serving packages are not installed (bash scripts/setup_sglang_engine.sh installs them)")
 
 pytestmark = pytest.mark.sglang
 

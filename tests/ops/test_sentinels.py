@@ -26,6 +26,14 @@ pytestmark = pytest.mark.interpreter
 I32 = torch.int32
 G = 8  # guard rows on each side
 SENTINEL = {torch.float32: 1234.5, torch.int32: -777, torch.int64: -777}
+# on a GPU the kernels run compiled, over tensors made on it (torch's default device in this module)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _on_the_kernels_device():
+    with torch.device(DEV):
+        yield
 
 
 def guarded(x: torch.Tensor, guard_fill=None, rows: int = G):
@@ -73,7 +81,7 @@ def check_internal(made) -> None:
 
 
 def _extend_inputs(paged: bool, T: int = 6):
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(DEV).manual_seed(0)
     HQ, H, D = 4, 2, 16
     q = torch.randn(T, HQ, D, generator=g)
     k = torch.randn(T, H, D, generator=g)
@@ -133,7 +141,7 @@ def test_extend_qo_indptr_negative_or_decreasing_writes_nothing_outside(guarded_
 @pytest.mark.parametrize("paged", [False, True], ids=["csr", "paged"])
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["one-split", "three-splits"])
 def test_decode_counts_past_the_indices_write_nothing_outside(paged, num_splits, guarded_internal):
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(DEV).manual_seed(1)
     B, HQ, H, D = 2, 4, 2, 16
     q = torch.randn(B, HQ, D, generator=g)
     kb, vb = torch.randn(16, H, D, generator=g), torch.randn(16, H, 8, generator=g)
