@@ -24,9 +24,12 @@ case "$what" in
     t0=$SECONDS
     echo "git_sha $sha" > "$out/gpu-tests.log"
     timeout "${TESTS_TIMEOUT_S:-420}" python3 -m pytest tests -q -p no:cacheprovider -n 14 -m "not compile" \
-      --ignore=tests/engine --deselect tests/test_soak.py -rfE --durations=10 >> "$out/gpu-tests.log" 2>&1
+      --ignore=tests/engine --deselect tests/test_soak.py -rfEs --durations=10 >> "$out/gpu-tests.log" 2>&1
     status=$?
     grep -E "^(FAILED|ERROR)" "$out/gpu-tests.log" | head -30
+    echo "== skipped, by reason:"
+    grep -E "^SKIPPED" "$out/gpu-tests.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]+:[0-9]+: /\1 /' \
+      | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%6d %s\n", c[r], substr(r, 1, 150)}' | sort -rn | head -12
     sed -n '/slowest/,/^$/p' "$out/gpu-tests.log" | head -14
     echo "== suite: $(( SECONDS - t0 )) s (exit $status)"
     t0=$SECONDS
