@@ -27,7 +27,7 @@ mkdir -p "$DEST"
 
 PINS=(
   sglang==0.5.23
-  apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0 openai==2.8.0
+  apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0 openai==2.25.0
   orjson==3.13.0 pybase64==1.5.1 msgspec==0.23.0 pyzmq==27.3.0 dill==0.4.1 loguru==0.7.3
   gguf==0.19.0 partial-json-parser==0.2.1.1.post7 distro==1.9.0 sniffio==1.3.1 starlette==1.10.0
   pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0

@@ -40,7 +40,7 @@ PINS=(
   sglang==0.5.23
   # sglang's own pins
   transformers==5.19.0 tokenizers==0.23.2 sentencepiece==0.2.1 apache-tvm-ffi==0.1.11
-  compressed-tensors==0.18.0 openai==2.8.0
+  compressed-tensors==0.18.0 openai==2.25.0
   # what `import sglang.srt...` and transformers reach at import time
   orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 msgspec==0.23.0 pyzmq==27.3.0 pyyaml==6.0.4
   dill==0.4.1 loguru==0.7.3 gguf==0.19.0 partial-json-parser==0.2.1.1.post7 einops==0.8.2
@@ -54,49 +54,13 @@ PINS=(
   ipython==9.18.1 traitlets==5.16.1 pygments==2.21.0
 )
 
-# The pins whose installed version differs (or that are missing), one per line.
-missing_pins() {
-  "$PY" - "$@" <<'EOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-
-for pin in sys.argv[1:]:
-    name, want = pin.split("==")
-    try:
-        have = version(name)
-    except PackageNotFoundError:
-        have = None
-    if have != want:
-        print(pin)
-EOF
-}
-
-# pip with short timeouts; on failure, skip when the cause is an unreachable registry.
-pip_install() {
-  if ! "$PY" -m pip install --no-deps --timeout 30 --retries 2 "$@" >"$LOG" 2>&1; then
-    if grep -qiE "NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution|Name or service not known|Network is unreachable|Connection refused|Max retries exceeded|Read timed out|ConnectTimeout|ProxyError" "$LOG"; then
-      skip "package registry unreachable: pip could not fetch $# package(s)"
-    fi
-    fail "pip install $*"
-  fi
-}
+source "$(dirname "$0")/pins.sh"
 
 "$PY" -m pip --version >/dev/null 2>&1 || fail "$PY has no pip"
 
-# torch is the venv's own (CPU or CUDA); installing one here could only pull a CUDA wheel.
-"$PY" -c "import torch" >/dev/null 2>&1 || skip "no torch in $PY; scripts/setup_env.sh installs the CPU torch 2.13.0"
-if ! "$PY" -c "import triton" >/dev/null 2>&1; then
-  pip_install triton==3.6.0
-fi
-if ! "$PY" -c "import numpy, sys; sys.exit(int(tuple(map(int, numpy.__version__.split('.')[:2])) >= (2, 4)))" >/dev/null 2>&1; then
-  pip_install numpy==2.3.5
-fi
+require_torch_triton_numpy
 
-mapfile -t TODO < <(missing_pins "${PINS[@]}")
-if [ "${#TODO[@]}" -gt 0 ]; then
-  echo "setup_sglang: installing ${#TODO[@]} pinned packages (--no-deps)"
-  pip_install "${TODO[@]}"
-fi
+install_pins setup_sglang "${PINS[@]}"
 
 # The import check, run where the tests run: the stub only when the real torchvision fails to import.
 TV_PATH=""

@@ -45,42 +45,15 @@ PINS=(
   cffi==2.1.1 pycparser==3.12
 )
 
-missing_pins() {
-  "$PY" - "$@" <<'EOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-
-for pin in sys.argv[1:]:
-    name, want = pin.split("==")
-    try:
-        have = version(name)
-    except PackageNotFoundError:
-        have = None
-    if have != want:
-        print(pin)
-EOF
-}
-
-pip_install() {
-  if ! "$PY" -m pip install --no-deps --timeout 30 --retries 2 "$@" >"$LOG" 2>&1; then
-    if grep -qiE "NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution|Name or service not known|Network is unreachable|Connection refused|Max retries exceeded|Read timed out|ConnectTimeout|ProxyError" "$LOG"; then
-      skip "package registry unreachable: pip could not fetch $# package(s)"
-    fi
-    fail "pip install $*"
-  fi
-}
+source "$(dirname "$0")/pins.sh"
 
 "$PY" -m pip --version >/dev/null 2>&1 || fail "$PY has no pip"
 "$PY" -c "import sglang" >/dev/null 2>&1 || skip "sglang is not installed in $PY; run scripts/setup_sglang.sh first"
 
-mapfile -t TODO < <(missing_pins "${PINS[@]}")
 if ! "$PY" -c "import dateutil" >/dev/null 2>&1; then
-  TODO+=(python-dateutil==2.9.0.post0)
+  PINS+=(python-dateutil==2.9.0.post0)
 fi
-if [ "${#TODO[@]}" -gt 0 ]; then
-  echo "setup_sglang_engine: installing ${#TODO[@]} pinned packages (--no-deps)"
-  pip_install "${TODO[@]}"
-fi
+install_pins setup_sglang_engine "${PINS[@]}"
 
 # The import check, as the engine's processes see it: the sgl_kernel stub (unless a real one
 # imports), the torchvision stub where the real one does not import, SGLang's CPU paths.

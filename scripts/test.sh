@@ -7,7 +7,9 @@
 # "<tier>: installed" or "<tier>: SKIPPED (why)"; a skipped tier's tests are reported as skipped:
 #   - SGLang tier (tests/integration): sglang 0.5.23's real classes (scripts/setup_sglang.sh);
 #   - SGLang engine tier (tests/engine): SGLang's own Engine and launch_server on the CPU serving
-#     tiny models through triton_swa (scripts/setup_sglang_engine.sh).
+#     tiny models through triton_swa (scripts/setup_sglang_engine.sh);
+#   - vLLM tier (tests/integration/test_vllm.py): vLLM 0.32's real registry, metadata, builder and
+#     Attention layer driving the TRITON_SWA backend (scripts/setup_vllm.sh).
 #
 # With no arguments: the suite on two workers (pytest-xdist, work stealing), then the engine tier on
 # its own (each of its tests starts SGLang's multi-process engine, and its session shares engine runs
@@ -17,6 +19,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 bash scripts/setup_sglang.sh .venv/bin/python || echo "SGLang tier: SKIPPED (its install failed, above; tests/integration will skip)"
 bash scripts/setup_sglang_engine.sh .venv/bin/python || echo "SGLang engine tier: SKIPPED (its install failed, above; tests/engine will skip)"
+bash scripts/setup_vllm.sh .venv/bin/python || echo "vLLM tier: SKIPPED (its install failed, above; its tests will skip)"
 PYTEST=(.venv/bin/python -m pytest -q)
 if [ "$#" -gt 0 ]; then
   exec "${PYTEST[@]}" -n "${TEST_WORKERS:-2}" --dist worksteal "$@"

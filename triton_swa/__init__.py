@@ -44,6 +44,7 @@ _EXPORTS = {
     "max_window_pages": ".ops.indices",
     "swa_out_cache_loc": ".ops.indices",
     "window_index_count": ".ops.indices",
+    "window_page_table_from_block_table": ".ops.indices",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,6 +22,7 @@ from triton_swa import (
     store_kv,
     swa_out_cache_loc,
     window_index_count,
+    window_page_table_from_block_table,
 )
 from triton_swa.testing import assert_close, make_pool_state
 
@@ -663,3 +664,34 @@ def test_poison_switch_is_read_from_the_environment_on_refresh(monkeypatch):
     assert poison.refresh_poison_env() is False and not poison.poison_enabled()
     monkeypatch.setenv("TRITON_SWA_POISON", "1")
     assert poison.refresh_poison_env() is True and poison.poison_enabled()
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("window_left", [-1, 0, 5, 19], ids=lambda w: f"W{w}")
+def test_window_page_table_from_block_table(device, window_left):
+    """vLLM's absolute block tables cut to each window: equal to the reference's window page table
+    over the same tokens, with every block outside the windows a poisoned entry that is never read
+    (a read would copy it), an empty row (CUDA-graph padding) all zero, and the columns past the
+    window's pages zero."""
+    g = torch.Generator().manual_seed(5)
+    bs, cols = 4, 12
+    lens = torch.tensor([1, 7, 21, 44, 0, 16])
+    B = len(lens)
+    table = torch.randperm(B * cols, generator=g).view(B, cols).to(torch.int32) + 1
+    starts = (lens - window_left - 1).clamp(min=0) if window_left >= 0 else lens * 0
+    poisoned = table.clone()
+    for b in range(B):
+        first, last = int(starts[b]) // bs, (int(lens[b]) - 1) // bs + 1 if lens[b] > 0 else 0
+        poisoned[b, :first] = -999
+        poisoned[b, max(last, first) :] = -999
+    width = max_window_pages(window_left, bs, cols * bs) + 1  # one spare column: zero
+    out = WindowPageTable(torch.full((B, width), -5, dtype=torch.int32), torch.full((B,), -5, dtype=torch.int32))
+    got = window_page_table_from_block_table(
+        poisoned.to(device), lens.to(device), window_left=window_left, block_size=bs, out=WindowPageTable(*(x.to(device) for x in out))
+    )
+    rtt = (table.long()[:, :, None] * bs + torch.arange(bs)).view(B, -1).to(torch.int32)
+    want = ref.window_page_table(rtt, torch.arange(B), starts, lens, bs, max_pages=width)
+    assert torch.equal(got.page_table.cpu(), want), (got.page_table, want)
+    assert torch.equal(got.window_starts.cpu(), starts.to(torch.int32))
+    with pytest.raises(ValueError, match="block_table must have at least"):
+        window_page_table_from_block_table(poisoned[:2].to(device), lens.to(device), window_left=window_left, block_size=bs, out=got)

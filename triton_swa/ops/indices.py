@@ -178,6 +178,43 @@ def _swa_translate_kernel(loc, stride_loc, mapping, n_mapping, out, n, capacity,
     tl.store(out + o_i, tl.where(m_i, b_swa, 0).to(tl.int32), mask=o_i < capacity)
 
 
+@triton.jit(do_not_specialize=["n_cols", "shift", "n_pages", "block_size"])
+def _block_table_window_kernel(
+    block_table,
+    stride_bt,
+    n_cols,
+    seq_lens,
+    page_table,
+    stride_pt,
+    window_starts,
+    shift,
+    n_pages,
+    block_size,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Row ``i_b`` of a window page table cut from an absolute block table: entry ``j`` is the block
+    holding positions ``[(first + j) * block_size, ...)``, ``first = start // block_size``, ``start =
+    max(0, seq_len - shift)`` (0 without a window); entries past the window's last block are 0. Only
+    the window's entries of the block table are read, and only its ``n_cols`` columns."""
+    i_b = tl.program_id(0)
+    length = tl.maximum(tl.load(seq_lens + i_b).to(tl.int64), 0)
+    if HAS_WINDOW:
+        start = tl.maximum(length - shift, 0)
+    else:
+        start = length * 0
+    first = start // block_size
+    # blocks in the window (none for an empty row: CUDA-graph padding)
+    count = tl.where(length > 0, (length - 1) // block_size + 1 - first, 0)
+    tl.store(window_starts + i_b, start.to(tl.int32))
+    for j0 in range(0, n_pages, BLOCK):
+        o_j = j0 + tl.arange(0, BLOCK)
+        m_read = (o_j < count) & (first + o_j < n_cols)
+        # [BLOCK]
+        b_pages = tl.load(block_table + i_b.to(tl.int64) * stride_bt + first + o_j, mask=m_read, other=0)
+        tl.store(page_table + i_b.to(tl.int64) * stride_pt + o_j, b_pages.to(tl.int32), mask=o_j < n_pages)
+
+
 def _index_block(max_extent: int) -> int:
     """Indices per program iteration: 1024 (4 KB of int32 written, 8 per thread at 4 warps) keeps
     enough independent gathers in flight to hide DRAM latency, while a 4k window still spreads over
@@ -557,6 +594,66 @@ def build_window_page_table(
         num_splits,
         16,
     )  # block_reqs: no prefix sum in table mode
+    return out
+
+
+def window_page_table_from_block_table(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    window_left: int,
+    block_size: int,
+    out: WindowPageTable,
+) -> WindowPageTable:
+    """Each request's window as a page table, cut from an absolute block table (vLLM's layout:
+    column ``j`` of row ``b`` is the block of tokens ``[j * block_size, (j + 1) * block_size)``), in
+    one launch and without a host synchronisation.
+
+    The window of request ``b`` is the last ``min(seq_lens[b], W + 1)`` tokens (``W = window_left``;
+    ``-1``: every token, the table a copy of the used columns). Entry ``[b, j]`` is the block of the
+    window's ``j``-th page; ``window_starts[b]`` its first position; entries past the window's last
+    block are 0. Only the window's entries of ``block_table`` are read, so blocks an engine has
+    freed outside the window (their entries pointing at a null block) are never looked at.
+
+    Args:
+        block_table (torch.Tensor): int32/int64 ``[B', max_blocks]``, ``B' >= B``, rows contiguous.
+        seq_lens (torch.Tensor): int32/int64 ``[B]``, each request's tokens (device contents; a
+            negative length is an empty row).
+        window_left (int): ``W`` (``-1``: full attention).
+        block_size (int): tokens per block.
+        out (WindowPageTable): int32 ``page_table [B, width]`` (rows contiguous, may be a view with a
+            row stride) and ``window_starts [B]``, filled in place (fixed addresses: CUDA graphs);
+            ``width`` at least :func:`max_window_pages` of the window. Pages past it are dropped.
+
+    Returns:
+        WindowPageTable: ``out``.
+
+    Raises:
+        TypeError, ValueError: naming the argument, before any launch.
+    """
+    check_window_left(window_left)
+    check_int("block_size", block_size, minimum=1)
+    if not isinstance(out, WindowPageTable):
+        raise TypeError(f"out must be a WindowPageTable of buffers, got {type(out).__name__}")
+    check_tensor("seq_lens", seq_lens, dtype=INDEX_DTYPES, ndim=1, contiguous=True)
+    device = seq_lens.device
+    B = seq_lens.shape[0]
+    check_tensor("block_table", block_table, dtype=INDEX_DTYPES, device=device, ndim=2)
+    if block_table.shape[0] < B or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
+        raise ValueError(f"block_table must have at least {B} rows (seq_lens') with contiguous rows, got {list(block_table.shape)}")
+    check_tensor("out.page_table", out.page_table, dtype=torch.int32, device=device, shape=(B, None))
+    if out.page_table.shape[1] > 1 and out.page_table.stride(1) != 1:
+        raise ValueError("out.page_table rows must be contiguous")
+    check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,), contiguous=True)
+    width = out.page_table.shape[1]
+    if B == 0:
+        return out
+    launch = launcher_for(
+        _block_table_window_kernel, {"HAS_WINDOW": window_left >= 0, "BLOCK": min(1024, triton.next_power_of_2(max(width, 1)))}, num_warps=1
+    )
+    shift = window_left + 1 if window_left >= 0 else 0
+    args = (block_table, block_table.stride(0), block_table.shape[1], seq_lens, out.page_table, out.page_table.stride(0), out.window_starts)
+    launch((*args, shift, width, block_size), (B, 1, 1))
     return out
 
 

@@ -273,6 +273,13 @@ def _indices_call(kind: str, *, batch=8, context=4096, window_left=1023, page=1)
         )
     if kind == "loc":
         return lambda: swa_out_cache_loc(rows.long(), mapping, debug=False)
+    if kind == "block-table":
+        from ..ops.indices import WindowPageTable, max_window_pages, window_page_table_from_block_table
+
+        width = max_window_pages(window_left, 16, context)
+        out = WindowPageTable(torch.zeros(batch, width, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32))
+        table = torch.arange(batch * context // 16, dtype=torch.int32).view(batch, -1)
+        return lambda: window_page_table_from_block_table(table, lens, window_left=window_left, block_size=16, out=out)
     buffers = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8nuz": torch.float8_e4m3fnuz}[kind]
     kb = torch.zeros(64, 8, 128).to(buffers)
     new = torch.randn(batch, 8, 128, dtype=torch.bfloat16)
@@ -313,6 +320,7 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "indices-csr": lambda: _indices_call("csr"),
     "indices-pages": lambda: _indices_call("pages", page=16),
     "indices-loc": lambda: _indices_call("loc"),
+    "indices-block-table": lambda: _indices_call("block-table"),
     "store-bf16": lambda: _indices_call("bf16"),
     "store-fp8": lambda: _indices_call("fp8"),
     "store-fp8nuz": lambda: _indices_call("fp8nuz"),

@@ -1,0 +1,465 @@
+"""vLLM tier: the ``TRITON_SWA`` backend against vLLM 0.32's own classes (``bash scripts/setup_vllm.sh``).
+
+- Registry (each check in a fresh interpreter, ``vllm_plugin_probe.py``): vLLM's
+  ``load_general_plugins()`` registers the backend through the entry point; it resolves by name, as
+  ``CUSTOM`` and through ``AttentionConfig``; the members survive a pickle round trip into a process
+  that has not loaded plugins (a spawned worker); registering twice is a no-op and a name taken by
+  another class path raises.
+- Numerics: vLLM's ``CommonAttentionMetadata`` for a hybrid model's two KV-cache groups (a sliding
+  group and a full group, block size 16, views of one allocation laid out by vLLM's own
+  ``create_kv_cache_views``), driven through ``TritonSWAMetadataBuilder.build`` and the impl's
+  ``do_kv_cache_update`` + ``forward``, for prefill, chunked prefill, decode, mixed and
+  spec-decode-shaped batches, with a KV-shared layer, sinks, soft cap, fp8 KV with per-layer scales
+  and padded tokens (``slot_mapping = -1``). Every unused byte of the cache is NaN (the null block 0
+  that vLLM leaves in the sliding group's table outside the window included), outputs start NaN,
+  and every output row is compared with the float64 reference.
+- vLLM's ``Attention`` layer built with this backend writes K/V and attends through vLLM's forward
+  context.
+- The decode path replays like a CUDA graph: metadata built at "capture" serves a later step whose
+  inputs were refilled in place.
+- Unsupported features raise naming themselves.
+
+The whole module is skipped, saying so, when vLLM 0.32.0 is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import triton_swa_reference as ref
+
+_vllm = pytest.importorskip("vllm", reason="vLLM tier: vllm 0.32.0 is not installed (bash scripts/setup_vllm.sh installs it)")
+if _vllm.__version__ != "0.32.0":  # pragma: no cover
+    pytest.skip(f"vLLM tier: needs vllm 0.32.0, found {_vllm.__version__} (bash scripts/setup_vllm.sh)", allow_module_level=True)
+
+from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config  # noqa: E402
+from vllm.forward_context import set_forward_context  # noqa: E402
+from vllm.model_executor.layers.attention import Attention  # noqa: E402
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
+    compute_layer_kv_cache_shape_bytes,
+    create_kv_cache_views,
+)
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+
+from triton_swa.integrations import vllm as integration  # noqa: E402
+from triton_swa.testing import assert_close  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_plugin_probe.py")
+HQ, H, D, BS = 4, 2, 16, 16
+SLIDING = 20  # vLLM's sliding_window: 20 keys, the query's own included -> window_left 19
+W = SLIDING - 1
+NUM_BLOCKS = 24
+NPAD = 2  # padded tokens after the batch's real ones (slot_mapping -1), as vLLM pads for CUDA graphs
+SCALE = 1 / math.sqrt(D)
+
+
+# --- registry, in fresh interpreters --------------------------------------------------------------
+
+
+def _probe(mode: str, stdin: bytes | None = None) -> dict:
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
+    done = subprocess.run([sys.executable, PROBE, mode], input=stdin, capture_output=True, env=env, timeout=240, cwd="/tmp")
+    lines = [line for line in done.stdout.decode().splitlines() if line.startswith("PROBE ")]
+    assert done.returncode == 0 and lines, f"probe {mode} failed:\n{done.stdout.decode()[-3000:]}\n{done.stderr.decode()[-3000:]}"
+    return json.loads(lines[-1][len("PROBE ") :])
+
+
+def test_entry_point_registers_by_name_custom_and_config():
+    got = _probe("plugins")
+    assert got == {
+        "registered_before_plugins": False,
+        "name": "TRITON_SWA",
+        "class": integration.CLASS_PATH,
+        "get_name": "TRITON_SWA",
+        "custom": integration.CLASS_PATH,
+        "config_backend": "TRITON_SWA",
+        "config_per_kind": "TRITON_SWA",
+        "empty_value_is": "TORCH_SDPA",
+    }
+
+
+def test_members_unpickle_in_a_worker_before_its_plugins_load():
+    integration.register()
+    payload = pickle.dumps((pickle.dumps(AttentionBackendEnum.CUSTOM), pickle.dumps(AttentionBackendEnum["TRITON_SWA"])))
+    got = _probe("unpickle", payload)
+    assert got["names"] == ["CUSTOM", "TRITON_SWA"] and got["same_objects"]
+    assert not got["custom_overridden_on_unpickle"]
+    assert got["triton_swa_path"] == got["custom_path"] == integration.CLASS_PATH
+
+
+def test_a_name_taken_by_another_backend_raises():
+    got = _probe("collision")
+    assert got["raised"] and "somebody.else.Backend" in got["raised"] and "TRITON_SWA" in got["raised"]
+
+
+def test_backend_declarations_and_validate_configuration():
+    integration.register()
+    integration.register()  # idempotent in one process too
+    backend = AttentionBackendEnum["TRITON_SWA"].get_class()
+    assert backend is integration.TritonSWABackend and backend.get_name() == "TRITON_SWA"
+    assert backend.forward_includes_kv_cache_update is False
+    assert backend.supported_kv_cache_layouts() == (KVCacheLayout.LBNHC,)
+    assert backend.get_builder_cls().get_cudagraph_support(None, None) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    common = dict(use_mla=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False, device_capability=None)
+    ok = backend.validate_configuration(
+        head_size=256,
+        dtype=torch.bfloat16,
+        kv_cache_dtype="fp8",
+        block_size=16,
+        has_sink=True,
+        attn_type=AttentionType.DECODER,
+        has_sliding_window=True,
+        **common,
+    )
+    assert ok == []
+    bad = backend.validate_configuration(
+        head_size=1024,
+        dtype=torch.bfloat16,
+        kv_cache_dtype="fp8_e5m2",
+        block_size=16,
+        has_sink=False,
+        attn_type=AttentionType.ENCODER,
+        **common,
+    )
+    assert {"head_size not supported", "kv_cache_dtype not supported"} <= set(bad)
+    assert any(reason.startswith("attention type") for reason in bad)
+
+
+# --- a hybrid model's KV-cache groups, laid out by vLLM --------------------------------------------
+
+
+def _spec(kind: str, fp8: bool, dtype=torch.float32):
+    dtype = torch.uint8 if fp8 else dtype
+    if kind == "sliding":
+        return SlidingWindowSpec(block_size=BS, num_kv_heads=H, head_size=D, dtype=dtype, sliding_window=SLIDING)
+    return FullAttentionSpec(block_size=BS, num_kv_heads=H, head_size=D, dtype=dtype)
+
+
+def _caches(fp8: bool, dtype=torch.float32, kinds=("sliding", "full")) -> dict:
+    """One int8 allocation holding a layer per group, viewed by vLLM's ``create_kv_cache_views`` in the
+    LBNHC layout; every byte NaN (0x7F is NaN in e4m3fn)."""
+    specs = {kind: _spec(kind, fp8, dtype) for kind in kinds}
+    pages = {kind: math.prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:]) for kind, spec in specs.items()}
+    total = sum(NUM_BLOCKS * p for p in pages.values())
+    raw = torch.empty(total, dtype=torch.int8, device=DEVICE)
+    if fp8:
+        raw.fill_(0x7F)
+    else:
+        raw.view(dtype).fill_(float("nan"))
+    views, offset = {}, 0
+    for kind, spec in specs.items():
+        tensor = KVCacheTensor(size=total, layers=[kind], layer_stride=NUM_BLOCKS * pages[kind], block_stride=pages[kind], offset=offset)
+        (views[kind],) = create_kv_cache_views(raw, spec, NUM_BLOCKS, KVCacheLayout.LBNHC, tensor)
+        offset += NUM_BLOCKS * pages[kind]
+    return views
+
+
+def _quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return (x.float() / scale).to(torch.float8_e4m3fn)
+
+
+def _write_cache(view: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor, k, v, scale) -> None:
+    """Earlier steps' K/V, written straight into vLLM's logical ``[blocks, H, tokens, K|V]`` view."""
+    if view.dtype == torch.uint8:
+        k, v = _quantize(k, scale).view(torch.uint8), _quantize(v, scale).view(torch.uint8)
+    view[blocks, :, offsets, :D] = k.to(view.dtype)
+    view[blocks, :, offsets, D:] = v.to(view.dtype)
+
+
+class Step:
+    """One scheduler step of ``requests`` (seq_len, query_len) over both groups: random K/V of every
+    position, block tables (distinct shuffled blocks, the sliding group's blocks below its window
+    freed to the null block 0 as vLLM frees them), the earlier tokens already cached, and vLLM's
+    ``CommonAttentionMetadata`` per group (decodes first, ``NPAD`` padded tokens)."""
+
+    def __init__(self, requests, *, fp8=False, dtype=torch.float32, seed=0, caches=None, pad_reqs=False):
+        g = torch.Generator().manual_seed(seed)
+        self.requests, self.fp8, self.dtype = requests, fp8, dtype
+        self.scale = 0.5 if fp8 else None
+        self.caches = caches if caches is not None else _caches(fp8, dtype)
+        rnd = lambda *shape: torch.randn(*shape, generator=g).to(dtype)
+        self.k = {kind: [rnd(L, H, D) for L, _ in requests] for kind in ("sliding", "full")}
+        self.v = {kind: [rnd(L, H, D) for L, _ in requests] for kind in ("sliding", "full")}
+        self.T = sum(e for _, e in requests)
+        self.q = {name: rnd(self.T + NPAD, HQ, D) for name in ("sliding", "full", "shared")}
+        self.sinks = torch.randn(HQ, generator=g).to(DEVICE)
+        max_blocks = max(math.ceil(L / BS) for L, _ in requests) + 1
+        # blocks 1 .. NUM_BLOCKS - 2: block 0 is vLLM's null block, the last one stays unused so that a
+        # write at slot -1 (padding) would show
+        perm = torch.randperm(NUM_BLOCKS - 2, generator=g) + 1
+        self.tables, self.common = {}, {}
+        # pad_reqs: as vLLM's runner pads a batch for a CUDA graph: NPAD more requests of no tokens and
+        # seq_len 0, num_actual_tokens counting the padded tokens
+        self.pad_reqs = pad_reqs
+        extra = NPAD if pad_reqs else 0
+        qsl = torch.tensor([0] + [e for _, e in requests] + [0] * extra).cumsum(0).to(torch.int32)
+        for kind in ("sliding", "full"):
+            table = torch.zeros(len(requests), max_blocks, dtype=torch.int32)
+            used = 0
+            slots = []
+            for b, (L, E) in enumerate(requests):
+                n = math.ceil(L / BS)
+                table[b, :n] = perm[used : used + n]
+                used += n
+                P = L - E
+                pos = torch.arange(L)
+                blocks, offsets = table[b, pos // BS].long(), pos % BS
+                first = max(0, P - W) if kind == "sliding" else 0  # vLLM frees blocks below the window
+                cached = (pos < P) & (pos >= first // BS * BS)
+                _write_cache(
+                    self.caches[kind],
+                    blocks[cached].to(DEVICE),
+                    offsets[cached].to(DEVICE),
+                    self.k[kind][b][cached].to(DEVICE),
+                    self.v[kind][b][cached].to(DEVICE),
+                    self.scale,
+                )
+                slots.append((blocks * BS + offsets)[P:])
+                if kind == "sliding":
+                    table[b, : first // BS] = 0
+            self.tables[kind] = table
+            slot_mapping = torch.cat([*slots, torch.full((NPAD,), -1)]).to(DEVICE)
+            self.common[kind] = CommonAttentionMetadata(
+                query_start_loc=qsl.to(DEVICE),
+                query_start_loc_cpu=qsl,
+                seq_lens=torch.tensor([L for L, _ in requests] + [0] * extra, dtype=torch.int32, device=DEVICE),
+                num_reqs=len(requests) + extra,
+                num_actual_tokens=self.T + extra,
+                max_query_len=max(e for _, e in requests),
+                max_seq_len=max(L for L, _ in requests),
+                block_table_tensor=torch.cat([table, torch.zeros(extra, max_blocks, dtype=torch.int32)]).to(DEVICE),
+                slot_mapping=slot_mapping,
+                causal=True,
+            )
+
+    def new_kv(self, kind):
+        """The step's new K/V `[T + NPAD, H, D]`; the padding rows (slot -1) hold 7.0, which must land
+        nowhere (the cache's unused bytes are NaN)."""
+        pad = torch.full((NPAD, H, D), 7.0, dtype=self.dtype)
+        k = torch.cat([kk[L - E :] for kk, (L, E) in zip(self.k[kind], self.requests)] + [pad])
+        v = torch.cat([vv[L - E :] for vv, (L, E) in zip(self.v[kind], self.requests)] + [pad])
+        return k.to(DEVICE), v.to(DEVICE)
+
+    def expected(self, name: str, window_left: int, *, sinks=None, cap=0.0, from_cache_new: bool) -> torch.Tensor:
+        """float64 reference `[T, HQ, D]`. Cached keys are the fp8 round trip when the cache is fp8;
+        the step's new keys are the exact ones unless ``from_cache_new`` (decode, KV-shared layers)."""
+        kind = "full" if name == "full" else "sliding"
+        rows, start = [], 0
+        for b, (L, E) in enumerate(self.requests):
+            k, v = self.k[kind][b].double(), self.v[kind][b].double()
+            if self.fp8:
+                kq = ref.dequantize(_quantize(self.k[kind][b], self.scale), self.scale)
+                vq = ref.dequantize(_quantize(self.v[kind][b], self.scale), self.scale)
+                P = L if from_cache_new else L - E
+                k, v = torch.cat([kq[:P], k[P:]]), torch.cat([vq[:P], v[P:]])
+            q_pos = torch.arange(L - E, L)
+            mask = ref.window_mask(q_pos, torch.arange(L), window_left)
+            q = self.q[name][start : start + E]
+            rows.append(ref.attention(q, k, v, mask, sm_scale=SCALE, logit_cap=cap, sinks=sinks.cpu() if sinks is not None else None))
+            start += E
+        return torch.cat(rows)
+
+
+def _builder(kind: str, step: Step, config: VllmConfig):
+    spec = _spec(kind, step.fp8, step.dtype)
+    return integration.TritonSWAMetadataBuilder(spec, [kind], config, torch.device(DEVICE))
+
+
+def _impl(window, *, fp8=False, sinks=None, cap=None, shared=None):
+    return integration.TritonSWAImpl(
+        HQ, D, SCALE, H, None, window, "fp8" if fp8 else "auto", cap, AttentionType.DECODER, shared, sinks=sinks
+    )
+
+
+def _layer(scale):
+    s = torch.tensor(1.0 if scale is None else scale, dtype=torch.float32, device=DEVICE)
+    return SimpleNamespace(_k_scale=s, _v_scale=s.clone())
+
+
+def _run(step: Step, config: VllmConfig, *, cap=5.0):
+    """Build both groups' metadata once, write the step's K/V, run the three layers; check each."""
+    md = {kind: _builder(kind, step, config).build(0, step.common[kind]) for kind in ("sliding", "full")}
+    layer = _layer(step.scale)
+    impls = {
+        "sliding": _impl(SLIDING, fp8=step.fp8, sinks=step.sinks, cap=cap),
+        "full": _impl(None, fp8=step.fp8),
+        "shared": _impl(SLIDING, fp8=step.fp8, sinks=step.sinks, cap=cap, shared="sliding"),
+    }
+    outs = {}
+    for name, impl in impls.items():
+        kind = "full" if name == "full" else "sliding"
+        key, value = step.new_kv(kind)
+        if name == "shared":
+            impl.do_kv_cache_update(layer, key, value, step.caches[kind], step.common[kind].slot_mapping)  # a no-op
+            key = value = None
+        else:
+            impl.do_kv_cache_update(layer, key, value, step.caches[kind], step.common[kind].slot_mapping)
+        out = torch.full((step.T + NPAD, HQ, D), float("nan"), dtype=step.dtype, device=DEVICE)
+        got = impl.forward(layer, step.q[name].to(DEVICE), key, value, step.caches[kind], md[kind], out)
+        assert got is out
+        outs[name] = out
+    decode = step.common["sliding"].max_query_len == 1
+    for name, impl in impls.items():
+        sinks = step.sinks if name != "full" else None
+        want = step.expected(
+            name, impl.window_left, sinks=sinks, cap=cap if name != "full" else 0.0, from_cache_new=decode or name == "shared"
+        )
+        tol = dict(atol=2e-2, rtol=2e-2) if step.dtype == torch.bfloat16 else {}
+        assert_close(outs[name][: step.T], want, name=f"{name} layer", **tol)
+        pad = outs[name][step.T :]
+        if step.pad_reqs:  # padding requests have empty windows: zeros, or left alone
+            assert (torch.isnan(pad) | (pad == 0)).all(), f"{name}: padded output rows hold values"
+        else:
+            assert torch.isnan(pad).all(), f"{name}: padded output rows were written"
+    # padded tokens (slot -1) wrote nothing: the last slot of every cache is still NaN
+    for kind, cache in step.caches.items():
+        last = cache[-1, :, -1, :]
+        assert (last.view(torch.uint8) == 0x7F).all() if step.fp8 else torch.isnan(last).all(), f"{kind}: slot -1 was written"
+    return md
+
+
+@pytest.fixture(scope="module")
+def config():
+    cfg = VllmConfig(cache_config=CacheConfig(block_size=BS))
+    with set_current_vllm_config(cfg):
+        yield cfg
+
+
+STEPS = [
+    pytest.param([(5, 5), (37, 37)], id="prefill"),
+    pytest.param([(45, 9), (29, 13)], id="chunked-prefill"),
+    pytest.param([(1, 1), (17, 1), (41, 1), (36, 1)], id="decode"),
+    pytest.param([(40, 1), (18, 1), (9, 9), (47, 12)], id="mixed"),
+    pytest.param([(23, 3), (44, 3), (4, 3)], id="spec-decode"),
+]
+
+
+@pytest.mark.parametrize("requests", STEPS)
+def test_builder_and_impl_against_reference(requests, config):
+    _run(Step(requests, seed=len(requests)), config)
+
+
+@pytest.mark.parametrize("requests", [STEPS[2], STEPS[3]])
+def test_runner_padded_batch(requests, config):
+    """vLLM's runner pads num_reqs and num_actual_tokens for CUDA graphs (requests of no tokens)."""
+    _run(Step(requests, seed=9, pad_reqs=True), config)
+
+
+@pytest.mark.parametrize("requests", [STEPS[1], STEPS[2]])
+def test_fp8_kv_cache_with_layer_scales(requests, config):
+    _run(Step(requests, fp8=True, seed=7), config)
+
+
+def test_bfloat16_mixed_batch(config):
+    step = Step([(40, 1), (47, 12)], dtype=torch.bfloat16, seed=3)
+    assert all(cache.dtype == torch.bfloat16 for cache in step.caches.values())
+    _run(step, config)
+
+
+def test_decode_metadata_reads_only_persistent_buffers(config):
+    """A CUDA-graph replay, emulated: the metadata object built at capture runs a later decode step
+    whose inputs vLLM refilled in place (same tensors), after that step's own build()."""
+    caches = _caches(False)
+    first = Step([(30, 1), (12, 1), (44, 1)], seed=11, caches=caches)
+    builder = _builder("sliding", first, config)
+    captured = builder.build_for_cudagraph_capture(first.common["sliding"])
+    second = Step([(41, 1), (3, 1), (25, 1)], seed=12, caches=caches)
+    persistent = first.common["sliding"]
+    for name in ("query_start_loc", "seq_lens", "block_table_tensor", "slot_mapping"):
+        getattr(persistent, name).copy_(getattr(second.common["sliding"], name))
+    builder.build(0, persistent)  # the replay step's eager build, into the same buffers
+    impl, layer = _impl(SLIDING), _layer(None)
+    key, value = second.new_kv("sliding")
+    impl.do_kv_cache_update(layer, key, value, caches["sliding"], persistent.slot_mapping)
+    out = torch.full((second.T + NPAD, HQ, D), float("nan"), device=DEVICE)
+    impl.forward(layer, second.q["sliding"].to(DEVICE), key, value, caches["sliding"], captured, out)
+    assert_close(out[: second.T], second.expected("sliding", W, from_cache_new=True), name="replayed decode")
+    with pytest.raises(NotImplementedError, match="CUDA-graph capture of batches with 3 query tokens"):
+        builder.build_for_cudagraph_capture(Step([(23, 3)], seed=1).common["sliding"])
+
+
+def test_attention_layer_writes_kv_and_attends(config):
+    """vLLM's ``Attention`` layer with this backend: K/V written by ``unified_kv_cache_update`` through
+    the impl, attention through ``unified_attention_with_output``, metadata from the forward context."""
+    step = Step([(40, 1), (18, 1), (9, 9), (47, 12)], fp8=True, seed=5)
+    backend = AttentionBackendEnum["TRITON_SWA"].get_class()
+    cfg = VllmConfig(cache_config=CacheConfig(block_size=BS, cache_dtype="fp8"))
+    with set_current_vllm_config(cfg):
+        layer = Attention(
+            HQ,
+            D,
+            SCALE,
+            num_kv_heads=H,
+            cache_config=cfg.cache_config,
+            per_layer_sliding_window=SLIDING,
+            prefix="model.layers.0.self_attn.attn",
+            attn_backend=backend,
+        )
+    assert isinstance(layer.impl, integration.TritonSWAImpl) and layer.impl.window_left == W and layer.impl.fp8
+    layer._k_scale.fill_(step.scale)
+    layer._v_scale.fill_(step.scale)
+    layer.kv_cache = step.caches["sliding"]
+    name = layer.layer_name
+    md = _builder("sliding", step, cfg).build(0, step.common["sliding"])
+    key, value = step.new_kv("sliding")
+    with set_forward_context({name: md}, cfg, slot_mapping={name: step.common["sliding"].slot_mapping}):
+        out = layer(step.q["sliding"].to(DEVICE).reshape(step.T + NPAD, HQ * D), key.reshape(-1, H * D), value.reshape(-1, H * D))
+    want = step.expected("sliding", W, from_cache_new=False)
+    assert_close(out[: step.T].reshape(step.T, HQ, D), want, name="Attention layer")
+    # the layer wrote the step's K/V: a decode step now reads them from the cache
+    blocks = step.tables["sliding"]
+    L, E = step.requests[3]
+    pos = torch.arange(L - E, L)
+    slots_k = step.caches["sliding"][blocks[3, pos // BS].long().to(DEVICE), :, (pos % BS).to(DEVICE), :D]
+    assert torch.equal(slots_k.view(torch.uint8).cpu(), _quantize(step.k["sliding"][3][L - E :], step.scale).view(torch.uint8))
+
+
+def test_profiling_run_without_metadata(config):
+    impl = _impl(SLIDING)
+    out = torch.full((3, HQ, D), float("nan"), device=DEVICE)
+    got = impl.forward(_layer(None), torch.randn(3, HQ, D), None, None, torch.empty(0), None, out)
+    assert got is out and bool((out == 0).all())
+
+
+def test_unsupported_features_raise_naming_them(config):
+    with pytest.raises(NotImplementedError, match="ALiBi"):
+        integration.TritonSWAImpl(HQ, D, SCALE, H, [1.0] * HQ, None, "auto")
+    with pytest.raises(NotImplementedError, match="attention type encoder_only"):
+        integration.TritonSWAImpl(HQ, D, SCALE, H, None, None, "auto", None, AttentionType.ENCODER_ONLY)
+    with pytest.raises(NotImplementedError, match="kv_cache_dtype 'fp8_e5m2'"):
+        integration.TritonSWAImpl(HQ, D, SCALE, H, None, None, "fp8_e5m2")
+    with pytest.raises(NotImplementedError, match="chunk_lookback"):
+        integration.TritonSWAImpl(HQ, D, SCALE, H, None, None, "auto", chunk_lookback=64)
+    impl = _impl(SLIDING)
+    with pytest.raises(NotImplementedError, match="fused output quantisation"):
+        impl.forward(
+            _layer(None), torch.randn(1, HQ, D), None, None, torch.empty(0), None, torch.empty(1, HQ, D), output_scale=torch.ones(1)
+        )
+    with pytest.raises(NotImplementedError, match="fused RoPE"):
+        impl.do_rope_and_kv_cache_update(None, None, None, None, None, None, True, None, None)
+    step = Step([(5, 5)], seed=0)
+    builder = _builder("sliding", step, config)
+    with pytest.raises(NotImplementedError, match="non-causal"):
+        builder.build(0, step.common["sliding"].replace(causal=False))
+    # an HND cache (heads outside tokens): the kernels need token slots of one stride
+    hnd = torch.empty(NUM_BLOCKS, H, BS, 2 * D, device=DEVICE)  # contiguous [blocks, heads, tokens, K|V]
+    key, value = step.new_kv("sliding")
+    with pytest.raises(NotImplementedError, match="KV-cache layout"):
+        impl.do_kv_cache_update(_layer(None), key, value, hnd, step.common["sliding"].slot_mapping)
