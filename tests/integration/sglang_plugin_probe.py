@@ -43,7 +43,7 @@ def main() -> None:
         path = os.path.join(work, family)
         if not os.path.exists(os.path.join(path, "config.json")):
             build_tiny_model(family, path)
-        report[f"resolve-{family}"] = outcome(lambda: resolve(path, attention_backend="triton_swa"))
+        report[f"resolve-{family}"] = outcome(lambda path=path: resolve(path, attention_backend="triton_swa"))
     report["resolve-gemma4-split"] = outcome(
         lambda: resolve(os.path.join(work, "gemma4"), prefill_attention_backend="triton_swa", decode_attention_backend="triton_swa")
     )
@@ -64,8 +64,8 @@ def main() -> None:
     import triton_swa.integrations.sglang as adapter
 
     adapter.TritonSWASGLangBackend = lambda runner: made.append("extend") or MagicMock(attn_backends=[])
-    adapter.TritonSWAMultiStepDraftBackend = lambda runner, topk, steps: made.append(f"multistep-{topk}-{steps}") or MagicMock(
-        attn_backends=[MagicMock()]
+    adapter.TritonSWAMultiStepDraftBackend = lambda runner, topk, steps: (
+        made.append(f"multistep-{topk}-{steps}") or MagicMock(attn_backends=[MagicMock()])
     )
     runner = MagicMock()
     runner.draft_attention_backend = "triton_swa"

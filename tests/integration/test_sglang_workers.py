@@ -689,7 +689,9 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
     for layer, out in zip(layers(), outs):
         q, k, v = (x[:real].cpu() for x in qkv[layer.layer_id])
         out = out.cpu()
-        assert_close(out[:real].view(real, HQ, -1), want_verify(layer, hist, rows, lens, n, q, k, v, blocks), name=f"{algo} layer {layer.layer_id}")
+        assert_close(
+            out[:real].view(real, HQ, -1), want_verify(layer, hist, rows, lens, n, q, k, v, blocks), name=f"{algo} layer {layer.layer_id}"
+        )
         assert torch.isfinite(out[real:]).all(), "padded request"
 
 
@@ -767,7 +769,9 @@ def test_gemma_image_tokens_attend_bidirectionally():
                 s = slice(at, at + e)
                 q_pos, k_pos = torch.arange(p, p + e), torch.arange(p + e)
                 win = layer.sliding_window_size
-                mask = torch.cat([ref.window_mask(q_pos, k_pos[:p], win), ref.window_mask(q_pos, k_pos[p:], win, causal=False) & blocks[i]], 1)
+                mask = torch.cat(
+                    [ref.window_mask(q_pos, k_pos[:p], win), ref.window_mask(q_pos, k_pos[p:], win, causal=False) & blocks[i]], 1
+                )
                 want.append(ref.attention(q[s], torch.cat([kp[:p], k[s]]), torch.cat([vp[:p], v[s]]), mask, sm_scale=layer.scaling))
                 at += e
             assert_close(out, torch.cat(want), name=f"layer {layer.layer_id}")

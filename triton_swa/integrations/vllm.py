@@ -238,7 +238,9 @@ def _define() -> dict:
             table, starts = self._buffer(window_left, num_reqs, n_pages)
             table, starts = table[:num_reqs], starts[:num_reqs]
             if num_reqs > 0:
-                window_page_table_from_block_table(block_table, seq_lens, window_left=window_left, block_size=bs, out=WindowPageTable(table, starts))
+                window_page_table_from_block_table(
+                    block_table, seq_lens, window_left=window_left, block_size=bs, out=WindowPageTable(table, starts)
+                )
             max_window = max_context if window_left < 0 else min(window_left + 1, max_context)
             return table, starts, max_window
 

@@ -598,12 +598,7 @@ def build_window_page_table(
 
 
 def window_page_table_from_block_table(
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    window_left: int,
-    block_size: int,
-    out: WindowPageTable,
+    block_table: torch.Tensor, seq_lens: torch.Tensor, *, window_left: int, block_size: int, out: WindowPageTable
 ) -> WindowPageTable:
     """Each request's window as a page table, cut from an absolute block table (vLLM's layout:
     column ``j`` of row ``b`` is the block of tokens ``[j * block_size, (j + 1) * block_size)``), in
