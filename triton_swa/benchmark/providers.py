@@ -257,11 +257,19 @@ def _vllm_unified_attention():
     folder = _peer_folder("vllm_triton")
     if folder is None:
         return None
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-    from vllm.v1.kv_cache_interface import KVQuantMode
-
+    # An installed vLLM (the vLLM tier's) may already be imported: its CPU build swaps Triton for a
+    # placeholder. The peer's copy is imported on its own, then the installed package is put back.
+    installed = {name: sys.modules.pop(name) for name in list(sys.modules) if name == "vllm" or name.startswith("vllm.")}
+    sys.path.insert(0, folder)
+    try:
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+        from vllm.v1.kv_cache_interface import KVQuantMode
+    finally:
+        sys.path.remove(folder)
+        if installed:
+            for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+                del sys.modules[name]
+            sys.modules.update(installed)
     return unified_attention, KVQuantMode
 
 
