@@ -559,15 +559,16 @@ def test_mixed_and_draft_extend_v2_run_extend_shaped(mode):
             assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v), name=f"{mode.name} layer {layer.layer_id}")
 
 
-def verify_mask_blocks(prefix, n, g, *, tree: bool):
-    """SGLang's verify mask, ``[n, prefix + n]`` per request (prefix visible), and the drafts' own
-    ``[n, n]`` blocks: causal for a chain, a random subset of the ancestors (the diagonal kept) for a tree."""
+def verify_mask_blocks(prefix, n, g, *, tree: bool, qlen: bool = False):
+    """SGLang's verify mask, ``[n, prefix + n]`` per request (FULL_MASK: prefix visible) or ``[n, n]``
+    (``qlen``: QLEN_ONLY), and the drafts' own ``[n, n]`` blocks: causal for a chain, a random subset
+    of the ancestors (the diagonal kept) for a tree."""
     layout, blocks = [], []
     for p in prefix:
         block = torch.ones(n, n).tril().bool()
         if tree:
             block &= (torch.rand(n, n, generator=g) < 0.6) | torch.eye(n, dtype=torch.bool)
-        layout.append(torch.cat([torch.ones(n, p, dtype=torch.bool), block], 1).reshape(-1))
+        layout.append(torch.cat([torch.ones(n, 0 if qlen else p, dtype=torch.bool), block], 1).reshape(-1))
         blocks.append(block)
     return torch.cat(layout), blocks
 
@@ -695,10 +696,16 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
         assert torch.isfinite(out[real:]).all(), "padded request"
 
 
-def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one():
+@pytest.mark.parametrize("mode", ["FULL_MASK", "QLEN_ONLY"])
+def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one(mode, monkeypatch):
     """SGLang sizes an eager verify mask ``bs * max_context_len`` per draft when ``seq_lens_sum`` is
-    unknown: the blocks lead, the tail is ignored. A mask too short for the batch is refused, named."""
+    unknown: the blocks lead, the tail is ignored. A mask too short for the batch is refused, named.
+    In both of SGLang's layouts: FULL_MASK (its GPU default) and QLEN_ONLY (its CPU default, which its
+    EAGLE and NGRAM workers then build)."""
+    from sglang.srt.speculative import eagle_utils
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    monkeypatch.setattr(eagle_utils, "default_tree_mask_mode", lambda: eagle_utils.TreeMaskMode[mode])
 
     g = torch.Generator().manual_seed(32)
     pool, alloc, rtp, rows, lens = drifted_state(g, rows_n=2, lens=(14, 10))
@@ -707,7 +714,7 @@ def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one():
     backend = TritonSWASGLangBackend(runner(pool, alloc, rtp, algo=A.EAGLE))
     n = 3
     loc = place(alloc, rtp, rows, lens, [n] * 2)
-    layout, blocks = verify_mask_blocks(lens, n, g, tree=True)
+    layout, blocks = verify_mask_blocks(lens, n, g, tree=True, qlen=mode == "QLEN_ONLY")
     positions = torch.cat([p + torch.arange(n) for p in lens]).to(DEV)
 
     def batch(mask):
@@ -726,8 +733,9 @@ def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one():
             q, k, v = rand_qkv(layer, 2 * n, g)
             out = call(layer, q, k, v, fb, save_kv_cache=True)
             assert_close(out.view(2 * n, HQ, -1), want_verify(layer, hist, rows, lens, n, q, k, v, blocks), name=f"layer {layer.layer_id}")
-    with pytest.raises(ValueError, match=r"custom_mask has 40 entries, fewer than the 90 "):
-        backend.init_forward_metadata(batch(layout[:40]))
+    short = layout.numel() - 1
+    with pytest.raises(ValueError, match=rf"custom_mask has {short} entries, fewer than the {layout.numel()} "):
+        backend.init_forward_metadata(batch(layout[:short]))
 
 
 def test_gemma_image_tokens_attend_bidirectionally():

@@ -74,13 +74,25 @@ class _Layer:
         self.kv_shared_layer_id = layer.layer_id if kv_shared else None
 
 
+def _tree_mask_is_full() -> bool:
+    """Whether SGLang lays this process's verify masks out FULL_MASK (else QLEN_ONLY)."""
+    from sglang.srt.speculative import eagle_utils
+
+    mode = eagle_utils.default_tree_mask_mode()
+    if mode.name not in ("FULL_MASK", "QLEN_ONLY"):
+        raise ValueError(f"SGLang's tree mask mode {mode.name} is not supported by the triton_swa SGLang backend (FULL_MASK, QLEN_ONLY)")
+    return mode.name == "FULL_MASK"
+
+
 class _VerifySpec:
     """SGLang's verify input as the core reads it: the drafts' own mask blocks and tree positions.
 
-    SGLang lays a verify mask out as one ``[drafts, prefix + drafts]`` block per request, row-major,
-    back to back; its buffers may be longer than the batch needs (the graph runners hand every
-    captured batch size the static buffer sized for the largest, and an unknown ``seq_lens_sum``
-    sizes it ``bs * max_context_len``): blocks are taken in order and the tail is ignored.
+    SGLang lays a verify mask out as one block per request, row-major, back to back, in the layout
+    its ``default_tree_mask_mode()`` names for the process (EAGLE's and NGRAM's workers build that
+    one): ``FULL_MASK`` (on GPUs) ``[drafts, prefix + drafts]``, ``QLEN_ONLY`` (on a CPU) ``[drafts,
+    drafts]``. Its buffers may be longer than the batch needs (the graph runners hand every captured
+    batch size the static buffer sized for the largest, and an unknown ``seq_lens_sum`` sizes it
+    ``bs * max_context_len``): blocks are taken in order and the tail is ignored.
 
     Args:
         graph: the batch is a CUDA-graph capture or replay view, whose padded requests (past the
@@ -102,19 +114,20 @@ class _VerifySpec:
         lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens.cpu()
         lens = [int(x) for x in lens[:bs].tolist()]
         causal = torch.ones(n, n, dtype=torch.bool, device=forward_batch.seq_lens.device).tril_().reshape(-1)
+        full = _tree_mask_is_full()
         blocks, at = [], 0
         for p in lens:
-            size = n * (p + n)
-            if mask is None or at + size > mask.numel():
+            width = p + n if full else n
+            if mask is None or at + n * width > mask.numel():
                 break
-            blocks.append(mask[at : at + size].view(n, p + n)[:, p:].reshape(-1))
-            at += size
+            blocks.append(mask[at : at + n * width].view(n, width)[:, width - n :].reshape(-1))
+            at += n * width
         if len(blocks) < bs and mask is not None and not graph:
-            need = sum(n * (p + n) for p in lens)
+            need = sum(n * (p + n if full else n) for p in lens)
+            layout = "[draft_token_num, prefix + draft_token_num]" if full else "[draft_token_num, draft_token_num]"
             raise ValueError(
                 f"spec_info.custom_mask has {mask.numel()} entries, fewer than the {need} that SGLang's layout "
-                f"([draft_token_num, prefix + draft_token_num] per request, draft_token_num {n}, seq_lens {lens}) "
-                "needs for the batch"
+                f"({layout} per request, draft_token_num {n}, seq_lens {lens}) needs for the batch"
             )
         blocks += [causal] * (bs - len(blocks))
         self.custom_mask = torch.cat(blocks) if blocks else causal[:0]

@@ -1,0 +1,108 @@
+"""Test-only SGLang plugin: the pre-fix SWA-pool rule on draft workers, and the slot-space drift.
+
+The engine tier's speculative runs happen in SGLang's spawned scheduler processes, where a
+monkeypatch in the test process does not reach; SGLang loads this plugin in every engine process
+when ``tests/engine/plugins`` is on ``PYTHONPATH`` and ``SGLANG_PLUGINS`` names
+``triton_swa_prefix_rule`` (only the runs that ask for it do).
+
+``TRITON_SWA_PREFIX_RULE`` picks the rule draft workers resolve their SWA pool by (target workers
+always keep the policy, so the target's tokens stay right and only the draft's proposals, the
+acceptance, show the rule):
+
+- ``policy`` (default): SPEC §3's policy (``TritonSWAAttnBackend._resolve_swa_kv_pool``), unchanged;
+  the plugin only records the drift (below);
+- ``legacy``: :func:`triton_swa.testing.legacy.legacy_resolve_by_allocator_type`, the pre-fix rule,
+  with an SWA allocator type given by ``TRITON_SWA_PREFIX_RULE_ALLOCATOR``:
+
+  - ``other`` (default): a type the draft's allocator is not, the condition of the seed's failure
+    (Gemma 4 + DFlash: the draft's allocator is not the SWA allocator). The rule resolves no SWA
+    pool, and the draft's sliding layers read ``swa_buffer[full_slot]``;
+  - ``sglang``: SGLang's ``SWATokenToKVPoolAllocator``, which a STANDALONE draft's (shared,
+    target's) allocator is. The rule then resolves the target's ``SWAKVPool``, whose full->SWA
+    mapping is the very tensor the draft's own pool registered.
+
+``TRITON_SWA_PREFIX_RULE_WRITES`` says where a draft's SWA write ids come from when the rule
+resolved no SWA pool:
+
+- ``adapter`` (default): as the SGLang adapter has them, from the resolved pool: none. SGLang
+  0.5.23's ``SWAKVPool.set_kv_buffer`` takes no untranslated write, and the adapter refuses the
+  first one with a ValueError: the pre-fix rule fails loudly there;
+- ``pool``: from the layer's own pool's mapping, the write rule of the core backend (and of the
+  SGLang pools the seed ran on, which translated writes themselves): writes stay right and sliding
+  reads are untranslated, which is the seed's silent failure.
+
+With ``TRITON_SWA_PREFIX_RULE_LOG`` set, every draft step appends ``D <drifted> <written>`` to that
+file: how many of its K/V writes went to an SWA slot other than their full slot (where an
+untranslated read of them finds other tokens' K/V), and the resolutions as ``R ...`` lines.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _record(line: str) -> None:
+    path = os.environ.get("TRITON_SWA_PREFIX_RULE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+class _NotTheDraftsAllocator:
+    """An SWA allocator type no SGLang allocator is an instance of."""
+
+
+def register() -> None:
+    from triton_swa.backend import TritonSWAAttnBackend
+    from triton_swa.integrations import sglang as adapter
+    from triton_swa.mem.pools import is_swa_kv_pool
+    from triton_swa.testing.legacy import legacy_resolve_by_allocator_type
+
+    rule = os.environ.get("TRITON_SWA_PREFIX_RULE", "policy")
+    which = os.environ.get("TRITON_SWA_PREFIX_RULE_ALLOCATOR", "other")
+    writes = os.environ.get("TRITON_SWA_PREFIX_RULE_WRITES", "adapter")
+    if rule not in ("policy", "legacy") or which not in ("other", "sglang") or writes not in ("adapter", "pool"):
+        raise ValueError(f"triton_swa_prefix_rule: bad settings rule={rule!r} allocator={which!r} writes={writes!r}")
+
+    if rule == "legacy":
+        if which == "sglang":
+            from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator as allocator_type
+        else:
+            allocator_type = _NotTheDraftsAllocator
+        policy = TritonSWAAttnBackend._resolve_swa_kv_pool
+
+        def resolve(model_runner):
+            if not model_runner.is_draft_worker:
+                return policy(model_runner)
+            pool = legacy_resolve_by_allocator_type(model_runner, allocator_type)
+            wanted = policy(model_runner)
+            shared = pool is not None and pool.full_to_swa_index_mapping is getattr(wanted, "full_to_swa_index_mapping", None)
+            _record(
+                f"R draft resolves {type(pool).__name__ if pool is not None else None} "
+                f"(the policy: {type(wanted).__name__}; the same object: {pool is wanted}; "
+                f"the same full->SWA mapping tensor: {shared}) "
+                f"allocator {type(model_runner.token_to_kv_pool_allocator).__name__}"
+            )
+            return pool
+
+        TritonSWAAttnBackend._resolve_swa_kv_pool = staticmethod(resolve)
+
+    def recording(adapter_ids):
+        def _swa_write_ids(self, forward_batch):
+            ids = adapter_ids(self, forward_batch)
+            loc = getattr(forward_batch, "out_cache_loc", None)
+            pool = self.token_to_kv_pool
+            if not getattr(self.core.model_runner, "is_draft_worker", False) or loc is None or not is_swa_kv_pool(pool):
+                return ids
+            if ids is None and writes == "pool":
+                ids = pool.translate_loc_from_full_to_swa(loc)  # the pool's own translation
+            if ids is not None:
+                drifted = int((ids.reshape(-1) != loc.reshape(-1).to(ids.dtype)).sum())
+                _record(f"D {drifted} {loc.numel()}")
+            return ids
+
+        return _swa_write_ids
+
+    # the one-step backend and the draft steps' backend each define their own
+    for cls in (adapter.TritonSWASGLangBackend, adapter._DraftStepBackend):
+        cls._swa_write_ids = recording(cls.__dict__["_swa_write_ids"])
