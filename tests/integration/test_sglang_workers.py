@@ -783,3 +783,30 @@ def test_gemma_image_tokens_attend_bidirectionally():
                 want.append(ref.attention(q[s], torch.cat([kp[:p], k[s]]), torch.cat([vp[:p], v[s]]), mask, sm_scale=layer.scaling))
                 at += e
             assert_close(out, torch.cat(want), name=f"layer {layer.layer_id}")
+
+
+def test_breakable_prefill_graph_capture_batch_runs_eagerly():
+    """SGLang's default prefill graph mode (``breakable``) builds attention metadata eagerly with
+    ``init_forward_metadata`` and runs attention outside its captured segments, over a capture batch
+    laid out as its runner lays it (EXTEND; request slots ``arange(bs)`` from row 0, the unused ones
+    of length 0; no prefix; ``out_cache_loc`` from its zeroed slot buffer): the batch runs, the used
+    request's rows equal the reference, and the writes land in the dummy slot only."""
+    g = torch.Generator().manual_seed(34)
+    pool, alloc, rtp, rows, lens = drifted_state(g)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp))
+    capture_lens = [6, 0, 0]
+    t = sum(capture_lens)
+    fb = sgl_batch(
+        ForwardMode.EXTEND, list(range(3)), [0, 0, 0], capture_lens, torch.zeros(t, dtype=torch.int64, device=DEV),
+        req_pool_indices=torch.arange(3, device=DEV),
+    )  # fmt: skip
+    before = [pool.get_key_buffer(layer.layer_id).clone() for layer in layers()]
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        for layer, buf in zip(layers(), before):
+            q, k, v = rand_qkv(layer, t, g)
+            out = call(layer, q, k, v, fb).view(t, HQ, -1)
+            hist = {(layer.layer_id, 0): (k[:0], v[:0])}
+            assert_close(out, want_extend(layer, hist, [0], [0], [t], q, k, v), name=f"layer {layer.layer_id}")
+            after = pool.get_key_buffer(layer.layer_id)
+            assert torch.equal(after[1:], buf[1:]), "a capture-batch write left the dummy slot"
