@@ -506,6 +506,16 @@ def build_window_indices(
     return out
 
 
+def _check_out_table(out, B: int, device) -> None:
+    """``out`` of the page-table builders: a WindowPageTable of int32 buffers for ``B`` requests."""
+    if not isinstance(out, WindowPageTable):
+        raise TypeError(f"out must be a WindowPageTable of buffers, got {type(out).__name__}")
+    check_tensor("out.page_table", out.page_table, dtype=torch.int32, device=device, shape=(B, None))
+    if out.page_table.shape[1] > 1 and out.page_table.stride(1) != 1:
+        raise ValueError("out.page_table rows must be contiguous")
+    check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,), contiguous=True)
+
+
 @guarded(check_build_window_page_table)
 def build_window_page_table(
     req_to_token: torch.Tensor,
@@ -568,12 +578,7 @@ def build_window_page_table(
     else:
         if max_pages is not None:
             raise ValueError("give max_pages or out, not both (out's page_table width is max_pages)")
-        if not isinstance(out, WindowPageTable):
-            raise TypeError(f"out must be a WindowPageTable of buffers, got {type(out).__name__}")
-        check_tensor("out.page_table", out.page_table, dtype=torch.int32, device=device, shape=(B, None))
-        if out.page_table.shape[1] > 1 and out.page_table.stride(1) != 1:
-            raise ValueError("out.page_table rows must be contiguous")
-        check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,), contiguous=True)
+        _check_out_table(out, B, device)
     width = out.page_table.shape[1]
     _launch_window_kernel(
         req_to_token,
@@ -628,18 +633,13 @@ def window_page_table_from_block_table(
     """
     check_window_left(window_left)
     check_int("block_size", block_size, minimum=1)
-    if not isinstance(out, WindowPageTable):
-        raise TypeError(f"out must be a WindowPageTable of buffers, got {type(out).__name__}")
     check_tensor("seq_lens", seq_lens, dtype=INDEX_DTYPES, ndim=1, contiguous=True)
     device = seq_lens.device
     B = seq_lens.shape[0]
     check_tensor("block_table", block_table, dtype=INDEX_DTYPES, device=device, ndim=2)
     if block_table.shape[0] < B or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
         raise ValueError(f"block_table must have at least {B} rows (seq_lens') with contiguous rows, got {list(block_table.shape)}")
-    check_tensor("out.page_table", out.page_table, dtype=torch.int32, device=device, shape=(B, None))
-    if out.page_table.shape[1] > 1 and out.page_table.stride(1) != 1:
-        raise ValueError("out.page_table rows must be contiguous")
-    check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,), contiguous=True)
+    _check_out_table(out, B, device)
     width = out.page_table.shape[1]
     if B == 0:
         return out

@@ -225,6 +225,16 @@ def _check_devices(arguments: dict) -> None:
         _defer(f"tensor arguments on several devices or on meta: {sorted(map(str, devices))}")
 
 
+def _length_fields(forward_batch) -> dict:
+    """A batch's device lengths beside their host copies (None where the batch has none)."""
+    fields = {"seq_lens": forward_batch.seq_lens, "seq_lens_cpu": getattr(forward_batch, "seq_lens_cpu", None)}
+    for name in ("extend_prefix_lens", "extend_seq_lens"):
+        if getattr(forward_batch, name, None) is not None:
+            fields[name] = getattr(forward_batch, name)
+            fields[name + "_cpu"] = getattr(forward_batch, name + "_cpu", None)
+    return fields
+
+
 def _check_cpu_copies(op: str, arguments: dict) -> None:
     """Every ``<name>_cpu`` argument equals ``<name>``."""
     for name, host in arguments.items():
@@ -885,12 +895,7 @@ def check_forward_batch(backend, forward_batch) -> None:
         return
     rtt = backend.req_to_token
     R, C = rtt.shape
-    fields = {"seq_lens": forward_batch.seq_lens, "seq_lens_cpu": getattr(forward_batch, "seq_lens_cpu", None)}
-    for name in ("extend_prefix_lens", "extend_seq_lens"):
-        if getattr(forward_batch, name, None) is not None:
-            fields[name] = getattr(forward_batch, name)
-            fields[name + "_cpu"] = getattr(forward_batch, name + "_cpu", None)
-    _check_cpu_copies(op, fields)
+    _check_cpu_copies(op, _length_fields(forward_batch))
     rows = _host("req_pool_indices", forward_batch.req_pool_indices)
     b = _first((rows < 0) | (rows >= R))
     if b is not None:
@@ -983,12 +988,7 @@ def check_forward_metadata(backend, forward_batch, *, batch_checked: bool = Fals
     rows = _host("req_pool_indices", forward_batch.req_pool_indices)
     B = rows.numel()
     seq = _host("seq_lens", forward_batch.seq_lens)
-    fields = {"seq_lens": forward_batch.seq_lens, "seq_lens_cpu": getattr(forward_batch, "seq_lens_cpu", None)}
-    for name in ("extend_prefix_lens", "extend_seq_lens"):
-        if getattr(forward_batch, name, None) is not None:
-            fields[name] = getattr(forward_batch, name)
-            fields[name + "_cpu"] = getattr(forward_batch, name + "_cpu", None)
-    _check_cpu_copies(op, fields)
+    _check_cpu_copies(op, _length_fields(forward_batch))
 
     extend = not mode.is_decode()
     if extend:
