@@ -23,7 +23,8 @@ LAYERS = {
     "triton_swa.mem": {"triton_swa.runtime"},
     "triton_swa.engine": set(),
     "triton_swa.backend": {"triton_swa.runtime", "triton_swa.ops", "triton_swa.mem", "triton_swa.engine"},
-    "triton_swa.testing": {"triton_swa.runtime", "triton_swa.mem", "triton_swa.ops", "triton_swa.backend"},
+    # the real-engine kit runs an engine's integration (lazily, in the engine's process)
+    "triton_swa.testing": {"triton_swa.runtime", "triton_swa.mem", "triton_swa.ops", "triton_swa.backend", "triton_swa.integrations"},
     # an engine's own backend may be built on the ops directly (vLLM's: its metadata is not SGLang's)
     "triton_swa.integrations": {"triton_swa.runtime", "triton_swa.ops", "triton_swa.mem", "triton_swa.engine", "triton_swa.backend"},
 }

@@ -46,7 +46,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from ..backend import TritonSWAAttnBackend
 
-__all__ = ["NAME", "TritonSWASGLangBackend", "register"]
+__all__ = ["NAME", "TritonSWASGLangBackend", "read_backends_as", "register"]
 
 NAME = "triton_swa"
 _UNSUPPORTED_MODES = ("SPLIT_PREFILL", "DLLM_EXTEND", "PREBUILT")
@@ -505,25 +505,28 @@ SIBLING = "triton"
 _registered = False
 
 
-def _as_sibling(name):
-    return SIBLING if name == NAME else name
+def read_backends_as(aliases: dict):
+    """A wrapper of SGLang's per-model server-argument step (``handle_model_specific_adjustments``:
+    its Gemma 4 and gpt-oss backend allow-lists among its checks) under which those checks read
+    backend ``name`` as ``aliases[name]``; everything else reads the real names. For
+    ``register_resolution_hook``: the plugin reads ``triton_swa`` as its sibling, and the real-engine
+    kit uses it to run SGLang's own backends as controls where its allow-lists refuse them."""
 
+    def wrapper(server_args, previous):
+        from sglang.srt.arg_groups import model_hook
 
-def _model_adjustments(server_args, previous):
-    """SGLang's per-model server-argument step (its Gemma 4 and gpt-oss backend allow-lists among
-    them) reads triton_swa as its sibling while it runs; everything else reads the real name."""
-    from sglang.srt.arg_groups import model_hook
+        real = model_hook.attention_backends_of
 
-    real = model_hook.attention_backends_of
+        def backends_of(view):
+            return tuple(aliases.get(b, b) for b in real(view))
 
-    def backends_of(view):
-        return tuple(_as_sibling(b) for b in real(view))
+        model_hook.attention_backends_of = backends_of
+        try:
+            previous(server_args)
+        finally:
+            model_hook.attention_backends_of = real
 
-    model_hook.attention_backends_of = backends_of
-    try:
-        previous(server_args)
-    finally:
-        model_hook.attention_backends_of = real
+    return wrapper
 
 
 def _dflash_mask_policy(result, attn_backend, *args, **kwargs):
@@ -559,7 +562,7 @@ def _image_masks(original, model, forward_batch, *args, **kwargs):
 
 
 # SGLang's resolution steps that select by backend name: step name -> wrapper(server_args, previous).
-_RESOLUTION_HOOKS = {"handle_model_specific_adjustments": _model_adjustments}
+_RESOLUTION_HOOKS = {"handle_model_specific_adjustments": read_backends_as({NAME: SIBLING})}
 
 
 def _hooks() -> dict:

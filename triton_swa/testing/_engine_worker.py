@@ -25,20 +25,18 @@ def _write(path: str, result: dict) -> None:
 
 
 def _alias_backends_in_model_checks(aliases: dict) -> None:
-    """Let SGLang's per-model server-argument checks read backend ``a`` as ``aliases[a]``.
+    """Let SGLang's per-model server-argument checks read backend ``a`` as ``aliases[a]`` (through the
+    same resolution-step hook the plugin uses for ``triton_swa``).
 
     Only for controls the caller asks for explicitly (e.g. ``{"torch_native": "triton"}``: SGLang
     0.5.23's Gemma 4 allow-list refuses its own ``torch_native``). The engine still builds the backend
     it was given; only the allow-list reads another name.
     """
-    from sglang.srt.arg_groups import model_hook
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
 
-    real = model_hook.attention_backends_of
+    from triton_swa.integrations.sglang import read_backends_as
 
-    def attention_backends_of(view):
-        return tuple(aliases.get(b, b) for b in real(view))
-
-    model_hook.attention_backends_of = attention_backends_of
+    register_resolution_hook("handle_model_specific_adjustments")(read_backends_as(aliases))
 
 
 def main(spec_path: str, result_path: str) -> int:
