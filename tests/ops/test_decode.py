@@ -566,3 +566,70 @@ def test_decode_cuda_graph_replay(form):
         torch.cuda.synchronize()
         assert_close(out, expected(case, b), name=f"graph replay {case.id}")
     _assert_counters_reset()
+
+
+PLAN_CASES = [
+    Case((37, 1, 12), 5, 2, 2, 16, num_splits=2, block_n=16),
+    Case((45, 2, 30), 29, 8, 2, 16, dtype=torch.float16, softcap=2.0, sinks=True, num_splits=3, block_n=16),
+    Case((40, 11), 27, 4, 2, 16, page=4, form="paged", dtype=torch.float16, fp8=True, sinks=True, num_splits=1, block_n=16),
+    Case((0, 37, 5), 30, 6, 2, 16, page=4, form="paged", sinks=True, num_splits=5, block_n=16),
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in PLAN_CASES])
+def test_decode_plan_runs_layers(case, device):
+    """``swa_decode_plan`` once, ``run`` per layer: each run equals ``swa_decode`` on that layer's
+    buffers bit for bit (and the reference), with per-run sinks and scales; the outputs are fresh."""
+    from triton_swa import swa_decode_plan
+
+    b0, b1 = build(case, device), build(case, device)
+    # a second layer over the same windows: other queries, its heads' K/V swapped, other sinks
+    flip = lambda x: x.view(torch.uint8).flip(1).contiguous().view(x.dtype)
+    b1.q, b1.k, b1.v = torch.randn_like(b0.q.float()).to(b0.q.dtype), flip(b0.k), flip(b0.v)
+    if b0.sinks is not None:
+        b1.sinks = b0.sinks.flip(0).contiguous()
+    if b0.k_scale is not None:
+        b1.k_scale, b1.v_scale = 1.5, b0.v_scale * 0.5
+    layers = (b0, b1)
+    where = (
+        dict(kv_indptr=b0.kv_indptr, kv_indices=b0.kv_indices)
+        if case.form == "csr"
+        else dict(page_table=b0.page_table, window_starts=b0.window_starts, seq_lens=b0.seq_lens, page_size=case.page)
+    )
+    opts = dict(sm_scale=0.6 / case.d**0.5, logit_cap=case.softcap, num_splits=case.num_splits, block_n=case.block_n)
+    plan = swa_decode_plan(b0.q, b0.k, b0.v, **where, sinks=b0.sinks, k_scale=b0.k_scale, v_scale=b0.v_scale, **opts)
+    for b in layers:
+        want = run(case, b)
+        out = torch.full_like(want, float("nan"))
+        got = plan.run(b.q, b.k, b.v, out, sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
+        assert got is out
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), case.id
+        assert_close(got, expected(case, b), name=case.id)
+        fresh = plan.run(b.q, b.k, b.v, sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
+        assert fresh is not out and torch.equal(fresh.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.interpreter
+def test_decode_plan_refuses_another_kind(device):
+    """A run whose tensors or scales are not what the plan was made for raises, naming them, before any launch."""
+    from triton_swa import swa_decode_plan
+
+    case = Case((37, 1, 12), 5, 2, 2, 16, num_splits=2, block_n=16)
+    b = build(case, device)
+    plan = swa_decode_plan(b.q, b.k, b.v, kv_indptr=b.kv_indptr, kv_indices=b.kv_indices, num_splits=2, block_n=16)
+    assert plan.out_shape == (3, 2, 16)
+    with pytest.raises(ValueError, match="q must be what the plan was made for"):
+        plan.run(b.q[:2], b.k, b.v)
+    with pytest.raises(ValueError, match="k_buffer must be"):
+        plan.run(b.q, b.k.half(), b.v)
+    with pytest.raises(TypeError, match="v_buffer must be a torch.Tensor"):
+        plan.run(b.q, b.k, None)
+    with pytest.raises(ValueError, match="out must be"):
+        plan.run(b.q, b.k, b.v, torch.empty(3, 2, 32, device=device)[..., :16])
+    with pytest.raises(ValueError, match="sinks must be of the planned kind"):
+        plan.run(b.q, b.k, b.v, sinks=torch.zeros(2, device=device))
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        plan.run(b.q, b.k, b.v, k_scale=torch.ones(1, device=device))
+    with pytest.raises(ValueError, match="page_size must be 1"):
+        swa_decode_plan(b.q, b.k, b.v, kv_indptr=b.kv_indptr, kv_indices=b.kv_indices, page_size=4)

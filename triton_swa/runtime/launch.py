@@ -7,6 +7,9 @@
   call uses the launcher signature of Triton 3.6's compiled kernels (CUDA and HIP alike); other Triton
   versions, the interpreter, or ``TRITON_SWA_FAST_LAUNCH=0`` (read at import; or
   :func:`set_fast_launch`) take the JIT every time.
+- :class:`Bound`: one compiled kernel on a fixed grid, for a plan whose arguments keep their
+  specialisation from call to call (same dtypes, same integers, pointers of the same 16-byte
+  alignment): each call is Triton's launcher alone (:meth:`Launcher.bind`).
 - :class:`PlanCache`: what an op's checks and heuristics decided for one input signature (dtypes,
   shapes, strides, devices, options), so that a repeated call skips them.
 """
@@ -22,7 +25,18 @@ from triton import knobs
 
 from .device import interpreting
 
-__all__ = ["launcher_for", "Launcher", "PlanCache", "current_stream", "fast_launch_enabled", "scale_key", "set_fast_launch", "tensor_key"]
+__all__ = [
+    "aligned",
+    "Bound",
+    "launcher_for",
+    "Launcher",
+    "PlanCache",
+    "current_stream",
+    "fast_launch_enabled",
+    "scale_key",
+    "set_fast_launch",
+    "tensor_key",
+]
 
 try:  # Triton's argument specialisation (3.6's native binder), for keys over varying integers
     from triton._C.libtriton import native_specialize_impl as _SPECIALIZE
@@ -56,6 +70,46 @@ def _driver_fns():
 def current_stream(device_index: int | None):
     """The driver's current stream handle on ``device_index``."""
     return _driver_fns()[1](device_index)
+
+
+def aligned(*tensors) -> bool:
+    """Whether every tensor's data pointer is 16-byte aligned (what Triton specialises pointers on)."""
+    bits = 0
+    for t in tensors:
+        bits |= t.data_ptr()
+    return bits & 15 == 0
+
+
+class Bound:
+    """One compiled kernel launched directly on a fixed grid: ``bound(args)``.
+
+    The caller guarantees that ``args`` specialise as those it was bound with (same dtypes and
+    integers, pointers of the same 16-byte alignment, tensors on the same device). Launch hooks
+    (profilers) are honoured as Triton's own launch does.
+    """
+
+    __slots__ = ("kernel", "run", "function", "packed", "tail", "grid", "device")
+
+    def __init__(self, kernel, tail: tuple, grid: tuple, device: int):
+        self.kernel, self.tail, self.grid, self.device = kernel, tail, grid, device
+        self.run = kernel.run  # loads the module on the current device
+        self.function, self.packed = kernel.function, kernel.packed_metadata
+
+    def __call__(self, args: tuple) -> None:
+        get_device, get_stream = _driver_fns()
+        if get_device() != self.device:
+            with torch.cuda.device(self.device):
+                self(args)
+            return
+        stream = get_stream(self.device)
+        grid = self.grid
+        enter = knobs.runtime.launch_enter_hook
+        if enter is None or not getattr(enter, "calls", True):
+            self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed, None, None, None, *args, *self.tail)
+            return
+        full = (*args, *self.tail)
+        meta = self.kernel.launch_metadata(grid, stream, *full)
+        self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed, meta, enter, knobs.runtime.launch_exit_hook, *full)
 
 
 class Launcher:
@@ -119,6 +173,23 @@ class Launcher:
         else:
             meta = kernel.launch_metadata(grid, stream, *full)
         kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, meta, enter, leave, *full)
+
+    def bind(self, args: tuple, grid: tuple | None = None) -> Bound | None:
+        """The compiled kernel for ``args`` on ``grid`` (compiled, not launched, when new) as a
+        :class:`Bound`, or None where launches go through the JIT (the interpreter, another Triton
+        version, ``TRITON_SWA_FAST_LAUNCH=0``, CPU tensors)."""
+        grid = self.grid if grid is None else grid
+        if self.interpret or not _FAST:
+            return None
+        device = args[0].get_device()
+        if device < 0:
+            return None
+        with torch.cuda.device(device):
+            kernel = self.fn.warmup(*args, grid=grid, **self.constexprs, **self.options)
+            if not all(hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
+                return None
+            tail = tuple(self.constexprs[name] for name in self.fn.arg_names[len(args) :])
+            return Bound(kernel, tail, tuple(grid), device)
 
 
 _LAUNCHERS: dict = {}

@@ -48,12 +48,12 @@ from ...runtime.checks import (
 )
 from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
-from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
+from ...runtime.launch import Launcher, PlanCache, aligned, current_stream, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
 
-__all__ = ["swa_decode"]
+__all__ = ["DecodePlan", "swa_decode", "swa_decode_plan"]
 
 
 # The in-place merge's counters: one zeroed int32 per split-kernel program, per (device, stream), so
@@ -366,6 +366,11 @@ def _check_and_plan(
     return plan
 
 
+def _window_args(dummy, kv_indptr, kv_indices, page_table, window_starts, seq_lens) -> tuple:
+    """The kernel's five window pointers, ``dummy`` for the form not given."""
+    return tuple(dummy if t is None else t for t in (kv_indptr, kv_indices, page_table, window_starts, seq_lens))
+
+
 def _swa_decode_impl(
     q,
     k_buffer,
@@ -437,31 +442,12 @@ def _swa_decode_impl(
         if sem is None:
             main, merge = plan.fallback
             sem = q
-    dummy = q
-    main(
-        (
-            q,
-            k_buffer,
-            v_buffer,
-            out,
-            part,
-            sem,
-            dummy if kv_indptr is None else kv_indptr,
-            dummy if kv_indices is None else kv_indices,
-            dummy if page_table is None else page_table,
-            dummy if window_starts is None else window_starts,
-            dummy if seq_lens is None else seq_lens,
-            dummy if sinks is None else sinks,
-            k_scale_t,
-            v_scale_t,
-            scale * k_scale_f,
-            v_scale_f,
-            float(logit_cap),
-            *plan.ints,
-        )
-    )
+    windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
+    sinks_arg = q if sinks is None else sinks
+    scalars = (scale * k_scale_f, v_scale_f, float(logit_cap))
+    main((q, k_buffer, v_buffer, out, part, sem, *windows, sinks_arg, k_scale_t, v_scale_t, *scalars, *plan.ints))
     if merge is not None:
-        merge((part, dummy if sinks is None else sinks, out, part, *plan.merge_ints))
+        merge((part, sinks_arg, out, part, *plan.merge_ints))
     return out
 
 
@@ -558,3 +544,177 @@ def swa_decode(
         num_splits=num_splits,
         block_n=block_n,
     )
+
+
+class DecodePlan:
+    """:func:`swa_decode` checked and planned once for a step's windows; :meth:`run` launches it.
+
+    Made by :func:`swa_decode_plan`. The plan holds the window (its index tensors, read at each run:
+    refill them in place between runs if you like), the split count, grid, compiled kernels and the
+    split-KV workspace; a run checks that its tensors are the planned kind in O(1) and launches the
+    compiled kernels directly. Runs of one plan share its workspace: issue them in order on one
+    stream (as a model's layers run), not concurrently on several.
+    """
+
+    __slots__ = ("_plan", "_keys", "_windows", "_sinks", "_scale_kinds", "_scales", "_sm_scale", "_cap", "_part", "_bound", "__weakref__")
+
+    def __init__(self, plan: _Plan, q, k_buffer, v_buffer, windows: tuple, sinks, k_scale, v_scale, sm_scale: float, cap: float):
+        self._plan = plan
+        self._keys = (tensor_key(q), tensor_key(k_buffer), tensor_key(v_buffer))
+        self._windows = windows
+        self._sinks = sinks
+        self._scale_kinds = (scale_key(k_scale), scale_key(v_scale))
+        self._scales = (k_scale, v_scale)
+        self._sm_scale, self._cap = sm_scale, cap
+        self._part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if plan.split else None
+        self._bound = None  # (main, merge) compiled for aligned pointers, bound at the first such run
+
+    @property
+    def out_shape(self) -> tuple:
+        """``[B, HQ, Dv]``: the shape of a run's output."""
+        return self._plan.out_shape
+
+    def _check(self, name: str, x, key) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        got = tensor_key(x)
+        if got != key:
+            raise ValueError(f"{name} must be what the plan was made for (dtype, shape, strides, device {key}), got {got}: make a new plan")
+
+    def run(self, q, k_buffer, v_buffer, out=None, *, sinks=None, k_scale=None, v_scale=None) -> torch.Tensor:
+        """Decode ``q`` over the planned windows of ``k_buffer``/``v_buffer`` (another layer's buffers
+        of the planned kind are fine); returns ``out`` (a new ``[B, HQ, Dv]`` tensor when None).
+
+        ``sinks``, ``k_scale`` and ``v_scale`` default to the planned ones and must be of their kind
+        (a tensor where the plan had a tensor of that dtype, shape and device; a number where it had
+        a number; None where it had none).
+
+        Raises:
+            TypeError, ValueError: a tensor or scale not of the planned kind, before any launch.
+        """
+        q_key, k_key, v_key = self._keys
+        self._check("q", q, q_key)
+        self._check("k_buffer", k_buffer, k_key)
+        self._check("v_buffer", v_buffer, v_key)
+        plan = self._plan
+        if out is None:
+            out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+        else:
+            B, HQ, DV = plan.out_shape
+            self._check("out", out, (q.dtype, torch.Size(plan.out_shape), (HQ * DV, DV, 1), q.device))
+        if sinks is None:
+            sinks = self._sinks
+        elif tensor_key(sinks) != tensor_key(self._sinks):
+            raise ValueError("sinks must be of the planned kind (dtype, shape, strides and device of the plan's sinks)")
+        k_scale = self._scales[0] if k_scale is None else k_scale
+        v_scale = self._scales[1] if v_scale is None else v_scale
+        if (scale_key(k_scale), scale_key(v_scale)) != self._scale_kinds:
+            raise ValueError("k_scale and v_scale must be of the planned kinds (a number, or a tensor of the plan's dtype, shape, device)")
+        k_scale_f, k_scale_t = split_kv_scale("k_scale", k_scale)
+        v_scale_f, v_scale_t = split_kv_scale("v_scale", v_scale)
+        if plan.out_shape[0] == 0:
+            return out
+        if plan.kv_view is not None:
+            k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
+        sinks_arg = q if sinks is None else sinks
+        k_scale_t = q if k_scale_t is None else k_scale_t
+        v_scale_t = q if v_scale_t is None else v_scale_t
+        part = q if self._part is None else self._part
+        args = (
+            q,
+            k_buffer,
+            v_buffer,
+            out,
+            part,
+            q,
+            *self._windows,
+            sinks_arg,
+            k_scale_t,
+            v_scale_t,
+            self._sm_scale * k_scale_f,
+            v_scale_f,
+            self._cap,
+            *plan.ints,
+        )
+        merge_args = (part, sinks_arg, out, part, *plan.merge_ints) if plan.merge is not None else None
+        bound = self._bound
+        if bound is None and aligned(*args[:14]):
+            bound = self._bound = (plan.main.bind(args), plan.merge.bind(merge_args) if merge_args else None)
+        if bound is not None and bound[0] is not None and aligned(q, k_buffer, v_buffer, out, sinks_arg, k_scale_t, v_scale_t):
+            bound[0](args)
+            if merge_args is not None:
+                bound[1](merge_args)
+            return out
+        plan.main(args)
+        if merge_args is not None:
+            plan.merge(merge_args)
+        return out
+
+
+@guarded(check_swa_decode)
+def swa_decode_plan(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    *,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    window_starts: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    page_size: int = 1,
+    sm_scale: float | None = None,
+    logit_cap: float | None = 0.0,
+    sinks: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    max_window: int | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+) -> DecodePlan:
+    """Check and plan :func:`swa_decode` once, for the pattern "plan once per step, run per layer".
+
+    Takes :func:`swa_decode`'s arguments but ``out`` (the same rules and errors) and returns a
+    :class:`DecodePlan`: ``plan.run(q, k_buffer, v_buffer, out=None, *, sinks=None, k_scale=None,
+    v_scale=None)`` then decodes any ``q`` and buffers of the planned dtypes, shapes and strides over
+    the planned windows, with the checks of that kind alone (O(1)) and the compiled kernels launched
+    directly. Its output equals :func:`swa_decode`'s with the same arguments, bit for bit. ``q``'s
+    values are not read here, only its kind; ``debug`` checks the windows against the buffers once,
+    here.
+
+        plan = swa_decode_plan(q, k_buffers[0], v_buffers[0], page_table=pt, window_starts=ws,
+                               seq_lens=lens, page_size=16, sm_scale=scale, max_window=W + 1)
+        for layer in range(num_layers):
+            out = plan.run(q[layer], k_buffers[layer], v_buffers[layer])
+
+    Raises:
+        TypeError, ValueError: as :func:`swa_decode`, before anything is launched.
+    """
+    logit_cap = check_logit_cap(logit_cap)
+    sm_scale = check_sm_scale(sm_scale, None)
+    split_kv_scale("k_scale", k_scale)
+    split_kv_scale("v_scale", v_scale)
+    args = (
+        q,
+        k_buffer,
+        v_buffer,
+        kv_indptr,
+        kv_indices,
+        page_table,
+        window_starts,
+        seq_lens,
+        page_size,
+        sinks,
+        k_scale,
+        v_scale,
+        None,
+        max_window,
+        num_splits,
+        block_n,
+        logit_cap > 0,
+        None,
+    )
+    plan = _PLANS.get_or_make(_signature, _check_and_plan, args)
+    windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
+    scale = plan.default_scale if sm_scale is None else sm_scale
+    return DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap))
