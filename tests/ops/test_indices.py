@@ -313,6 +313,41 @@ def test_store_kv(device, dtype, x_dtype, scale, layer):
         assert bool(torch.isnan(exp.view(dtype).float()).any()), "the pool holds no poisoned slot: the check above proves less"
 
 
+def test_store_kv_plan_runs_layers(device):
+    """``store_kv_plan`` once per step, ``run`` per layer: each layer's buffers equal ``store_kv``'s bit
+    for bit; rows, buffers or scales of another kind raise before anything is written."""
+    from triton_swa import store_kv_plan
+
+    g = torch.Generator().manual_seed(7)
+    loc = torch.tensor([5, 1, 9], device=device)
+    mapping = torch.tensor([0, 3, 0, 0, 0, 2, 0, 0, 0, 7, -1], device=device)
+    layers = []
+    for _ in range(2):
+        bufs = [torch.full((8, 2, 16), float("nan"), dtype=torch.bfloat16, device=device) for _ in range(2)]
+        qkv = torch.randn(3, 3, 2, 16, generator=g).to(device)
+        layers.append((bufs, qkv[:, 1], qkv[:, 2]))
+    (kb0, vb0), k0, v0 = layers[0]
+    plan = store_kv_plan(kb0, vb0, loc, k0, v0, mapping=mapping, k_scale=0.5, v_scale=2.0)
+    for (kb, vb), k, v in layers:
+        want = [b.clone() for b in (kb, vb)]
+        store_kv(*want, loc, k, v, mapping=mapping, k_scale=0.5, v_scale=2.0)
+        plan.run(kb, vb, k, v, k_scale=0.5, v_scale=2.0)
+        for got, exp in zip((kb, vb), want):
+            assert torch.equal(got.view(torch.int16), exp.view(torch.int16))
+    before = [b.clone() for b in (kb0, vb0)]
+    with pytest.raises(ValueError, match="k must be what the plan was made for"):
+        plan.run(kb0, vb0, k0.contiguous(), v0, k_scale=0.5, v_scale=2.0)
+    with pytest.raises(ValueError, match="k_buffer must be"):
+        plan.run(kb0.float(), vb0, k0, v0, k_scale=0.5, v_scale=2.0)
+    with pytest.raises(ValueError, match="planned kinds"):
+        plan.run(kb0, vb0, k0, v0)
+    with pytest.raises(ValueError, match="k_scale"):
+        plan.run(kb0, vb0, k0, v0, k_scale=-1.0, v_scale=2.0)
+    for got, exp in zip((kb0, vb0), before):
+        assert torch.equal(got.view(torch.int16), exp.view(torch.int16)), "a refused run wrote"
+    assert store_kv_plan(kb0, vb0, loc[:0], k0[:0], v0[:0]) is None
+
+
 def test_store_kv_python_negative_slot(device):
     """loc = -1 translates to -1 and writes the last row, as the reference's torch indexing does."""
     mapping = torch.tensor([0, 4, 2, 0, 0, 0, -1], device=device)  # no two locs share a row

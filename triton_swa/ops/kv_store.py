@@ -18,10 +18,10 @@ import triton.language as tl
 
 from ..runtime.checks import INDEX_DTYPES, KV_DTYPES, check_kv_scale, check_tensor
 from ..runtime.guard import check_store_kv, guarded
-from ..runtime.launch import launcher_for
+from ..runtime.launch import aligned, launcher_for, tensor_key
 from .indices import check_mapping
 
-__all__ = ["store_kv"]
+__all__ = ["KVStorePlan", "store_kv", "store_kv_plan"]
 
 
 @triton.jit
@@ -311,6 +311,13 @@ def store_kv(
     Raises:
         TypeError, ValueError: on a wrong dtype, device, shape or scale, before any launch.
     """
+    plan = _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale)
+    if plan is not None:
+        plan.run(k_buffer, v_buffer, k, v, k_scale=k_scale, v_scale=v_scale)
+
+
+def _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale) -> KVStorePlan | None:
+    """Check a store (raising TypeError/ValueError naming the argument) and plan it; None: no rows."""
     allowed = KV_DTYPES + (torch.uint8,)
     check_tensor("k_buffer", k_buffer, dtype=allowed, ndim=3)
     device = k_buffer.device
@@ -326,46 +333,119 @@ def store_kv(
             raise TypeError(f"{name} must be floating, got {x.dtype}")
     if mapping is not None:
         check_mapping(mapping, device, None)
-    k_mode, k_val, k_ptr = _scale_arg("k_scale", k_scale, device)
-    v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
+    k_mode = _scale_arg("k_scale", k_scale, device)[0]
+    v_mode = _scale_arg("v_scale", v_scale, device)[0]
     if n == 0:
-        return
-    kb, k_enc = _store_view(k_buffer)
-    vb, v_enc = _store_view(v_buffer)
-    block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
-    grid = (n, triton.cdiv(max(H, HV), block_h))
-    constexprs = dict(
-        HAS_MAPPING=mapping is not None,
-        K_SCALE=k_mode,
-        V_SCALE=v_mode,
-        K_ENC=k_enc,
-        V_ENC=v_enc,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        BLOCK_DV=block_dv,
-    )
-    args = (
-        kb,
-        *kb.stride(),
-        vb,
-        *vb.stride(),
-        k,
-        *k.stride(),
-        v,
-        *v.stride(),
-        loc,
-        loc.stride(0),
-        mapping if mapping is not None else loc,
-        mapping.numel() if mapping is not None else 0,
-        kb.shape[0],
-        vb.shape[0],
-        k_val,
-        k_ptr if k_ptr is not None else kb,
-        v_val,
-        v_ptr if v_ptr is not None else vb,
-        H,
-        D,
-        HV,
-        DV,
-    )
-    launcher_for(_swa_store_kv_kernel, constexprs)(args, (*grid, 1))
+        return None
+    return KVStorePlan(k_buffer, v_buffer, loc, k, v, mapping, k_mode, v_mode)
+
+
+class KVStorePlan:
+    """:func:`store_kv` checked and planned once for a step's slots; :meth:`run` writes one layer.
+
+    Made by :func:`store_kv_plan`. The plan holds the slots (``loc``, and ``mapping`` for a sliding
+    layer), the kernel's specialisation and grid; a run checks that its buffers and rows are the
+    planned kind in O(1) and launches the compiled kernel directly.
+    """
+
+    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_launch", "_grid", "_bound")
+
+    def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_mode: int, v_mode: int):
+        kb, k_enc = _store_view(k_buffer)
+        vb, v_enc = _store_view(v_buffer)
+        _, H, D = k_buffer.shape
+        _, HV, DV = v_buffer.shape
+        self._keys = (tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(k), tensor_key(v))
+        self._loc, self._mapping, self._modes = loc, mapping, (k_mode, v_mode)
+        self._ints = (mapping.numel() if mapping is not None else 0, kb.shape[0], vb.shape[0])
+        block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
+        self._grid = (loc.shape[0], triton.cdiv(max(H, HV), block_h), 1)
+        constexprs = dict(
+            HAS_MAPPING=mapping is not None,
+            K_SCALE=k_mode,
+            V_SCALE=v_mode,
+            K_ENC=k_enc,
+            V_ENC=v_enc,
+            BLOCK_H=block_h,
+            BLOCK_D=block_d,
+            BLOCK_DV=block_dv,
+        )
+        self._launch = launcher_for(_swa_store_kv_kernel, constexprs)
+        self._bound = None
+
+    def run(self, k_buffer, v_buffer, k, v, *, k_scale=None, v_scale=None) -> None:
+        """Write ``k``/``v`` (rows of the planned kind) into ``k_buffer``/``v_buffer`` (buffers of the
+        planned kind: any layer's) at the planned slots; scales of the planned kinds.
+
+        Raises:
+            TypeError, ValueError: a tensor or scale not of the planned kind, before any launch.
+        """
+        for name, x, key in zip(("k_buffer", "v_buffer", "k", "v"), (k_buffer, v_buffer, k, v), self._keys):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if tensor_key(x) != key:
+                raise ValueError(f"{name} must be what the plan was made for ({key}), got {tensor_key(x)}: make a new plan")
+        device = k_buffer.device
+        k_mode, k_val, k_ptr = _scale_arg("k_scale", k_scale, device)
+        v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
+        if (k_mode, v_mode) != self._modes:
+            raise ValueError("k_scale and v_scale must be of the planned kinds (None, a number, or a tensor)")
+        kb, vb = _store_view(k_buffer)[0], _store_view(v_buffer)[0]
+        loc, mapping = self._loc, self._mapping
+        _, H, D = k_buffer.shape
+        _, HV, DV = v_buffer.shape
+        n_mapping, rows_k, rows_v = self._ints
+        args = (
+            kb,
+            *kb.stride(),
+            vb,
+            *vb.stride(),
+            k,
+            *k.stride(),
+            v,
+            *v.stride(),
+            loc,
+            loc.stride(0),
+            mapping if mapping is not None else loc,
+            n_mapping,
+            rows_k,
+            rows_v,
+            k_val,
+            k_ptr if k_ptr is not None else kb,
+            v_val,
+            v_ptr if v_ptr is not None else vb,
+            H,
+            D,
+            HV,
+            DV,
+        )
+        bound = self._bound
+        if bound is None and aligned(kb, vb, k, v, loc, args[18], args[23], args[25]):
+            bound = self._bound = self._launch.bind(args, self._grid) or False
+        if bound and aligned(kb, vb, k, v, args[23], args[25]):
+            bound(args)
+        else:
+            self._launch(args, self._grid)
+
+
+@guarded(check_store_kv)
+def store_kv_plan(
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mapping: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+) -> KVStorePlan | None:
+    """Check and plan :func:`store_kv` once for a step's slots (``loc``, ``mapping``); returns a
+    :class:`KVStorePlan` whose ``run(k_buffer, v_buffer, k, v, *, k_scale=None, v_scale=None)`` then
+    writes any layer's rows of the planned kind, or None when ``loc`` is empty (nothing to write).
+    ``debug`` checks the slots against the buffers once, here.
+
+    Raises:
+        TypeError, ValueError: as :func:`store_kv`, before anything is launched.
+    """
+    return _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale)
