@@ -10,13 +10,13 @@ kernel arguments.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .engine import ForwardMode
 from .mem.pools import is_swa_kv_pool
-from .ops.decode import swa_decode
+from .ops.decode import swa_decode, swa_decode_plan
 from .ops.extend import swa_extend
 from .ops.indices import (
     WindowIndices,
@@ -27,7 +27,7 @@ from .ops.indices import (
     max_window_pages,
     window_index_count,
 )
-from .ops.kv_store import store_kv
+from .ops.kv_store import store_kv, store_kv_plan
 from .runtime.checks import (
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -37,8 +37,10 @@ from .runtime.checks import (
     check_sinks,
     check_sm_scale,
     check_tensor,
+    split_kv_scale,
 )
 from .runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
+from .runtime.launch import tensor_key
 
 
 def _dequantize(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
@@ -95,11 +97,82 @@ class ForwardMetadata:
     custom_mask: torch.Tensor | None = None
     mask_indptr: torch.Tensor | None = None
     q_positions: torch.Tensor | None = None
+    # the step's launch plans, one per kind of layer call (see TritonSWAAttnBackend._layer_run)
+    runs: dict = field(default_factory=dict, repr=False)
 
 
 _MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
 _RUNNER_ATTRS = ("token_to_kv_pool", "token_to_kv_pool_allocator", "req_to_token_pool", "is_draft_worker", "spec_algorithm", "device")
 _LAYER_ATTRS = ("layer_id", "tp_q_head_num", "tp_k_head_num", "head_dim", "v_head_dim", "scaling", "sliding_window_size")
+
+
+def _layer_values(layer) -> tuple:
+    """Every attribute of a layer that its launches depend on (a layer plan is valid while each is the
+    same object)."""
+    return (
+        layer.layer_id,
+        layer.tp_q_head_num,
+        layer.tp_k_head_num,
+        layer.head_dim,
+        layer.v_head_dim,
+        layer.scaling,
+        layer.sliding_window_size,
+        getattr(layer, "kv_shared_layer_id", None),
+        getattr(layer, "logit_cap", 0.0),
+        getattr(layer, "sinks", None),
+        getattr(layer, "k_scale", None),
+        getattr(layer, "v_scale", None),
+        getattr(layer, "causal", True),
+    )
+
+
+class _LayerPlan:
+    """What a layer's calls share from step to step: its buffers, window kind and checked attributes.
+
+    Valid while the layer's attributes are the same objects (``values``), the pool is the same and the
+    pool hands out the same buffers (``buffers``).
+    """
+
+    __slots__ = ("layer", "values", "pool", "kv_layer", "buffers", "k_buf", "v_buf", "sliding", "write_mapping", "kind", "scales")
+
+    def __init__(self, layer, values, pool, kv_layer, k_buf, v_buf, sliding, write_mapping):
+        self.layer, self.values, self.pool, self.kv_layer = layer, values, pool, kv_layer
+        self.k_buf, self.v_buf, self.sliding, self.write_mapping = k_buf, v_buf, sliding, write_mapping
+        self.buffers = (k_buf.data_ptr(), v_buf.data_ptr())
+        # what a step's launch plan depends on, beside q, k and v: layers of one kind share a plan
+        _, hq, h, d, dv, scaling, _, shared, cap, sinks, k_scale, v_scale, causal = values
+        self.kind = (
+            sliding,
+            write_mapping is not None,
+            hq,
+            h,
+            d,
+            dv,
+            scaling,
+            shared is not None,
+            cap,
+            tensor_key(sinks),
+            _scale_kind(k_scale),
+            _scale_kind(v_scale),
+            causal,
+            tensor_key(k_buf),
+            tensor_key(v_buf),
+        )
+        # (host factor, tensor) of each scale, as the decode and store kernels take them
+        self.scales = (split_kv_scale("k_scale", k_scale), split_kv_scale("v_scale", v_scale))
+
+
+def _scale_kind(s):
+    return tensor_key(s) if isinstance(s, torch.Tensor) else (s is None)
+
+
+_ENGINE_STORE = object()  # a run's store when a subclass writes K/V through its engine's pool
+
+
+class _DecodeRun:
+    """A step's launches for one kind of decode layer call: the K/V store's plan and the decode's."""
+
+    __slots__ = ("loc", "store", "decode", "k_shape", "v_shape", "q_shape", "out_shape")
 
 
 def _as_int(name: str, value, minimum: int | None = None) -> int:
@@ -202,6 +275,7 @@ class TritonSWAAttnBackend:
         self.page_size = _as_int("kv_pool.page_size", getattr(self.kv_pool, "page_size", 1) or 1, 1)
         self.forward_metadata: ForwardMetadata | None = None
         self.cuda_graph: dict | None = None
+        self._layer_plans: dict = {}  # id(layer) -> _LayerPlan
 
     def use_kv_pool(self, pool) -> None:
         """Read and write K/V in ``pool`` from now on; sliding layers still translate by the resolved pool.
@@ -710,12 +784,10 @@ class TritonSWAAttnBackend:
         write_mapping = self.kv_pool.full_to_swa_index_mapping if in_swa_pool else None
         return k_buf, v_buf, (meta.sliding if sliding else meta.full), write_mapping
 
-    def _check_forward(self, q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, *, extend: bool) -> bool:
-        """Every host-side check a layer's forward needs, before anything is written.
-
-        Returns whether this call writes the step's K/V.
-        """
-        meta, dev = self.forward_metadata, self.device
+    def _check_layer(self, layer, k_buf, v_buf) -> tuple[int, int, int, int]:
+        """The checks of a layer alone (heads against its buffers, scales, caps, sinks); returns
+        ``(HQ, H, D, DV)``."""
+        dev = self.device
         lid = layer.layer_id
         HQ = _as_int(f"layer {lid}: tp_q_head_num", layer.tp_q_head_num, 1)
         H = _as_int(f"layer {lid}: tp_k_head_num", layer.tp_k_head_num, 1)
@@ -728,6 +800,23 @@ class TritonSWAAttnBackend:
                 f"layer {lid}: tp_k_head_num={H}, head_dim={D}, v_head_dim={DV} disagree with its KV "
                 f"pool's buffers (K {list(k_buf.shape)}, V {list(v_buf.shape)})"
             )
+        check_sinks(f"layer {lid}: sinks", getattr(layer, "sinks", None), HQ, dev)
+        if layer.scaling is None:
+            raise TypeError(f"layer {lid}: scaling must be a float, got None")
+        check_sm_scale(layer.scaling, None, f"layer {lid}: scaling")
+        check_logit_cap(getattr(layer, "logit_cap", 0.0), f"layer {lid}: logit_cap")
+        check_kv_scale(f"layer {lid}: k_scale", getattr(layer, "k_scale", None), dev)
+        check_kv_scale(f"layer {lid}: v_scale", getattr(layer, "v_scale", None), dev)
+        return HQ, H, D, DV
+
+    def _check_forward(self, q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, *, extend: bool) -> bool:
+        """Every host-side check a layer's forward needs, before anything is written.
+
+        Returns whether this call writes the step's K/V.
+        """
+        meta, dev = self.forward_metadata, self.device
+        lid = layer.layer_id
+        HQ, H, D, DV = self._check_layer(layer, k_buf, v_buf)
         T = meta.num_tokens
         _check_rows("q", q, T, HQ, D, FLOAT_DTYPES, dev)
         if k_buf.dtype not in (q.dtype, *FP8_DTYPES):
@@ -748,14 +837,31 @@ class TritonSWAAttnBackend:
             if loc is None:
                 raise ValueError(f"layer {lid}: forward_batch.out_cache_loc is needed to {'write' if writes else 'read'} the step's K/V")
             _check_index("forward_batch.out_cache_loc", loc, dev, T)
-        check_sinks(f"layer {lid}: sinks", getattr(layer, "sinks", None), HQ, dev)
-        if layer.scaling is None:
-            raise TypeError(f"layer {lid}: scaling must be a float, got None")
-        check_sm_scale(layer.scaling, None, f"layer {lid}: scaling")
-        check_logit_cap(getattr(layer, "logit_cap", 0.0), f"layer {lid}: logit_cap")
-        check_kv_scale(f"layer {lid}: k_scale", getattr(layer, "k_scale", None), dev)
-        check_kv_scale(f"layer {lid}: v_scale", getattr(layer, "v_scale", None), dev)
         return writes
+
+    # ----- the fast path: plan once per step and kind of layer, launch per layer ------------------
+
+    def _layer_plan(self, layer):
+        """``(plan, k_buffer, v_buffer)`` of a layer: its checked setup, made on its first call (and
+        again when an attribute, the pool or the pool's buffers change)."""
+        values = _layer_values(layer)
+        lp = self._layer_plans.get(id(layer))
+        pool = self.kv_pool
+        if lp is not None and lp.pool is pool and lp.layer is layer and all(map(operator.is_, values, lp.values)):
+            k_buf, v_buf = pool.get_kv_buffer(lp.kv_layer)
+            if (k_buf.data_ptr(), v_buf.data_ptr()) == lp.buffers:
+                return lp, k_buf, v_buf
+        k_buf, v_buf, _, write_mapping = self._layer_setup(layer)
+        self._check_layer(layer, k_buf, v_buf)
+        shared = values[7]
+        kv_layer = values[0] if shared is None else shared
+        lp = _LayerPlan(layer, values, pool, kv_layer, k_buf, v_buf, values[6] >= 0, write_mapping)
+        self._layer_plans[id(layer)] = lp
+        return lp, k_buf, v_buf
+
+    def _writes_own(self) -> bool:
+        """Whether K/V go through this class's store (a subclass may write through its engine's pool)."""
+        return type(self)._save is TritonSWAAttnBackend._save
 
     def _save(self, layer, k, v, k_buf, v_buf, write_mapping, forward_batch):
         store_kv(
@@ -772,9 +878,72 @@ class TritonSWAAttnBackend:
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         """Write the new K/V (translated for sliding layers), then decode over the layer's window.
 
+        The step's first call of each kind of layer (window, heads, scales, buffers, q/k/v layouts)
+        checks everything and plans the store and the decode (:func:`~triton_swa.store_kv_plan`,
+        :func:`~triton_swa.swa_decode_plan`); the other layers of that kind check their kind, by
+        a key, and launch. Under the debug guard every call takes the checked path.
+
         Raises:
             TypeError, ValueError: a bad tensor, layer or scale, before the K/V are written.
         """
+        meta = self.forward_metadata
+        if meta is None or debug_enabled(None):
+            return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        try:
+            lp, k_buf, v_buf = self._layer_plan(layer)
+        except AttributeError:
+            return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        try:
+            key = (lp.kind, tensor_key(q), tensor_key(k), tensor_key(v), bool(save_kv_cache), id(loc))
+        except AttributeError:  # q, k or v not a tensor: the checks name it
+            return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        run = meta.runs.get(key)
+        if run is None:
+            run = self._plan_decode(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
+            meta.runs[key] = run
+        (k_f, k_t), (v_f, v_t) = lp.scales
+        if run.store is not None:
+            if run.store is _ENGINE_STORE:
+                self._save(layer, k, v, k_buf, v_buf, lp.write_mapping, forward_batch)
+            else:
+                run.store._launch(k_buf, v_buf, k.view(run.k_shape), v.view(run.v_shape), k_f, k_t, v_f, v_t)
+        sinks = lp.values[9]
+        out = run.decode._launch(q.view(run.q_shape), k_buf, v_buf, None, sinks, k_f, k_t, v_f, v_t)
+        return out.view(run.out_shape)
+
+    def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _DecodeRun:
+        """Check a decode layer call in full and plan the step's launches for its kind."""
+        meta = self.forward_metadata
+        writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False)
+        _, hq, h, d, dv, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
+        run = _DecodeRun()
+        run.loc = loc
+        run.q_shape, run.k_shape, run.v_shape, run.out_shape = (-1, hq, d), (-1, h, d), (-1, h, dv), (-1, hq * dv)
+        run.store = None
+        if writes:
+            if not self._writes_own():
+                run.store = _ENGINE_STORE
+            else:
+                kv = (k.view(run.k_shape), v.view(run.v_shape))
+                run.store = store_kv_plan(k_buf, v_buf, loc, *kv, mapping=lp.write_mapping, k_scale=k_scale, v_scale=v_scale)
+        idx = meta.sliding if lp.sliding else meta.full
+        run.decode = swa_decode_plan(
+            q.view(run.q_shape),
+            k_buf,
+            v_buf,
+            **idx.kernel_args(decode=True),
+            sm_scale=scaling,
+            logit_cap=cap,
+            sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            max_window=max(idx.max_window, 1),
+        )
+        return run
+
+    def _forward_decode_checked(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        """:meth:`forward_decode` with every check on every call (the debug guard's path)."""
         k_buf, v_buf, idx, write_mapping = self._layer_setup(layer)
         if self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False):
             self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch)

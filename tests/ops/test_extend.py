@@ -891,3 +891,39 @@ def test_strided_views_where_strides_are_passed(device):
     got = swa_extend(*args.values(), **built["index"], **built["kw"], out=wide_out[:, ::2], block_m=16, block_n=16)
     assert_close(got, built["expected"])
     assert bool(wide_out[:, 1::2].isnan().all())
+
+
+PLAN_CASES = [
+    (Case(**_mix(*MIX), W=11), None),
+    (Case(**_mix(*MIX), W=11, paged=True, ps=4, sinks=True, softcap=2.5), None),
+    (Case(**_mix((70, 6), (30, 8), (9, 5), (20, 0)), W=35, mode="tree", HQ=8), 3),
+    (Case(**VERIFY, W=40, fp8="tensor", paged=True, ps=4, dtype=torch.float16), 2),
+]
+
+
+@pytest.mark.parametrize("case, num_splits", [pytest.param(c, n, id=f"{c.id}-S{n}") for c, n in PLAN_CASES])
+def test_extend_plan_runs_layers(case, num_splits, device):
+    """``swa_extend_plan`` once, ``run`` per layer: each run equals ``swa_extend`` on that layer's
+    tensors bit for bit (and the reference on the first); a run of another kind raises."""
+    from triton_swa import swa_extend_plan
+
+    built = build(case, device)
+    args, kw = built["args"], built["kw"]
+    opts = dict(block_m=case.bm, block_n=case.bn, pack=case.pack, edge_in_loop=case.edge, num_splits=num_splits)
+    plan = swa_extend_plan(*args.values(), **built["index"], **kw, max_extend_len=max(case.new), **opts)
+    flip = lambda x: x.view(torch.uint8).flip(1).contiguous().view(x.dtype)
+    second = dict(args, q=torch.randn_like(args["q"].float()).to(case.dtype), k_buffer=flip(args["k_buffer"]))
+    second["v_buffer"] = flip(args["v_buffer"])
+    scales = {key: kw[key] for key in ("sinks", "k_scale", "v_scale") if key in kw}
+    nan_out = lambda: torch.full(tuple(built["expected"].shape), NAN, dtype=case.dtype, device=device)
+    for layer in (args, second):
+        tensors = [layer[name] for name in ("q", "k", "v", "k_buffer", "v_buffer")]
+        want = swa_extend(*layer.values(), **built["index"], **kw, out=nan_out(), max_extend_len=max(case.new), **opts)
+        got = plan.run(*tensors, torch.full_like(want, NAN), **scales)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), case.id
+    assert_close(plan.run(*[args[n] for n in ("q", "k", "v", "k_buffer", "v_buffer")], **scales), built["expected"], name=case.id)
+    assert plan.out_shape == tuple(built["expected"].shape)
+    with pytest.raises(ValueError, match="k must be what the plan was made for"):
+        plan.run(args["q"], args["k"][:-1], args["v"], args["k_buffer"], args["v_buffer"])
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        plan.run(args["q"], args["k"], args["v"], args["k_buffer"], args["v_buffer"], nan_out()[:, :1])

@@ -348,7 +348,7 @@ class KVStorePlan:
     planned kind in O(1) and launches the compiled kernel directly.
     """
 
-    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_launch", "_grid", "_bound")
+    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_launcher", "_grid", "_bound")
 
     def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_mode: int, v_mode: int):
         kb, k_enc = _store_view(k_buffer)
@@ -370,7 +370,7 @@ class KVStorePlan:
             BLOCK_D=block_d,
             BLOCK_DV=block_dv,
         )
-        self._launch = launcher_for(_swa_store_kv_kernel, constexprs)
+        self._launcher = launcher_for(_swa_store_kv_kernel, constexprs)
         self._bound = None
 
     def run(self, k_buffer, v_buffer, k, v, *, k_scale=None, v_scale=None) -> None:
@@ -390,11 +390,17 @@ class KVStorePlan:
         v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
         if (k_mode, v_mode) != self._modes:
             raise ValueError("k_scale and v_scale must be of the planned kinds (None, a number, or a tensor)")
+        self._launch(k_buffer, v_buffer, k, v, k_val, k_ptr, v_val, v_ptr)
+
+    def _launch(self, k_buffer, v_buffer, k, v, k_val, k_ptr, v_val, v_ptr) -> None:
+        """:meth:`run` after its checks, with the scales as ``_scale_arg`` splits them."""
         kb, vb = _store_view(k_buffer)[0], _store_view(v_buffer)[0]
         loc, mapping = self._loc, self._mapping
         _, H, D = k_buffer.shape
         _, HV, DV = v_buffer.shape
         n_mapping, rows_k, rows_v = self._ints
+        k_ptr = kb if k_ptr is None else k_ptr
+        v_ptr = vb if v_ptr is None else v_ptr
         args = (
             kb,
             *kb.stride(),
@@ -411,21 +417,21 @@ class KVStorePlan:
             rows_k,
             rows_v,
             k_val,
-            k_ptr if k_ptr is not None else kb,
+            k_ptr,
             v_val,
-            v_ptr if v_ptr is not None else vb,
+            v_ptr,
             H,
             D,
             HV,
             DV,
         )
         bound = self._bound
-        if bound is None and aligned(kb, vb, k, v, loc, args[18], args[23], args[25]):
-            bound = self._bound = self._launch.bind(args, self._grid) or False
-        if bound and aligned(kb, vb, k, v, args[23], args[25]):
+        if bound is None and aligned(kb, vb, k, v, loc, args[18], k_ptr, v_ptr):
+            bound = self._bound = self._launcher.bind(args, self._grid) or False
+        if bound and aligned(kb, vb, k, v, k_ptr, v_ptr):
             bound(args)
         else:
-            self._launch(args, self._grid)
+            self._launcher(args, self._grid)
 
 
 @guarded(check_store_kv)

@@ -596,12 +596,9 @@ class DecodePlan:
         self._check("q", q, q_key)
         self._check("k_buffer", k_buffer, k_key)
         self._check("v_buffer", v_buffer, v_key)
-        plan = self._plan
-        if out is None:
-            out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
-        else:
-            B, HQ, DV = plan.out_shape
-            self._check("out", out, (q.dtype, torch.Size(plan.out_shape), (HQ * DV, DV, 1), q.device))
+        if out is not None:
+            B, HQ, DV = self._plan.out_shape
+            self._check("out", out, (q.dtype, torch.Size((B, HQ, DV)), (HQ * DV, DV, 1), q.device))
         if sinks is None:
             sinks = self._sinks
         elif tensor_key(sinks) != tensor_key(self._sinks):
@@ -612,6 +609,14 @@ class DecodePlan:
             raise ValueError("k_scale and v_scale must be of the planned kinds (a number, or a tensor of the plan's dtype, shape, device)")
         k_scale_f, k_scale_t = split_kv_scale("k_scale", k_scale)
         v_scale_f, v_scale_t = split_kv_scale("v_scale", v_scale)
+        return self._launch(q, k_buffer, v_buffer, out, sinks, k_scale_f, k_scale_t, v_scale_f, v_scale_t)
+
+    def _launch(self, q, k_buffer, v_buffer, out, sinks, k_scale_f, k_scale_t, v_scale_f, v_scale_t) -> torch.Tensor:
+        """:meth:`run` after its checks (the backend checks a layer's kind once per step): scales split
+        by ``split_kv_scale``; ``out`` None allocates."""
+        plan = self._plan
+        if out is None:
+            out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
         if plan.out_shape[0] == 0:
             return out
         if plan.kv_view is not None:

@@ -64,12 +64,12 @@ from ...runtime.checks import (
 )
 from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_extend, guarded
-from ...runtime.launch import PlanCache, launcher_for, scale_key, tensor_key
+from ...runtime.launch import PlanCache, aligned, launcher_for, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
 
-__all__ = ["swa_extend"]
+__all__ = ["ExtendPlan", "swa_extend", "swa_extend_plan"]
 
 _MAX_HEAD_DIM = 512
 _MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
@@ -565,30 +565,63 @@ def swa_extend(
         overrides,
         logit_cap > 0,
     )
-    inputs = _CHECKED.get_or_make(_signature, _check_inputs, args)
-
-    if max_extend_len is None:
-        max_extend_len = _max_extend_len(qo_indptr, inputs.T)
-    check_int("max_extend_len", max_extend_len, minimum=0)
-    plan = inputs.plans.get(max_extend_len)
-    if plan is None:
-        plan = inputs.plans[max_extend_len] = _plan(inputs, max_extend_len, q.dtype, q.element_size(), q.device)
+    inputs, plan = _checked_plan(args, max_extend_len)
 
     dev = q.device
     if out is None:
         out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=dev)
     if plan.empty:
         return out
+    k_buffer, v_buffer = _kv_views(inputs, plan, k_buffer, v_buffer)
+    if inputs.scale_ptr:
+        ks, vs = _scale_tensors(ks, ks_t, vs, vs_t, dev)
+    part = poison.empty(plan.part_numel, dtype=torch.float32, device=dev) if plan.split else out
+    indices = _index_args(
+        inputs, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, custom_mask, mask_indptr, q_positions
+    )
+    sinks_arg = sinks if sinks is not None else q
+    scale = plan.default_scale if sm_scale is None else sm_scale
+    args = _kernel_args(inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, logit_cap, window_left)
+    plan.launch(args, plan.grid)
+    if plan.split:
+        plan.merge(_merge_args(inputs, plan, part, sinks_arg, out, qo_indptr), plan.merge_grid)
+    return out
+
+
+def _checked_plan(args: tuple, max_extend_len) -> tuple[_Inputs, _Plan]:
+    """The checks of a signature (cached) and its plan for the longest request (cached per length)."""
+    inputs = _CHECKED.get_or_make(_signature, _check_inputs, args)
+    if max_extend_len is None:
+        max_extend_len = _max_extend_len(args[5], inputs.T)
+    check_int("max_extend_len", max_extend_len, minimum=0)
+    plan = inputs.plans.get(max_extend_len)
+    if plan is None:
+        q = args[0]
+        plan = inputs.plans[max_extend_len] = _plan(inputs, max_extend_len, q.dtype, q.element_size(), q.device)
+    return inputs, plan
+
+
+def _kv_views(inputs: _Inputs, plan: _Plan, k_buffer, v_buffer) -> tuple:
+    """The pools as the kernel reads them: pages flattened to slots, fp8 storage viewed as fp8."""
     if inputs.flatten_pages:
         k_buffer = k_buffer.view(-1, *k_buffer.shape[2:])
         v_buffer = v_buffer.view(-1, *v_buffer.shape[2:])
     if plan.kv_view is not None:
         k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
-    if inputs.scale_ptr:
-        # both scales through pointers (one constexpr): a number becomes a one-element tensor
-        ks = ks_t if ks_t is not None else torch.full((1,), ks, dtype=torch.float32, device=dev)
-        vs = vs_t if vs_t is not None else torch.full((1,), vs, dtype=torch.float32, device=dev)
-    part = poison.empty(plan.part_numel, dtype=torch.float32, device=dev) if plan.split else out
+    return k_buffer, v_buffer
+
+
+def _scale_tensors(ks, ks_t, vs, vs_t, dev) -> tuple:
+    """Both scales through pointers (one constexpr): a number becomes a one-element tensor."""
+    ks = ks_t if ks_t is not None else torch.full((1,), ks, dtype=torch.float32, device=dev)
+    vs = vs_t if vs_t is not None else torch.full((1,), vs, dtype=torch.float32, device=dev)
+    return ks, vs
+
+
+def _index_args(
+    inputs: _Inputs, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, custom_mask, mask_indptr, q_positions
+):
+    """The kernel's nine index pointers in order, ``prefix_lens`` standing in for those not given."""
     if inputs.has_mask:
         mask_arg = custom_mask.view(torch.uint8) if inputs.bool_mask else custom_mask
     else:
@@ -597,8 +630,12 @@ def swa_extend(
         page_table = window_starts = prefix_lens
     else:
         kv_indptr = kv_indices = prefix_lens
-    sinks_arg = sinks if sinks is not None else q
-    args = (
+    q_positions = q_positions if q_positions is not None else prefix_lens
+    return (qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, mask_arg, mask_indptr, q_positions)
+
+
+def _kernel_args(inputs: _Inputs, plan: _Plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, cap, window_left):
+    return (
         q,
         k,
         v,
@@ -606,20 +643,12 @@ def swa_extend(
         v_buffer,
         out,
         part,
-        qo_indptr,
-        prefix_lens,
-        kv_indptr,
-        kv_indices,
-        page_table,
-        window_starts,
-        mask_arg,
-        mask_indptr,
-        q_positions if q_positions is not None else prefix_lens,
+        *indices,
         sinks_arg,
         ks,
         vs,
-        plan.default_scale if sm_scale is None else sm_scale,
-        logit_cap,
+        scale,
+        cap,
         window_left,
         plan.num_splits,
         plan.lse_offset,
@@ -639,10 +668,186 @@ def swa_extend(
         out.stride(1),
         inputs.stride_pt,
     )
-    plan.launch(args, plan.grid)
-    if plan.split:
-        plan.merge(
-            (part, sinks_arg, out, qo_indptr, plan.num_splits, plan.lse_offset, out.stride(0), out.stride(1), inputs.HQ, inputs.B),
-            plan.merge_grid,
-        )
-    return out
+
+
+def _merge_args(inputs: _Inputs, plan: _Plan, part, sinks_arg, out, qo_indptr) -> tuple:
+    return (part, sinks_arg, out, qo_indptr, plan.num_splits, plan.lse_offset, out.stride(0), out.stride(1), inputs.HQ, inputs.B)
+
+
+class ExtendPlan:
+    """:func:`swa_extend` checked and planned once for a step's requests; :meth:`run` launches it.
+
+    Made by :func:`swa_extend_plan`. The plan holds the step's layout and windows (``qo_indptr``,
+    ``prefix_lens``, the window indices or page table, the draft mask and positions: read at each
+    run), tiles, splits, grids, compiled kernels and the split-KV workspace; a run checks that its
+    tensors are the planned kind in O(1) and launches the compiled kernels directly. Runs of one
+    plan share its workspace: issue them in order on one stream, not concurrently.
+    """
+
+    __slots__ = ("_inputs", "_plan", "_keys", "_indices", "_sinks", "_scales", "_scale_kinds", "_floats", "_part", "_bound", "__weakref__")
+
+    def __init__(self, inputs: _Inputs, plan: _Plan, tensors: tuple, indices: tuple, sinks, k_scale, v_scale, floats: tuple):
+        self._inputs, self._plan = inputs, plan
+        self._keys = tuple(tensor_key(t) for t in tensors)  # q, k, v, k_buffer, v_buffer
+        self._indices, self._sinks = indices, sinks
+        self._scales = (k_scale, v_scale)
+        self._scale_kinds = (scale_key(k_scale), scale_key(v_scale))
+        self._floats = floats  # sm_scale, logit_cap, window_left
+        q = tensors[0]
+        self._part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if plan.split and not plan.empty else None
+        self._bound = None
+
+    @property
+    def out_shape(self) -> tuple:
+        """``[T, HQ, Dv]``: the shape of a run's output."""
+        i = self._inputs
+        return (i.T, i.HQ, i.DV)
+
+    def run(self, q, k, v, k_buffer, v_buffer, out=None, *, sinks=None, k_scale=None, v_scale=None) -> torch.Tensor:
+        """Attend ``q`` (new tokens ``k``, ``v``) over the planned windows of ``k_buffer``/``v_buffer``
+        (any layer's buffers of the planned kind); returns ``out`` (new when None; only the rows of
+        requests are written). ``sinks``, ``k_scale``, ``v_scale`` default to the planned ones and
+        must be of their kind.
+
+        Raises:
+            TypeError, ValueError: a tensor or scale not of the planned kind, before any launch.
+        """
+        names = ("q", "k", "v", "k_buffer", "v_buffer")
+        for name, x, key in zip(names, (q, k, v, k_buffer, v_buffer), self._keys):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if tensor_key(x) != key:
+                raise ValueError(f"{name} must be what the plan was made for ({key}), got {tensor_key(x)}: make a new plan")
+        if out is not None:
+            T, HQ, DV = self.out_shape
+            want = (q.dtype, torch.Size((T, HQ, DV)), (HQ * DV, DV, 1), q.device)
+            if not isinstance(out, torch.Tensor) or tensor_key(out) != want:
+                raise ValueError(f"out must be a contiguous [{T}, {HQ}, {DV}] tensor of q's dtype and device")
+        if sinks is None:
+            sinks = self._sinks
+        elif tensor_key(sinks) != tensor_key(self._sinks):
+            raise ValueError("sinks must be of the planned kind (dtype, shape, strides and device of the plan's sinks)")
+        k_scale = self._scales[0] if k_scale is None else k_scale
+        v_scale = self._scales[1] if v_scale is None else v_scale
+        if (scale_key(k_scale), scale_key(v_scale)) != self._scale_kinds:
+            raise ValueError("k_scale and v_scale must be of the planned kinds (a number, or a tensor of the plan's dtype, shape, device)")
+        ks, ks_t = split_kv_scale("k_scale", k_scale)
+        vs, vs_t = split_kv_scale("v_scale", v_scale)
+        return self._launch(q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t)
+
+    def _launch(self, q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t) -> torch.Tensor:
+        """:meth:`run` after its checks (scales split by ``split_kv_scale``; ``out`` None allocates)."""
+        inputs, plan = self._inputs, self._plan
+        if out is None:
+            out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=q.device)
+        if plan.empty:
+            return out
+        k_buffer, v_buffer = _kv_views(inputs, plan, k_buffer, v_buffer)
+        if inputs.scale_ptr:
+            ks, vs = _scale_tensors(ks, ks_t, vs, vs_t, q.device)
+        part = out if self._part is None else self._part
+        sinks_arg = sinks if sinks is not None else q
+        scale, cap, window_left = self._floats
+        args = _kernel_args(inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left)
+        merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0]) if plan.split else None
+        scales = (ks, vs) if inputs.scale_ptr else ()
+        bound = self._bound
+        if bound is None and aligned(*args[:17], *scales):
+            main = plan.launch.bind(args, plan.grid)
+            bound = self._bound = (main, plan.merge.bind(merge_args, plan.merge_grid) if merge_args and main else None)
+        if bound is not None and bound[0] is not None and aligned(q, k, v, k_buffer, v_buffer, out, sinks_arg, *scales):
+            bound[0](args)
+            if merge_args is not None:
+                bound[1](merge_args)
+            return out
+        plan.launch(args, plan.grid)
+        if merge_args is not None:
+            plan.merge(merge_args, plan.merge_grid)
+        return out
+
+
+@guarded(check_swa_extend)
+def swa_extend_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    window_left: int,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    window_starts: torch.Tensor | None = None,
+    page_size: int = 1,
+    causal: bool = True,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    max_extend_len: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    pack: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    edge_in_loop: bool | None = None,
+    max_window: int | None = None,
+    num_splits: int | None = None,
+) -> ExtendPlan:
+    """Check and plan :func:`swa_extend` once, for "plan once per step, run per layer".
+
+    Takes :func:`swa_extend`'s arguments but ``out`` (the same rules and errors) and returns an
+    :class:`ExtendPlan`: ``plan.run(q, k, v, k_buffer, v_buffer, out=None, *, sinks=None,
+    k_scale=None, v_scale=None)`` then attends any layer's tensors of the planned dtypes, shapes and
+    strides over the planned requests and windows, with O(1) checks and the compiled kernels
+    launched directly; equal to :func:`swa_extend` with the same arguments, bit for bit. Give
+    ``max_extend_len`` (else it is read from ``qo_indptr``: one device sync, here only).
+
+    Raises:
+        TypeError, ValueError: as :func:`swa_extend`, before anything is launched.
+    """
+    check_window_left(window_left)
+    logit_cap = check_logit_cap(logit_cap)
+    sm_scale = check_sm_scale(sm_scale, None)
+    split_kv_scale("k_scale", k_scale)
+    split_kv_scale("v_scale", v_scale)
+    overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits)
+    args = (
+        q,
+        k,
+        v,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        prefix_lens,
+        kv_indptr,
+        kv_indices,
+        page_table,
+        window_starts,
+        page_size,
+        causal,
+        custom_mask,
+        mask_indptr,
+        q_positions,
+        sinks,
+        k_scale,
+        v_scale,
+        None,
+        window_left,
+        max_window,
+        overrides,
+        logit_cap > 0,
+    )
+    inputs, plan = _checked_plan(args, max_extend_len)
+    indices = _index_args(
+        inputs, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, custom_mask, mask_indptr, q_positions
+    )
+    scale = plan.default_scale if sm_scale is None else sm_scale
+    return ExtendPlan(inputs, plan, (q, k, v, k_buffer, v_buffer), indices, sinks, k_scale, v_scale, (scale, logit_cap, window_left))
