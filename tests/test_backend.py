@@ -288,12 +288,16 @@ def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
 
     seen = []
 
-    def spy(*args, **kwargs):
-        seen.append((kwargs["window_left"], kwargs["max_window"]))
-        return backend_mod_extend(*args, **kwargs)
+    def spy(op):
+        def call(*args, **kwargs):
+            seen.append((kwargs["window_left"], kwargs["max_window"]))
+            return op(*args, **kwargs)
 
-    backend_mod_extend = backend_mod.swa_extend
-    monkeypatch.setattr(backend_mod, "swa_extend", spy)
+        return call
+
+    # the checked path calls swa_extend per layer, the planned path swa_extend_plan per kind of layer
+    for name in ("swa_extend", "swa_extend_plan"):
+        monkeypatch.setattr(backend_mod, name, spy(getattr(backend_mod, name)))
     window_left = 5
     sim = make_sim(window_left, 1, seed=2, device=device)
     runner = ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left, device=device)

@@ -17,7 +17,7 @@ import torch
 from .engine import ForwardMode
 from .mem.pools import is_swa_kv_pool
 from .ops.decode import swa_decode, swa_decode_plan
-from .ops.extend import swa_extend
+from .ops.extend import swa_extend, swa_extend_plan
 from .ops.indices import (
     WindowIndices,
     WindowPageTable,
@@ -169,10 +169,17 @@ def _scale_kind(s):
 _ENGINE_STORE = object()  # a run's store when a subclass writes K/V through its engine's pool
 
 
-class _DecodeRun:
-    """A step's launches for one kind of decode layer call: the K/V store's plan and the decode's."""
+class _LayerRun:
+    """A step's launches for one kind of layer call: the K/V store's plan (None: no write) and the
+    attention's (``swa_decode_plan`` or ``swa_extend_plan``), with the views of q, k, v and out."""
 
-    __slots__ = ("loc", "store", "decode", "k_shape", "v_shape", "q_shape", "out_shape")
+    __slots__ = ("loc", "store", "attend", "k_shape", "v_shape", "q_shape", "out_shape")
+
+    def __init__(self, lp: _LayerPlan, loc):
+        _, hq, h, d, dv = lp.values[:5]
+        self.loc = loc  # kept alive: the step's runs are keyed by its id
+        self.q_shape, self.k_shape, self.v_shape, self.out_shape = (-1, hq, d), (-1, h, d), (-1, h, dv), (-1, hq * dv)
+        self.store = self.attend = None
 
 
 def _as_int(name: str, value, minimum: int | None = None) -> int:
@@ -859,10 +866,6 @@ class TritonSWAAttnBackend:
         self._layer_plans[id(layer)] = lp
         return lp, k_buf, v_buf
 
-    def _writes_own(self) -> bool:
-        """Whether K/V go through this class's store (a subclass may write through its engine's pool)."""
-        return type(self)._save is TritonSWAAttnBackend._save
-
     def _save(self, layer, k, v, k_buf, v_buf, write_mapping, forward_batch):
         store_kv(
             k_buf,
@@ -909,26 +912,18 @@ class TritonSWAAttnBackend:
             else:
                 run.store._launch(k_buf, v_buf, k.view(run.k_shape), v.view(run.v_shape), k_f, k_t, v_f, v_t)
         sinks = lp.values[9]
-        out = run.decode._launch(q.view(run.q_shape), k_buf, v_buf, None, sinks, k_f, k_t, v_f, v_t)
+        out = run.attend._launch(q.view(run.q_shape), k_buf, v_buf, None, sinks, k_f, k_t, v_f, v_t)
         return out.view(run.out_shape)
 
-    def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _DecodeRun:
+    def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
         """Check a decode layer call in full and plan the step's launches for its kind."""
-        meta = self.forward_metadata
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False)
-        _, hq, h, d, dv, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
-        run = _DecodeRun()
-        run.loc = loc
-        run.q_shape, run.k_shape, run.v_shape, run.out_shape = (-1, hq, d), (-1, h, d), (-1, h, dv), (-1, hq * dv)
-        run.store = None
-        if writes:
-            if not self._writes_own():
-                run.store = _ENGINE_STORE
-            else:
-                kv = (k.view(run.k_shape), v.view(run.v_shape))
-                run.store = store_kv_plan(k_buf, v_buf, loc, *kv, mapping=lp.write_mapping, k_scale=k_scale, v_scale=v_scale)
+        _, _, _, _, _, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
+        run = _LayerRun(lp, loc)
+        run.store = self._store_plan(lp, k_buf, v_buf, loc, k.view(run.k_shape), v.view(run.v_shape)) if writes else None
+        meta = self.forward_metadata
         idx = meta.sliding if lp.sliding else meta.full
-        run.decode = swa_decode_plan(
+        run.attend = swa_decode_plan(
             q.view(run.q_shape),
             k_buf,
             v_buf,
@@ -941,6 +936,13 @@ class TritonSWAAttnBackend:
             max_window=max(idx.max_window, 1),
         )
         return run
+
+    def _store_plan(self, lp, k_buf, v_buf, loc, k, v):
+        """The K/V store of a kind of layer call: planned here, or the engine's (a subclass's ``_save``)."""
+        if type(self)._save is not TritonSWAAttnBackend._save:
+            return _ENGINE_STORE
+        k_scale, v_scale = lp.values[10:12]
+        return store_kv_plan(k_buf, v_buf, loc, k, v, mapping=lp.write_mapping, k_scale=k_scale, v_scale=v_scale)
 
     def _forward_decode_checked(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         """:meth:`forward_decode` with every check on every call (the debug guard's path)."""
@@ -965,9 +967,78 @@ class TritonSWAAttnBackend:
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         """Write the new K/V, then attend the cached window prefix and the new tokens.
 
+        Planned once per step and kind of layer, as :meth:`forward_decode` (with
+        :func:`~triton_swa.swa_extend_plan`); KV-shared layers and the debug guard take the checked path.
+
         Raises:
             TypeError, ValueError: a bad tensor, layer or scale, before the K/V are written.
         """
+        meta = self.forward_metadata
+        if meta is None or debug_enabled(None):
+            return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        try:
+            lp, k_buf, v_buf = self._layer_plan(layer)
+            loc = getattr(forward_batch, "out_cache_loc", None)
+            key = (lp.kind, tensor_key(q), tensor_key(k), tensor_key(v), bool(save_kv_cache), id(loc))
+        except AttributeError:  # not a layer, or q, k, v not tensors: the checks name it
+            return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        if lp.values[7] is not None or k is None:  # KV-shared: the new tokens' K/V come from the pool
+            return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        run = meta.runs.get(key)
+        if run is None:
+            run = self._plan_extend(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
+            meta.runs[key] = run
+        (k_f, k_t), (v_f, v_t) = lp.scales
+        k, v = k.view(run.k_shape), v.view(run.v_shape)
+        if run.store is not None:
+            if run.store is _ENGINE_STORE:
+                self._save(layer, k, v, k_buf, v_buf, lp.write_mapping, forward_batch)
+            else:
+                run.store._launch(k_buf, v_buf, k, v, k_f, k_t, v_f, v_t)
+        out = run.attend._launch(q.view(run.q_shape), k, v, k_buf, v_buf, None, lp.values[9], k_f, k_t, v_f, v_t)
+        return out.view(run.out_shape)
+
+    def _plan_extend(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
+        """Check an extend layer call in full and plan the step's launches for its kind."""
+        writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=True)
+        run = _LayerRun(lp, loc)
+        kv = (k.view(run.k_shape), v.view(run.v_shape))
+        run.store = self._store_plan(lp, k_buf, v_buf, loc, *kv) if writes else None
+        meta = self.forward_metadata
+        idx = meta.sliding if lp.sliding else meta.full
+        run.attend = swa_extend_plan(q.view(run.q_shape), *kv, k_buf, v_buf, **self._extend_kwargs(layer, idx, meta))
+        return run
+
+    def _extend_kwargs(self, layer, idx: LayerIndices, meta: ForwardMetadata) -> dict:
+        """``swa_extend``'s arguments beside the tensors, for a layer of this step."""
+        window = layer.sliding_window_size
+        # eager EXTEND / DRAFT_EXTEND_V2: the batch's longest prefix (capped at the window); verify, eager
+        # or replayed: the layer's bound, so that both take the same splits
+        max_window = meta.max_prefix_len
+        if max_window is None:
+            max_window = idx.max_window
+        elif window >= 0:
+            max_window = min(max_window, window)
+        return dict(
+            qo_indptr=meta.qo_indptr,
+            prefix_lens=meta.prefix_lens,
+            **idx.kernel_args(decode=False),
+            window_left=window,
+            causal=meta.causal and bool(getattr(layer, "causal", True)),
+            custom_mask=meta.custom_mask,
+            mask_indptr=meta.mask_indptr,
+            q_positions=meta.q_positions,
+            sm_scale=layer.scaling,
+            logit_cap=getattr(layer, "logit_cap", 0.0),
+            sinks=getattr(layer, "sinks", None),
+            k_scale=getattr(layer, "k_scale", None),
+            v_scale=getattr(layer, "v_scale", None),
+            max_extend_len=meta.max_extend_len,
+            max_window=max_window,
+        )
+
+    def _forward_extend_checked(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        """:meth:`forward_extend` with every check on every call (the debug guard's path, KV-shared layers)."""
         k_buf, v_buf, idx, write_mapping = self._layer_setup(layer)
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=True)
         meta = self.forward_metadata
@@ -985,36 +1056,9 @@ class TritonSWAAttnBackend:
             v = v.view(-1, layer.tp_k_head_num, layer.v_head_dim)
             if writes:
                 self._save(layer, k, v, k_buf, v_buf, write_mapping, forward_batch)
-        window = layer.sliding_window_size
-        # eager EXTEND / DRAFT_EXTEND_V2: the batch's longest prefix (capped at the window); verify, eager
-        # or replayed: the layer's bound, so that both take the same splits
-        max_window = meta.max_prefix_len
-        if max_window is None:
-            max_window = idx.max_window
-        elif window >= 0:
-            max_window = min(max_window, window)
-        out = swa_extend(
-            q,
-            k,
-            v,
-            k_buf,
-            v_buf,
-            meta.qo_indptr,
-            meta.prefix_lens,
-            **idx.kernel_args(decode=False),
-            window_left=window,
-            causal=meta.causal and bool(getattr(layer, "causal", True)),
-            custom_mask=meta.custom_mask,
-            mask_indptr=meta.mask_indptr,
-            q_positions=meta.q_positions,
-            sm_scale=layer.scaling,
-            logit_cap=getattr(layer, "logit_cap", 0.0),
-            sinks=getattr(layer, "sinks", None),
-            k_scale=k_scale,
-            v_scale=v_scale,
-            max_extend_len=meta.max_extend_len,
-            max_window=max_window,
-        )
+        kwargs = self._extend_kwargs(layer, idx, meta)
+        qo_indptr, prefix_lens = kwargs.pop("qo_indptr"), kwargs.pop("prefix_lens")
+        out = swa_extend(q, k, v, k_buf, v_buf, qo_indptr, prefix_lens, **kwargs)
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True):

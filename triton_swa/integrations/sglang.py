@@ -39,6 +39,8 @@ for DECODE and TARGET_VERIFY. ``init_forward_metadata_in_graph`` has nothing to 
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind
@@ -72,6 +74,33 @@ class _Layer:
         self.v_scale = getattr(layer, "v_scale_float", None)
         # SGLang's KV-shared call: the layer id is the shared layer's, and no K/V come with it.
         self.kv_shared_layer_id = layer.layer_id if kv_shared else None
+        self._read = _radix_values(layer)
+
+    def matches(self, layer, sinks, kv_shared: bool) -> bool:
+        """Whether this view still describes ``layer`` called with ``sinks`` (the attributes it read
+        are the same objects), so that the core's per-layer plan stays valid."""
+        return (
+            self.radix is layer
+            and self.sinks is sinks
+            and (self.kv_shared_layer_id is not None) == kv_shared
+            and all(map(operator.is_, _radix_values(layer), self._read))
+        )
+
+
+def _radix_values(layer) -> tuple:
+    return (
+        layer.layer_id,
+        layer.tp_q_head_num,
+        layer.tp_k_head_num,
+        layer.head_dim,
+        layer.v_head_dim,
+        layer.scaling,
+        layer.logit_cap,
+        layer.sliding_window_size,
+        getattr(layer, "attn_type", None),
+        getattr(layer, "k_scale_float", None),
+        getattr(layer, "v_scale_float", None),
+    )
 
 
 def _tree_mask_is_full() -> bool:
@@ -229,6 +258,7 @@ class TritonSWASGLangBackend(AttentionBackend):
         self.forward_metadata = None
         self._graph_swa_loc: torch.Tensor | None = None
         self._verify_batch = None  # the last TARGET_VERIFY batch, for update_verify_buffers_to_fill_after_draft
+        self._views: dict = {}  # (id(RadixAttention), kv_shared) -> _Layer
 
     @staticmethod
     def _resolve_swa_kv_pool(model_runner):
@@ -395,14 +425,23 @@ class TritonSWASGLangBackend(AttentionBackend):
         meta.custom_mask = torch.cat(blocks).to(dev)
         meta.mask_indptr = torch.tensor(offsets[:-1], dtype=torch.int32, device=dev)
 
+    def _view(self, layer, sinks, kv_shared: bool) -> _Layer:
+        """The core's view of a RadixAttention call, made once per layer and call kind (a view the
+        core has seen keeps its per-layer plan)."""
+        key = (id(layer), kv_shared)
+        view = self._views.get(key)
+        if view is None or not view.matches(layer, sinks, kv_shared):
+            view = self._views[key] = _Layer(layer, sinks, kv_shared)
+        return view
+
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
         self._sync_pool()
-        view = _Layer(layer, sinks, kv_shared=k is None)
+        view = self._view(layer, sinks, kv_shared=k is None)
         return self.core.forward_decode(q, k, v, view, forward_batch, save_kv_cache and k is not None)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
         self._sync_pool()
-        view = _Layer(layer, sinks, kv_shared=k is None)
+        view = self._view(layer, sinks, kv_shared=k is None)
         return self.core.forward_extend(q, k, v, view, forward_batch, save_kv_cache and k is not None)
 
 
