@@ -27,7 +27,8 @@ from .ops.indices import (
     max_window_pages,
     window_index_count,
 )
-from .ops.kv_store import store_kv, store_kv_plan
+from .ops.kv_store import KVStorePlan, store_kv, store_kv_plan
+from .runtime import poison
 from .runtime.checks import (
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -133,12 +134,26 @@ class _LayerPlan:
     pool hands out the same buffers (``buffers``).
     """
 
-    __slots__ = ("layer", "values", "pool", "kv_layer", "buffers", "k_buf", "v_buf", "sliding", "write_mapping", "kind", "scales")
+    __slots__ = (
+        "layer",
+        "values",
+        "pool",
+        "kv_layer",
+        "buffers",
+        "k_buf",
+        "v_buf",
+        "store_views",
+        "sliding",
+        "write_mapping",
+        "kind",
+        "scales",
+    )
 
     def __init__(self, layer, values, pool, kv_layer, k_buf, v_buf, sliding, write_mapping):
         self.layer, self.values, self.pool, self.kv_layer = layer, values, pool, kv_layer
         self.k_buf, self.v_buf, self.sliding, self.write_mapping = k_buf, v_buf, sliding, write_mapping
         self.buffers = (k_buf.data_ptr(), v_buf.data_ptr())
+        self.store_views = KVStorePlan.views(k_buf, v_buf)  # the buffers as the store kernel writes them
         # what a step's launch plan depends on, beside q, k and v: layers of one kind share a plan
         _, hq, h, d, dv, scaling, _, shared, cap, sinks, k_scale, v_scale, causal = values
         self.kind = (
@@ -162,6 +177,32 @@ class _LayerPlan:
         self.scales = (split_kv_scale("k_scale", k_scale), split_kv_scale("v_scale", v_scale))
 
 
+def _batch_kind(fb, mode) -> tuple:
+    """What a DECODE or TARGET_VERIFY batch's checks depend on beside the lengths' values: the mode,
+    batch size, tensor kinds and (verify) the draft count and spec_info's kinds."""
+    spec = fb.spec_info if mode.is_target_verify() else None
+    spec_kind = None
+    if spec is not None:
+        spec_kind = (
+            type(spec.draft_token_num),
+            spec.draft_token_num,
+            type(spec.causal),
+            tensor_key(getattr(spec, "custom_mask", None)),
+            tensor_key(getattr(spec, "positions", None)),
+        )
+    bs = fb.batch_size
+    return (
+        mode,
+        type(bs),
+        bs,
+        tensor_key(fb.req_pool_indices),
+        tensor_key(fb.seq_lens),
+        tensor_key(fb.seq_lens_cpu),
+        tensor_key(fb.out_cache_loc),
+        spec_kind,
+    )
+
+
 def _scale_kind(s):
     return tensor_key(s) if isinstance(s, torch.Tensor) else (s is None)
 
@@ -173,12 +214,12 @@ class _LayerRun:
     """A step's launches for one kind of layer call: the K/V store's plan (None: no write) and the
     attention's (``swa_decode_plan`` or ``swa_extend_plan``), with the views of q, k, v and out."""
 
-    __slots__ = ("loc", "store", "attend", "k_shape", "v_shape", "q_shape", "out_shape")
+    __slots__ = ("loc", "store", "attend", "k_shape", "v_shape", "q_shape", "out_cols")
 
     def __init__(self, lp: _LayerPlan, loc):
         _, hq, h, d, dv = lp.values[:5]
         self.loc = loc  # kept alive: the step's runs are keyed by its id
-        self.q_shape, self.k_shape, self.v_shape, self.out_shape = (-1, hq, d), (-1, h, d), (-1, h, dv), (-1, hq * dv)
+        self.q_shape, self.k_shape, self.v_shape, self.out_cols = (-1, hq, d), (-1, h, d), (-1, h, dv), hq * dv
         self.store = self.attend = None
 
 
@@ -283,6 +324,7 @@ class TritonSWAAttnBackend:
         self.forward_metadata: ForwardMetadata | None = None
         self.cuda_graph: dict | None = None
         self._layer_plans: dict = {}  # id(layer) -> _LayerPlan
+        self._checked_batches: dict = {}  # kind of DECODE / TARGET_VERIFY batch -> (tokens, drafts)
 
     def use_kv_pool(self, pool) -> None:
         """Read and write K/V in ``pool`` from now on; sliding layers still translate by the resolved pool.
@@ -380,7 +422,44 @@ class TritonSWAAttnBackend:
         return LayerIndices(*csr, table, starts, lens, self.page_size, max_window, translate)
 
     def _check_batch(self, fb) -> int:
-        """Check a batch on the host (shapes, dtypes, devices, CPU copies); returns its token count."""
+        """Check a batch on the host (shapes, dtypes, devices, CPU copies); returns its token count.
+
+        DECODE and TARGET_VERIFY batches of a kind seen before (the same mode, batch size, draft count
+        and tensor kinds) check only their host values (the lengths' range); extend batches check
+        everything every step (their host lists change with the batch)."""
+        mode = fb.forward_mode
+        key = None
+        if mode.is_decode() or mode.is_target_verify():
+            try:
+                key = _batch_kind(fb, mode)
+            except (AttributeError, TypeError):  # not tensors where tensors belong: the checks name them
+                key = None
+            checked = self._checked_batches.get(key) if key is not None else None
+            if checked is not None:
+                num_tokens, extra = checked
+                self._check_lens_range(fb, extra)
+                return num_tokens
+        num_tokens, extra = self._check_batch_in_full(fb)
+        if key is not None:
+            if len(self._checked_batches) >= 256:
+                self._checked_batches.clear()
+            self._checked_batches[key] = (num_tokens, extra)
+        return num_tokens
+
+    def _check_lens_range(self, fb, extra: int) -> None:
+        """``seq_lens_cpu`` (plus ``extra`` drafts) within ``req_to_token``'s columns."""
+        lens = fb.seq_lens_cpu
+        if lens is not None and lens.shape[0]:
+            max_ctx = self.req_to_token.shape[1]
+            lo, hi = (int(x) for x in torch.aminmax(lens))
+            if lo < 0 or hi + extra > max_ctx:
+                what = f"seq_lens_cpu (+ draft_token_num {extra})" if extra else "seq_lens_cpu"
+                raise ValueError(
+                    f"forward_batch.{what} must lie in [0, {max_ctx}] (req_to_token's columns), got values from {lo} to {hi + extra}"
+                )
+
+    def _check_batch_in_full(self, fb) -> tuple[int, int]:
+        """Every check of :meth:`_check_batch`; returns (tokens, drafts per request in verify, else 0)."""
         mode = fb.forward_mode
         dev, max_ctx = self.device, self.req_to_token.shape[1]
         bs = _as_int("forward_batch.batch_size", fb.batch_size, 0)
@@ -436,16 +515,10 @@ class TritonSWAAttnBackend:
             spec = fb.spec_info
             if spec is not None and not isinstance(getattr(spec, "causal", True), bool):
                 raise TypeError(f"spec_info.causal must be a bool, got {type(spec.causal).__name__}")
-        if fb.seq_lens_cpu is not None and bs:
-            lo, hi = int(fb.seq_lens_cpu.min()), int(fb.seq_lens_cpu.max())
-            if lo < 0 or hi + extra > max_ctx:
-                what = f"seq_lens_cpu (+ draft_token_num {extra})" if extra else "seq_lens_cpu"
-                raise ValueError(
-                    f"forward_batch.{what} must lie in [0, {max_ctx}] (req_to_token's columns), got values from {lo} to {hi + extra}"
-                )
+        self._check_lens_range(fb, extra)
         if fb.out_cache_loc is not None:
             _check_index("forward_batch.out_cache_loc", fb.out_cache_loc, dev, num_tokens, tokens_why)
-        return num_tokens
+        return num_tokens, extra
 
     def _check_spec(self, spec, bs: int, n: int, *, exact: bool) -> None:
         """spec_info of a verify step: ``causal`` a bool, ``custom_mask`` ``[bs * n * n]`` and ``positions``
@@ -910,10 +983,10 @@ class TritonSWAAttnBackend:
             if run.store is _ENGINE_STORE:
                 self._save(layer, k, v, k_buf, v_buf, lp.write_mapping, forward_batch)
             else:
-                run.store._launch(k_buf, v_buf, k.view(run.k_shape), v.view(run.v_shape), k_f, k_t, v_f, v_t)
-        sinks = lp.values[9]
-        out = run.attend._launch(q.view(run.q_shape), k_buf, v_buf, None, sinks, k_f, k_t, v_f, v_t)
-        return out.view(run.out_shape)
+                run.store._launch(*lp.store_views, k, v, k_f, k_t, v_f, v_t)
+        # q and the output as given / returned ([B, HQ * D], [B, HQ * Dv]): the plans read them by pointer
+        out = poison.empty(q.shape[0], run.out_cols, dtype=q.dtype, device=q.device)
+        return run.attend._launch(q, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
 
     def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
         """Check a decode layer call in full and plan the step's launches for its kind."""
@@ -989,14 +1062,13 @@ class TritonSWAAttnBackend:
             run = self._plan_extend(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
             meta.runs[key] = run
         (k_f, k_t), (v_f, v_t) = lp.scales
-        k, v = k.view(run.k_shape), v.view(run.v_shape)
         if run.store is not None:
             if run.store is _ENGINE_STORE:
-                self._save(layer, k, v, k_buf, v_buf, lp.write_mapping, forward_batch)
+                self._save(layer, k.view(run.k_shape), v.view(run.v_shape), k_buf, v_buf, lp.write_mapping, forward_batch)
             else:
-                run.store._launch(k_buf, v_buf, k, v, k_f, k_t, v_f, v_t)
-        out = run.attend._launch(q.view(run.q_shape), k, v, k_buf, v_buf, None, lp.values[9], k_f, k_t, v_f, v_t)
-        return out.view(run.out_shape)
+                run.store._launch(*lp.store_views, k, v, k_f, k_t, v_f, v_t)
+        out = poison.empty(q.shape[0], run.out_cols, dtype=q.dtype, device=q.device)
+        return run.attend._launch(q, k, v, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
 
     def _plan_extend(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
         """Check an extend layer call in full and plan the step's launches for its kind."""

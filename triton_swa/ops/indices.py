@@ -35,8 +35,12 @@ from ..runtime import poison
 from ..runtime.checks import INDEX_DTYPES, check_contiguous, check_int, check_pow2, check_tensor, check_window_left
 from ..runtime.device import device_facts
 from ..runtime.guard import check_build_window_indices, check_build_window_page_table, check_swa_out_cache_loc, guarded
-from ..runtime.launch import launcher_for
+from ..runtime.launch import PlanCache, launcher_for, tensor_key
 from ..runtime.window import window_keys
+
+# checked input signatures -> batch size; window-kernel launches by batch size, extent and options
+_CHECKED = PlanCache()
+_LAUNCHES = PlanCache()
 
 
 class WindowIndices(NamedTuple):
@@ -328,7 +332,28 @@ def check_mapping(mapping, device, page_size: int | None) -> None:
         )
 
 
-def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size):
+def _check_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size) -> int:
+    """The batch size, once the inputs' kinds are checked (cached by signature: a step of the same kinds
+    as an earlier one skips the checks)."""
+    args = (req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size)
+    return _CHECKED.get_or_make(_window_signature, _checked_window_inputs, args)
+
+
+def _window_signature(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size) -> tuple:
+    return (
+        tensor_key(req_to_token),
+        tensor_key(req_pool_indices),
+        tensor_key(seq_lens),
+        tensor_key(prefix_lens),
+        tensor_key(mapping),
+        type(window_left),
+        window_left,
+        type(page_size),
+        page_size,
+    )
+
+
+def _checked_window_inputs(req_to_token, req_pool_indices, seq_lens, prefix_lens, window_left, mapping, page_size) -> int:
     check_tensor("req_to_token", req_to_token, dtype=torch.int32, ndim=2)
     device = req_to_token.device
     check_tensor("req_pool_indices", req_pool_indices, dtype=INDEX_DTYPES, device=device, ndim=1)
@@ -366,19 +391,14 @@ def _launch_window_kernel(
     block_reqs,
 ):
     B = req_pool_indices.shape[0]
-    block = _index_block(max_extent) if block is None else block
-    num_splits = _index_splits(B, max_extent, block, req_to_token.device) if num_splits is None else num_splits
-    block_reqs = _reqs_block(B) if block_reqs is None else block_reqs
-    for name, v in (("block", block), ("block_reqs", block_reqs)):
-        check_pow2(name, v)
-    check_int("num_splits", num_splits, minimum=1)
-    if num_splits > 65535:
-        raise ValueError(f"num_splits must be <= 65535 (grid y-limit), got {num_splits}")
+    key = (B, max_extent, block, num_splits, block_reqs, has_window, mapping is not None, page_table, page_size, req_to_token.device)
+    planned = _LAUNCHES.get(key)
+    if planned is None:
+        planned = _plan_window_launch(*key)
+        _LAUNCHES.put(key, planned)
     if B == 0:
         return
-    constexprs = dict(
-        HAS_WINDOW=has_window, HAS_MAPPING=mapping is not None, PAGE_TABLE=page_table, PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs
-    )
+    launch, grid = planned
     args = (
         req_to_token,
         req_to_token.stride(0),
@@ -393,9 +413,25 @@ def _launch_window_kernel(
         starts,
         shift,
         capacity,
-        num_splits,
+        grid[1],
     )
-    launcher_for(_swa_window_indices_kernel, constexprs)(args, (B, num_splits, 1))
+    launch(args, grid)
+
+
+def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device):
+    """(launcher, grid) of the window kernel for a batch size, window extent and options (checked)."""
+    block = _index_block(max_extent) if block is None else block
+    num_splits = _index_splits(B, max_extent, block, device) if num_splits is None else num_splits
+    block_reqs = _reqs_block(B) if block_reqs is None else block_reqs
+    for name, v in (("block", block), ("block_reqs", block_reqs)):
+        check_pow2(name, v)
+    check_int("num_splits", num_splits, minimum=1)
+    if num_splits > 65535:
+        raise ValueError(f"num_splits must be <= 65535 (grid y-limit), got {num_splits}")
+    constexprs = dict(
+        HAS_WINDOW=has_window, HAS_MAPPING=has_mapping, PAGE_TABLE=page_table, PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs
+    )
+    return launcher_for(_swa_window_indices_kernel, constexprs), (B, num_splits, 1)
 
 
 def _mode(seq_lens, prefix_lens, window_left):

@@ -348,7 +348,7 @@ class KVStorePlan:
     planned kind in O(1) and launches the compiled kernel directly.
     """
 
-    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_launcher", "_grid", "_bound")
+    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_strides", "_heads", "_launcher", "_grid", "_bound")
 
     def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_mode: int, v_mode: int):
         kb, k_enc = _store_view(k_buffer)
@@ -358,6 +358,8 @@ class KVStorePlan:
         self._keys = (tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(k), tensor_key(v))
         self._loc, self._mapping, self._modes = loc, mapping, (k_mode, v_mode)
         self._ints = (mapping.numel() if mapping is not None else 0, kb.shape[0], vb.shape[0])
+        self._strides = (kb.stride(), vb.stride(), k.stride(), v.stride())
+        self._heads = (H, D, HV, DV)
         block_h, block_d, block_dv = _store_blocks(max(H, HV), D, DV)
         self._grid = (loc.shape[0], triton.cdiv(max(H, HV), block_h), 1)
         constexprs = dict(
@@ -390,26 +392,32 @@ class KVStorePlan:
         v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
         if (k_mode, v_mode) != self._modes:
             raise ValueError("k_scale and v_scale must be of the planned kinds (None, a number, or a tensor)")
-        self._launch(k_buffer, v_buffer, k, v, k_val, k_ptr, v_val, v_ptr)
+        self._launch(*self.views(k_buffer, v_buffer), k, v, k_val, k_ptr, v_val, v_ptr)
 
-    def _launch(self, k_buffer, v_buffer, k, v, k_val, k_ptr, v_val, v_ptr) -> None:
-        """:meth:`run` after its checks, with the scales as ``_scale_arg`` splits them."""
-        kb, vb = _store_view(k_buffer)[0], _store_view(v_buffer)[0]
+    @staticmethod
+    def views(k_buffer, v_buffer) -> tuple:
+        """The buffers as the kernel writes them (bfloat16 and fp8 as their bits): what
+        :meth:`_launch` takes, to be kept by a caller that writes the same buffers every step."""
+        return _store_view(k_buffer)[0], _store_view(v_buffer)[0]
+
+    def _launch(self, kb, vb, k, v, k_val, k_ptr, v_val, v_ptr) -> None:
+        """:meth:`run` after its checks: buffers as :meth:`views` gives them, the scales as
+        ``_scale_arg`` splits them. Rows are read by pointer with the planned strides (a ``[n, H *
+        D]`` view of planned ``[n, H, D]`` rows is the same call)."""
         loc, mapping = self._loc, self._mapping
-        _, H, D = k_buffer.shape
-        _, HV, DV = v_buffer.shape
+        kb_s, vb_s, k_s, v_s = self._strides
         n_mapping, rows_k, rows_v = self._ints
         k_ptr = kb if k_ptr is None else k_ptr
         v_ptr = vb if v_ptr is None else v_ptr
         args = (
             kb,
-            *kb.stride(),
+            *kb_s,
             vb,
-            *vb.stride(),
+            *vb_s,
             k,
-            *k.stride(),
+            *k_s,
             v,
-            *v.stride(),
+            *v_s,
             loc,
             loc.stride(0),
             mapping if mapping is not None else loc,
@@ -420,18 +428,16 @@ class KVStorePlan:
             k_ptr,
             v_val,
             v_ptr,
-            H,
-            D,
-            HV,
-            DV,
+            *self._heads,
         )
-        bound = self._bound
-        if bound is None and aligned(kb, vb, k, v, loc, args[18], k_ptr, v_ptr):
-            bound = self._bound = self._launcher.bind(args, self._grid) or False
-        if bound and aligned(kb, vb, k, v, k_ptr, v_ptr):
-            bound(args)
-        else:
-            self._launcher(args, self._grid)
+        if aligned(kb, vb, k, v, k_ptr, v_ptr):
+            bound = self._bound
+            if bound is None:
+                bound = self._bound = self._launcher.bind(args, self._grid) or False
+            if bound:
+                bound(args)
+                return
+        self._launcher(args, self._grid)
 
 
 @guarded(check_store_kv)

@@ -67,6 +67,12 @@ def _driver_fns():
     return _DRIVER
 
 
+def _current_device() -> int:
+    """The current device's index (torch's own call where it has one: no lazy-init check per launch)."""
+    fast = getattr(torch._C, "_cuda_getDevice", None)
+    return fast() if fast is not None else _driver_fns()[0]()
+
+
 def current_stream(device_index: int | None):
     """The driver's current stream handle on ``device_index``."""
     return _driver_fns()[1](device_index)
@@ -97,7 +103,7 @@ class Bound:
 
     def __call__(self, args: tuple) -> None:
         get_device, get_stream = _driver_fns()
-        if get_device() != self.device:
+        if _current_device() != self.device:
             with torch.cuda.device(self.device):
                 self(args)
             return

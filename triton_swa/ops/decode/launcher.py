@@ -613,7 +613,8 @@ class DecodePlan:
 
     def _launch(self, q, k_buffer, v_buffer, out, sinks, k_scale_f, k_scale_t, v_scale_f, v_scale_t) -> torch.Tensor:
         """:meth:`run` after its checks (the backend checks a layer's kind once per step): scales split
-        by ``split_kv_scale``; ``out`` None allocates."""
+        by ``split_kv_scale``; ``out`` None allocates. ``q`` and ``out`` are read by pointer with the
+        planned strides: a ``[B, HQ * D]`` view of a planned ``[B, HQ, D]`` is the same call."""
         plan = self._plan
         if out is None:
             out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
@@ -642,14 +643,18 @@ class DecodePlan:
             *plan.ints,
         )
         merge_args = (part, sinks_arg, out, part, *plan.merge_ints) if plan.merge is not None else None
-        bound = self._bound
-        if bound is None and aligned(*args[:14]):
-            bound = self._bound = (plan.main.bind(args), plan.merge.bind(merge_args) if merge_args else None)
-        if bound is not None and bound[0] is not None and aligned(q, k_buffer, v_buffer, out, sinks_arg, k_scale_t, v_scale_t):
-            bound[0](args)
-            if merge_args is not None:
-                bound[1](merge_args)
-            return out
+        # the compiled kernels, bound for calls whose own pointers are 16-byte aligned (the plan's
+        # pointers keep theirs); other calls take the launchers, which specialise per call
+        if aligned(q, k_buffer, v_buffer, out, sinks_arg, k_scale_t, v_scale_t):
+            bound = self._bound
+            if bound is None:
+                main = plan.main.bind(args)
+                bound = self._bound = (main, plan.merge.bind(merge_args) if merge_args and main else None)
+            if bound[0] is not None:
+                bound[0](args)
+                if merge_args is not None:
+                    bound[1](merge_args)
+                return out
         plan.main(args)
         if merge_args is not None:
             plan.merge(merge_args)

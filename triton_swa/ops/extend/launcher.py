@@ -581,10 +581,13 @@ def swa_extend(
     )
     sinks_arg = sinks if sinks is not None else q
     scale = plan.default_scale if sm_scale is None else sm_scale
-    args = _kernel_args(inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, logit_cap, window_left)
+    strides = _strides(q, k, v, k_buffer, v_buffer, out)
+    args = _kernel_args(
+        inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, logit_cap, window_left, strides
+    )
     plan.launch(args, plan.grid)
     if plan.split:
-        plan.merge(_merge_args(inputs, plan, part, sinks_arg, out, qo_indptr), plan.merge_grid)
+        plan.merge(_merge_args(inputs, plan, part, sinks_arg, out, qo_indptr, strides), plan.merge_grid)
     return out
 
 
@@ -634,7 +637,14 @@ def _index_args(
     return (qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, mask_arg, mask_indptr, q_positions)
 
 
-def _kernel_args(inputs: _Inputs, plan: _Plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, cap, window_left):
+def _strides(q, k, v, k_buffer, v_buffer, out) -> tuple:
+    """The row and head strides the kernel takes, in its order (buffers as :func:`_kv_views` gives them)."""
+    return (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *k_buffer.stride()[:2], *v_buffer.stride()[:2], *out.stride()[:2])
+
+
+def _kernel_args(
+    inputs: _Inputs, plan: _Plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, cap, window_left, strides
+):
     return (
         q,
         k,
@@ -654,24 +664,13 @@ def _kernel_args(inputs: _Inputs, plan: _Plan, q, k, v, k_buffer, v_buffer, out,
         plan.lse_offset,
         inputs.HQ,
         inputs.T,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_buffer.stride(0),
-        k_buffer.stride(1),
-        v_buffer.stride(0),
-        v_buffer.stride(1),
-        out.stride(0),
-        out.stride(1),
+        *strides,
         inputs.stride_pt,
     )
 
 
-def _merge_args(inputs: _Inputs, plan: _Plan, part, sinks_arg, out, qo_indptr) -> tuple:
-    return (part, sinks_arg, out, qo_indptr, plan.num_splits, plan.lse_offset, out.stride(0), out.stride(1), inputs.HQ, inputs.B)
+def _merge_args(inputs: _Inputs, plan: _Plan, part, sinks_arg, out, qo_indptr, strides) -> tuple:
+    return (part, sinks_arg, out, qo_indptr, plan.num_splits, plan.lse_offset, strides[-2], strides[-1], inputs.HQ, inputs.B)
 
 
 class ExtendPlan:
@@ -684,7 +683,20 @@ class ExtendPlan:
     plan share its workspace: issue them in order on one stream, not concurrently.
     """
 
-    __slots__ = ("_inputs", "_plan", "_keys", "_indices", "_sinks", "_scales", "_scale_kinds", "_floats", "_part", "_bound", "__weakref__")
+    __slots__ = (
+        "_inputs",
+        "_plan",
+        "_keys",
+        "_indices",
+        "_sinks",
+        "_scales",
+        "_scale_kinds",
+        "_floats",
+        "_strides",
+        "_part",
+        "_bound",
+        "__weakref__",
+    )
 
     def __init__(self, inputs: _Inputs, plan: _Plan, tensors: tuple, indices: tuple, sinks, k_scale, v_scale, floats: tuple):
         self._inputs, self._plan = inputs, plan
@@ -696,6 +708,10 @@ class ExtendPlan:
         q = tensors[0]
         self._part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if plan.split and not plan.empty else None
         self._bound = None
+        # the kernel's strides: the planned tensors', a contiguous output's
+        HQ, DV = inputs.HQ, inputs.DV
+        out = torch.empty_strided((inputs.T, HQ, DV), (HQ * DV, DV, 1), dtype=q.dtype, device="meta")
+        self._strides = _strides(*tensors[:3], *_kv_views(inputs, plan, *tensors[3:]), out)
 
     @property
     def out_shape(self) -> tuple:
@@ -736,7 +752,9 @@ class ExtendPlan:
         return self._launch(q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t)
 
     def _launch(self, q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t) -> torch.Tensor:
-        """:meth:`run` after its checks (scales split by ``split_kv_scale``; ``out`` None allocates)."""
+        """:meth:`run` after its checks (scales split by ``split_kv_scale``; ``out`` None allocates).
+        Tensors are read by pointer with the planned strides: a ``[T, HQ * D]`` view of a planned
+        ``[T, HQ, D]`` ``q`` (likewise ``k``, ``v``, ``out``) is the same call."""
         inputs, plan = self._inputs, self._plan
         if out is None:
             out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=q.device)
@@ -748,18 +766,23 @@ class ExtendPlan:
         part = out if self._part is None else self._part
         sinks_arg = sinks if sinks is not None else q
         scale, cap, window_left = self._floats
-        args = _kernel_args(inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left)
-        merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0]) if plan.split else None
+        strides = self._strides
+        args = _kernel_args(
+            inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, strides
+        )
+        merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], strides) if plan.split else None
         scales = (ks, vs) if inputs.scale_ptr else ()
-        bound = self._bound
-        if bound is None and aligned(*args[:17], *scales):
-            main = plan.launch.bind(args, plan.grid)
-            bound = self._bound = (main, plan.merge.bind(merge_args, plan.merge_grid) if merge_args and main else None)
-        if bound is not None and bound[0] is not None and aligned(q, k, v, k_buffer, v_buffer, out, sinks_arg, *scales):
-            bound[0](args)
-            if merge_args is not None:
-                bound[1](merge_args)
-            return out
+        # the compiled kernels, bound for calls whose own pointers are 16-byte aligned (see DecodePlan)
+        if aligned(q, k, v, k_buffer, v_buffer, out, sinks_arg, *scales):
+            bound = self._bound
+            if bound is None:
+                main = plan.launch.bind(args, plan.grid)
+                bound = self._bound = (main, plan.merge.bind(merge_args, plan.merge_grid) if merge_args and main else None)
+            if bound[0] is not None:
+                bound[0](args)
+                if merge_args is not None:
+                    bound[1](merge_args)
+                return out
         plan.launch(args, plan.grid)
         if merge_args is not None:
             plan.merge(merge_args, plan.merge_grid)
