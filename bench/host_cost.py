@@ -1,25 +1,62 @@
 """Host cost of the step path, eager and under CUDA-graph replay, for one source tree (issue 24's table).
 
-    python3 bench/host_cost.py --tree PATH [--batch 1 64]
+    python3 bench/host_cost.py --tree PATH [--name N] [--batch 1 8 64] [--verify-batch 1 8] [--no-flashinfer]
 
-For a 48-layer Gemma-4-like stack (``bench/bench_step.py``'s ``build`` of that tree, 4k context):
-- ``metadata_us``: ``init_forward_metadata`` per step, eager wall time (host and GPU, synchronised);
-- ``decode_layer_eager_us``: one layer's ``forward_decode`` (K/V store + attention), eager, wall time
-  per call over 48 x 20 back-to-back calls (host-bound where the GPU keeps up);
-- ``decode_layer_graph_us``: the same 48 calls captured in one CUDA graph, replayed: GPU time per layer;
-- ``extend_eager_us`` / ``extend_graph_us``: one ``swa_extend`` call (a 256-token chunk over a
-  1023-token window prefix, Gemma-3-like heads), eager wall time and graph-replay GPU time.
-Medians of 7 rounds. Prints one ``ROW tree metric batch value`` line each.
+On a 48-layer Gemma-4-like stack (``bench/bench_step.py``'s ``build`` of that tree: 40 sliding layers of
+32 / 16 heads, head dim 256, W = 1023, and 8 full layers of 32 / 4 heads, head dim 512; page size 1,
+bf16, 4k context), in microseconds:
+
+- ``launch_floor_us``: one bare ``torch`` launch (``x.add_(1)`` on a small tensor), eager, per call;
+- per decode batch (``--batch``): ``metadata_us`` (``init_forward_metadata``, eager, per step);
+  ``decode_layer_eager_us`` / ``decode_layer_graph_us`` (a layer's ``forward_decode``: K/V store and
+  attention, over the 48 layers); ``step_eager_us`` / ``step_graph_us`` (the whole step: metadata and
+  48 layers); ``swa_decode_eager_us`` / ``swa_decode_graph_us`` (``swa_decode`` alone on the step's
+  indices, one sliding layer's shape); where the tree has ``swa_decode_plan``: ``swa_decode_plan_us``
+  (making the plan, per step) and ``swa_decode_plan_run_eager_us`` / ``..._graph_us`` (its ``run``);
+- per verify batch (``--verify-batch``, 8 drafts after a 4088-token prefix, TARGET_VERIFY):
+  ``verify_metadata_us``, ``verify_layer_eager_us`` / ``verify_layer_graph_us`` (``forward_extend``
+  over the 48 layers) and ``verify_sliding_layer_eager_us`` (one sliding layer, called back to back);
+- an extend chunk (EXTEND, B = 1, 256 new tokens over a 1023-token prefix): ``extend_chunk_metadata_us``
+  and ``extend_chunk_layer_eager_us`` / ``..._graph_us`` (``forward_extend`` over the 48 layers);
+  ``extend_eager_us`` / ``extend_graph_us``: one ``swa_extend`` call alone (the same chunk, Gemma-3-like
+  heads: 32 / 16, head dim 128);
+- FlashInfer (where importable: ``.peers/flashinfer_site`` from ``bash scripts/fetch_peers.sh``, or
+  ``$TRITON_SWA_PEERS``, else an installed one): ``fi_decode_tc_*`` / ``fi_decode_cc_*``
+  (``BatchDecodeWithPagedKVCacheWrapper`` with tensor cores / CUDA cores, fa2) on the decode shape of
+  ``swa_decode_*`` and ``fi_prefill_*`` (``BatchPrefillWithPagedKVCacheWrapper``, fa2) on the verify
+  shape of one sliding layer, both reading the stack's own pool at the step's window slots:
+  ``*_run_us`` (``run``, eager, per call), ``*_graph_us`` (``run`` under graph replay), ``*_plan_us``
+  (``plan``, per step) and ``*_max_abs_diff`` (its output against the tree's, checked first).
+  Its kernels are JIT-built on first use (15-45 s each): a background process builds them from the
+  start, on all cores but two, while the tree's rows are measured.
+
+Eager rows are wall time per call over back-to-back calls (the host's cost wherever it exceeds the
+GPU's); graph rows are GPU time per call of the same calls captured in one CUDA graph and replayed.
+Medians of ``--rounds`` rounds. Prints one ``ROW tree metric batch value`` line each (``n/a`` where the
+tree or the machine lacks what a row needs: an older tree, ``--tree .ab/before``, gets ``n/a`` for the
+newer APIs), then a table of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTEXT, WINDOW_LEFT, SLIDING, FULL = 4096, 1023, 40, 8
+DRAFTS = 8
+CHUNK, CHUNK_PREFIX = 256, 1023
+FLASHINFER_WORKSPACE_BYTES = 256 * 2**20
+NA = math.nan
 
 
 def _wall(fn, reps: int) -> float:
@@ -32,87 +69,402 @@ def _wall(fn, reps: int) -> float:
 
 
 def _graph_us(fn, reps: int = 20) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
+    """GPU time of one replay of ``fn`` captured in a CUDA graph (warmed up on a side stream first);
+    NaN, with the reason printed, when it cannot be captured."""
+    try:
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a call that cannot be captured gets n/a, not a crash
+        print(f"# graph capture failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        try:
+            torch.cuda.synchronize()
+        except Exception as late:  # noqa: BLE001 - a failed capture can leave its error behind once
+            print(f"# after the failed capture: {type(late).__name__}: {str(late)[:200]}", flush=True)
+        return NA
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
     start.record()
     for _ in range(reps):
-        g.replay()
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / reps
 
 
-def _decode_rows(build, backend_cls, batch: int) -> list:
-    runner, layers, fb = build(batch, 4096, 1023, 40, 8)
-    backend = backend_cls(runner)
-    g = torch.Generator(device="cuda").manual_seed(0)
+def _median(measure, rounds: int) -> float:
+    values = [measure() for _ in range(rounds)]
+    return NA if any(math.isnan(v) for v in values) else statistics.median(values)
 
-    def rand(heads, dim):
-        return torch.randn(batch, heads * dim, device="cuda", dtype=torch.bfloat16, generator=g)
 
-    qkv = [(rand(32, lay.head_dim), rand(lay.tp_k_head_num, lay.head_dim), rand(lay.tp_k_head_num, lay.head_dim)) for lay in layers]
+class Bench:
+    """One tree's measurements: its APIs, the rows, and what FlashInfer is compared on."""
 
-    def step_layers():
-        for lay, (q, k, v) in zip(layers, qkv):
-            backend.forward_decode(q, k, v, lay, fb)
+    def __init__(self, name: str, rounds: int):
+        import triton_swa
+        from bench.bench_step import build
+        from triton_swa.backend import TritonSWAAttnBackend
+        from triton_swa.engine import ForwardBatch, SpecInfo
 
-    backend.init_forward_metadata(fb)
-    step_layers()
-    meta = [_wall(lambda: backend.init_forward_metadata(fb), 20) for _ in range(7)]
-    eager = [_wall(step_layers, 20) / len(layers) for _ in range(7)]
-    graph = [_graph_us(step_layers) / len(layers) for _ in range(7)]
-    return [
-        ("metadata_us", batch, statistics.median(meta)),
-        ("decode_layer_eager_us", batch, statistics.median(eager)),
-        ("decode_layer_graph_us", batch, statistics.median(graph)),
-    ]
+        self.ts, self.build, self.backend_cls = triton_swa, build, TritonSWAAttnBackend
+        self.ForwardBatch, self.SpecInfo = ForwardBatch, SpecInfo
+        self.name, self.rounds = name, rounds
+        self.rows = []  # (metric, batch, value)
+        self.fi_decode, self.fi_verify = [], []  # the shapes FlashInfer runs on, with the tree's outputs
+
+    def add(self, metric: str, batch: int, value: float) -> None:
+        self.rows.append((metric, batch, value))
+        print(f"ROW {self.name} {metric} {batch} {_fmt(metric, value)}", flush=True)
+
+    def timed(self, metric: str, batch: int, measure) -> None:
+        """``measure`` (one round) over the rounds; n/a when it raises (the reason printed)."""
+        try:
+            value = _median(measure, self.rounds)
+        except Exception as exc:  # noqa: BLE001 - an API the tree lacks, or a call it rejects
+            print(f"# {metric} B{batch}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            torch.cuda.synchronize()
+            value = NA
+        self.add(metric, batch, value)
+
+    # ---- the stack ----
+
+    def stack(self, batch: int, context: int):
+        runner, layers, fb = self.build(batch, context, WINDOW_LEFT, SLIDING, FULL)
+        return runner, layers, fb, self.backend_cls(runner)
+
+    @staticmethod
+    def alias_unmapped(runner, fb, lo: int, hi: int) -> None:
+        """Give positions ``[lo, hi)`` of every request, which the build left without SWA slots (it maps
+        the last W + 1 positions of its context), the SWA slots of the positions right after: a verify
+        or extend window reaches back there, and reads live slots then."""
+        req_to_token = runner.req_to_token_pool.req_to_token
+        mapping = runner.token_to_kv_pool_allocator.full_to_swa_index_mapping
+        rows = fb.req_pool_indices
+        mapping[req_to_token[rows, lo:hi].long()] = mapping[req_to_token[rows, hi : 2 * hi - lo].long()]
+
+    @staticmethod
+    def inputs(layers, tokens: int, seed: int = 0) -> list:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+
+        def rand(heads, dim):
+            return torch.randn(tokens, heads * dim, device="cuda", dtype=torch.bfloat16, generator=g)
+
+        return [
+            (rand(lay.tp_q_head_num, lay.head_dim), rand(lay.tp_k_head_num, lay.head_dim), rand(lay.tp_k_head_num, lay.head_dim))
+            for lay in layers
+        ]
+
+    # ---- rows ----
+
+    def floor(self) -> None:
+        x = torch.zeros(16, device="cuda")
+        x.add_(1)
+        self.timed("launch_floor_us", 1, lambda: _wall(lambda: x.add_(1), 960))
+
+    def decode(self, batch: int) -> None:
+        runner, layers, fb, backend = self.stack(batch, CONTEXT)
+        qkv = self.inputs(layers, batch)
+
+        def step_layers():
+            for lay, (q, k, v) in zip(layers, qkv):
+                backend.forward_decode(q, k, v, lay, fb)
+
+        def step():
+            backend.init_forward_metadata(fb)
+            step_layers()
+
+        n = len(layers)
+        backend.init_forward_metadata(fb)
+        step_layers()
+        self.timed("metadata_us", batch, lambda: _wall(lambda: backend.init_forward_metadata(fb), 20))
+        backend.init_forward_metadata(fb)
+        self.timed("decode_layer_eager_us", batch, lambda: _wall(step_layers, 20) / n)
+        self.timed("decode_layer_graph_us", batch, lambda: _graph_us(step_layers) / n)
+        self.timed("step_eager_us", batch, lambda: _wall(step, 20))
+        self.timed("step_graph_us", batch, lambda: _graph_us(step))
+
+        # swa_decode alone on the step's indices (metadata rebuilt eagerly: the graph's own is gone)
+        backend.init_forward_metadata(fb)
+        i, lay = next((i, lay) for i, lay in enumerate(layers) if lay.sliding_window_size >= 0)
+        idx = backend.forward_metadata.sliding
+        k_buf, v_buf = backend.kv_pool.get_kv_buffer(lay.layer_id)
+        q = qkv[i][0].view(batch, lay.tp_q_head_num, lay.head_dim)
+        out = torch.empty_like(q)
+        kw = dict(kv_indptr=idx.kv_indptr, kv_indices=idx.kv_indices, sm_scale=lay.scaling, max_window=idx.max_window)
+
+        def op():
+            self.ts.swa_decode(q, k_buf, v_buf, out=out, **kw)
+
+        op()
+        self.timed("swa_decode_eager_us", batch, lambda: _wall(op, n * 20))
+        self.timed("swa_decode_graph_us", batch, lambda: _graph_us(lambda: [op() for _ in range(n)]) / n)
+        make_plan = getattr(self.ts, "swa_decode_plan", None)
+        if make_plan is None:
+            print("# swa_decode_plan: not in this tree", flush=True)
+            for metric in ("swa_decode_plan_us", "swa_decode_plan_run_eager_us", "swa_decode_plan_run_graph_us"):
+                self.add(metric, batch, NA)
+        else:
+            holder = {}
+
+            def plan():
+                holder["plan"] = make_plan(q, k_buf, v_buf, **kw)
+
+            def run():
+                holder["plan"].run(q, k_buf, v_buf, out)
+
+            self.timed("swa_decode_plan_us", batch, lambda: _wall(plan, 20))
+            self.timed("swa_decode_plan_run_eager_us", batch, lambda: _wall(run, n * 20))
+            self.timed("swa_decode_plan_run_graph_us", batch, lambda: _graph_us(lambda: [run() for _ in range(n)]) / n)
+        op()
+        if idx.kv_indptr is not None:  # FlashInfer reads the same pool at the same window slots
+            self.fi_decode.append(
+                dict(batch=batch, q=q, k=k_buf, v=v_buf, indptr=idx.kv_indptr, indices=idx.kv_indices, scale=lay.scaling, out=out.clone())
+            )
+
+    def verify(self, batch: int) -> None:
+        runner, layers, fb0, backend = self.stack(batch, CONTEXT)
+        prefix = CONTEXT - DRAFTS  # committed tokens; the drafts take the last positions
+        self.alias_unmapped(runner, fb0, prefix - WINDOW_LEFT, CONTEXT - WINDOW_LEFT - 1)
+        rows = fb0.req_pool_indices
+        loc = runner.req_to_token_pool.req_to_token[rows, prefix:CONTEXT].reshape(-1).to(torch.int64)
+        fb = self.ForwardBatch.verify(rows.tolist(), [prefix] * batch, self.SpecInfo(draft_token_num=DRAFTS), loc, device="cuda")
+        qkv = self.inputs(layers, batch * DRAFTS, seed=1)
+
+        def step_layers():
+            for lay, (q, k, v) in zip(layers, qkv):
+                backend.forward_extend(q, k, v, lay, fb)
+
+        n = len(layers)
+        backend.init_forward_metadata(fb)
+        step_layers()
+        self.timed("verify_metadata_us", batch, lambda: _wall(lambda: backend.init_forward_metadata(fb), 20))
+        backend.init_forward_metadata(fb)
+        self.timed("verify_layer_eager_us", batch, lambda: _wall(step_layers, 10) / n)
+        self.timed("verify_layer_graph_us", batch, lambda: _graph_us(step_layers) / n)
+        i, lay = next((i, lay) for i, lay in enumerate(layers) if lay.sliding_window_size >= 0)
+        q, k, v = qkv[i]
+        self.timed("verify_sliding_layer_eager_us", batch, lambda: _wall(lambda: backend.forward_extend(q, k, v, lay, fb), n * 10))
+        out = backend.forward_extend(q, k, v, lay, fb).view(-1, lay.tp_q_head_num, lay.head_dim).clone()
+        idx = backend.forward_metadata.sliding
+        if idx.kv_indptr is not None:
+            # FlashInfer reads the new tokens' K/V from the cache: each request's list is its prefix
+            # window's slots, then its drafts' (where the layer call above wrote them)
+            drafts = runner.token_to_kv_pool_allocator.full_to_swa_index_mapping[loc].view(batch, DRAFTS).to(torch.int32)
+            ptr = idx.kv_indptr.tolist()
+            lists = [torch.cat([idx.kv_indices[ptr[b] : ptr[b + 1]], drafts[b]]) for b in range(batch)]
+            lens = torch.tensor([0] + [len(x) for x in lists], device="cuda")
+            k_buf, v_buf = backend.kv_pool.get_kv_buffer(lay.layer_id)
+            self.fi_verify.append(
+                dict(
+                    batch=batch,
+                    q=q.view(-1, lay.tp_q_head_num, lay.head_dim),
+                    k=k_buf,
+                    v=v_buf,
+                    qo_indptr=(torch.arange(batch + 1, device="cuda") * DRAFTS).to(torch.int32),
+                    indptr=torch.cumsum(lens, 0).to(torch.int32),
+                    indices=torch.cat(lists),
+                    scale=lay.scaling,
+                    out=out,
+                )
+            )
+
+    def extend_chunk(self) -> None:
+        runner, layers, fb0, backend = self.stack(1, CHUNK_PREFIX + CHUNK)
+        self.alias_unmapped(runner, fb0, 0, CHUNK_PREFIX + CHUNK - WINDOW_LEFT - 1)
+        rows = fb0.req_pool_indices
+        loc = runner.req_to_token_pool.req_to_token[rows, CHUNK_PREFIX : CHUNK_PREFIX + CHUNK].reshape(-1).to(torch.int64)
+        fb = self.ForwardBatch.extend(rows.tolist(), [CHUNK_PREFIX], [CHUNK], loc, device="cuda")
+        qkv = self.inputs(layers, CHUNK, seed=2)
+
+        def step_layers():
+            for lay, (q, k, v) in zip(layers, qkv):
+                backend.forward_extend(q, k, v, lay, fb)
+
+        n = len(layers)
+        backend.init_forward_metadata(fb)
+        step_layers()
+        self.timed("extend_chunk_metadata_us", 1, lambda: _wall(lambda: backend.init_forward_metadata(fb), 20))
+        backend.init_forward_metadata(fb)
+        self.timed("extend_chunk_layer_eager_us", 1, lambda: _wall(step_layers, 10) / n)
+        self.timed("extend_chunk_layer_graph_us", 1, lambda: _graph_us(step_layers) / n)
+
+    def extend_op(self) -> None:
+        """One ``swa_extend`` call: 256 new tokens over a 1023-token window prefix, 32 / 16 heads, D 128."""
+        B, new, prefix, HQ, H, D = 1, CHUNK, CHUNK_PREFIX, 32, 16, 128
+        q = torch.randn(B * new, HQ, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B * new, H, D, device="cuda", dtype=torch.bfloat16)
+        kb = torch.randn(prefix + 8, H, D, device="cuda", dtype=torch.bfloat16)
+        qo = torch.tensor([0, new], dtype=torch.int32, device="cuda")
+        pl = torch.tensor([prefix], dtype=torch.int32, device="cuda")
+        idx = dict(
+            kv_indptr=torch.tensor([0, prefix], dtype=torch.int32, device="cuda"),
+            kv_indices=torch.arange(1, prefix + 1, dtype=torch.int32, device="cuda"),
+        )
+
+        def chunk():
+            self.ts.swa_extend(q, k, k, kb, kb, qo, pl, window_left=WINDOW_LEFT, max_extend_len=new, **idx)
+
+        chunk()
+        self.timed("extend_eager_us", B, lambda: _wall(chunk, 50))
+        self.timed("extend_graph_us", B, lambda: _graph_us(chunk))
+
+    # ---- FlashInfer ----
+
+    def flashinfer(self, modules) -> None:
+        """FlashInfer's run (and plan) on the shapes the tree ran, its output checked against the tree's."""
+        metrics = ("max_abs_diff", "run_us", "graph_us", "plan_us")
+        names = [("fi_decode_tc", c) for c in self.fi_decode] + [("fi_decode_cc", c) for c in self.fi_decode]
+        names += [("fi_prefill", c) for c in self.fi_verify]
+        if isinstance(modules, str):
+            print(f"# FlashInfer: {modules}", flush=True)
+            for name, c in names:
+                for m in metrics:
+                    self.add(f"{name}_{m}", c["batch"], NA)
+            return
+        decode, prefill = modules
+        workspace = torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        for name, c in names:
+            B, q = c["batch"], c["q"]
+            HQ, D, H = q.shape[1], q.shape[2], c["k"].shape[1]
+            cache = (c["k"].view(-1, 1, H, D), c["v"].view(-1, 1, H, D))
+            last_page_len = torch.ones(B, dtype=torch.int32, device="cuda")
+            common = dict(window_left=WINDOW_LEFT, q_data_type=q.dtype, kv_data_type=c["k"].dtype, sm_scale=c["scale"])
+            try:
+                if name == "fi_prefill":
+                    wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+                    args = (c["qo_indptr"], c["indptr"], c["indices"], last_page_len, HQ, H, D, 1)
+                    common["causal"] = True
+                else:
+                    tc = name == "fi_decode_tc"
+                    wrapper = decode.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tc, backend="fa2")
+                    args = (c["indptr"], c["indices"], last_page_len, HQ, H, D, 1)
+                plan = _bind(wrapper.plan, *args, **common)
+                plan()  # builds its JIT module, or waits for the background build of it
+                out = torch.empty_like(c["out"])
+                run = _bind(wrapper.run, q, cache, out=out)
+                run()
+                torch.cuda.synchronize()
+                diff = float((out.float() - c["out"].float()).abs().max())
+            except Exception as exc:  # noqa: BLE001 - its error is the row's result
+                print(f"# {name} B{B}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                for m in metrics:
+                    self.add(f"{name}_{m}", B, NA)
+                continue
+            self.add(f"{name}_max_abs_diff", B, diff)
+            reps = 48 * (20 if name != "fi_prefill" else 10)
+            self.timed(f"{name}_run_us", B, lambda run=run, reps=reps: _wall(run, reps))
+            self.timed(f"{name}_graph_us", B, lambda run=run: _graph_us(lambda: [run() for _ in range(48)]) / 48)
+            self.timed(f"{name}_plan_us", B, lambda plan=plan: _wall(plan, 20))
+
+
+def _bind(fn, *args, **kwargs):
+    return lambda: fn(*args, **kwargs)
+
+
+def _fmt(metric: str, value: float) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:.1f}" if metric.endswith("_us") else f"{value:.3g}"
+
+
+# ---- FlashInfer: import, and the background build of its JIT modules ----
+
+
+def _flashinfer_folder() -> str | None:
+    folder = os.path.join(os.environ.get("TRITON_SWA_PEERS") or str(ROOT / ".peers"), "flashinfer_site")
+    return folder if os.path.isdir(folder) else None
+
+
+def _flashinfer_modules():
+    """``(flashinfer.decode, flashinfer.prefill)``, or why not."""
+    folder = _flashinfer_folder()
+    if folder is not None and folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+        import flashinfer.decode
+        import flashinfer.prefill
+    except Exception as exc:  # noqa: BLE001 - ImportError, or its compiled parts failing to load
+        where = "" if folder else "no .peers/flashinfer_site (bash scripts/fetch_peers.sh); "
+        return f"not importable ({where}{type(exc).__name__}: {str(exc)[:100]})"
+    return flashinfer.decode, flashinfer.prefill
+
+
+def _start_flashinfer_build():
+    """This checkout's ``triton_swa.benchmark.providers`` builds the two modules used here (bf16, head
+    dim 256, sliding), in the order they are used: the fa2 prefill module (tensor-core decode's too),
+    then CUDA-core decode. In a process group of its own (with its compilers), which ``_stop`` ends."""
+    keys = [["prefill", "bfloat16", 256, True], ["decode", "bfloat16", 256, True]]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "triton_swa.benchmark.providers", "--flashinfer-build", json.dumps(keys)]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop(child) -> None:
+    if child is not None and child.poll() is None:
+        try:
+            os.killpg(child.pid, 9)
+        except ProcessLookupError:
+            pass
+        child.wait()
+
+
+def table(rows: list) -> str:
+    """Markdown: a line per metric, a column per batch."""
+    batches = sorted({b for _, b, _ in rows})
+    value = {(m, b): v for m, b, v in rows}
+    lines = ["| metric | " + " | ".join(f"B{b}" for b in batches) + " |", "|" + " --- |" * (len(batches) + 1)]
+    for metric in dict.fromkeys(m for m, _, _ in rows):
+        cells = [_fmt(metric, value[(metric, b)]) if (metric, b) in value else "" for b in batches]
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--tree", required=True)
-    p.add_argument("--name", default=None)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tree", required=True, help="the source tree measured (its triton_swa and bench/bench_step.py)")
+    p.add_argument("--name", default=None, help="its name in the ROW lines (default: --tree)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64], help="decode batch sizes")
+    p.add_argument("--verify-batch", type=int, nargs="+", default=[1, 8], help="verify batch sizes (8 drafts each)")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer's rows out")
     a = p.parse_args()
+    t0 = time.perf_counter()
     sys.path.insert(0, a.tree)
-    from bench.bench_step import build
-    from triton_swa.backend import TritonSWAAttnBackend
-    from triton_swa.ops.extend import swa_extend
-
-    name = a.name or a.tree
-    rows = []
-    for batch in a.batch:
-        rows += _decode_rows(build, TritonSWAAttnBackend, batch)
+    modules, child = None, None
+    if not a.no_flashinfer:
+        # the background build and this process must build for the same architectures (the modules' names)
+        os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
+        modules = _flashinfer_modules()
+        if not isinstance(modules, str):
+            child = _start_flashinfer_build()
+    try:
+        bench = Bench(a.name or a.tree, a.rounds)
+        bench.floor()
+        for batch in a.batch:
+            bench.decode(batch)
+            torch.cuda.empty_cache()
+        for batch in a.verify_batch:
+            bench.verify(batch)
+            torch.cuda.empty_cache()
+        bench.extend_chunk()
         torch.cuda.empty_cache()
-    # one prefill chunk: 256 new tokens over a 1023-token window prefix, 32 / 16 heads, D 128
-    B, new, prefix, HQ, H, D = 1, 256, 1023, 32, 16, 128
-    q = torch.randn(B * new, HQ, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B * new, H, D, device="cuda", dtype=torch.bfloat16)
-    kb = torch.randn(prefix + 8, H, D, device="cuda", dtype=torch.bfloat16)
-    qo = torch.tensor([0, new], dtype=torch.int32, device="cuda")
-    pl = torch.tensor([prefix], dtype=torch.int32, device="cuda")
-    idx = dict(
-        kv_indptr=torch.tensor([0, prefix], dtype=torch.int32, device="cuda"),
-        kv_indices=torch.arange(1, prefix + 1, dtype=torch.int32, device="cuda"),
-    )
-
-    def chunk():
-        swa_extend(q, k, k, kb, kb, qo, pl, window_left=1023, max_extend_len=new, **idx)
-
-    chunk()
-    rows.append(("extend_eager_us", B, statistics.median(_wall(chunk, 50) for _ in range(7))))
-    rows.append(("extend_graph_us", B, statistics.median(_graph_us(chunk) for _ in range(7))))
-    for metric, batch, value in rows:
-        print(f"ROW {name} {metric} {batch} {value:.1f}", flush=True)
+        bench.extend_op()
+        if not a.no_flashinfer:
+            bench.flashinfer(modules)
+    finally:
+        _stop(child)
+    print(f"\n== host cost of {bench.name} (us; max_abs_diff: FlashInfer's output against the tree's), {time.perf_counter() - t0:.0f} s")
+    print(table(bench.rows))
     return 0
 
 

