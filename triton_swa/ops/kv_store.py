@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..runtime.checks import INDEX_DTYPES, KV_DTYPES, check_kv_scale, check_tensor
 from ..runtime.guard import check_store_kv, guarded
-from ..runtime.launch import aligned, launcher_for, tensor_key
+from ..runtime.launch import launcher_for, tensor_key
 from .indices import check_mapping
 
 __all__ = ["KVStorePlan", "store_kv", "store_kv_plan"]
@@ -348,7 +348,7 @@ class KVStorePlan:
     planned kind in O(1) and launches the compiled kernel directly.
     """
 
-    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_strides", "_heads", "_launcher", "_grid", "_bound")
+    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_strides", "_heads", "_ptrs", "_launcher", "_grid", "_bound")
 
     def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_mode: int, v_mode: int):
         kb, k_enc = _store_view(k_buffer)
@@ -357,6 +357,7 @@ class KVStorePlan:
         _, HV, DV = v_buffer.shape
         self._keys = (tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(k), tensor_key(v))
         self._loc, self._mapping, self._modes = loc, mapping, (k_mode, v_mode)
+        self._ptrs = (loc.data_ptr(), (mapping if mapping is not None else loc).data_ptr())
         self._ints = (mapping.numel() if mapping is not None else 0, kb.shape[0], vb.shape[0])
         self._strides = (kb.stride(), vb.stride(), k.stride(), v.stride())
         self._heads = (H, D, HV, DV)
@@ -404,12 +405,52 @@ class KVStorePlan:
         """:meth:`run` after its checks: buffers as :meth:`views` gives them, the scales as
         ``_scale_arg`` splits them. Rows are read by pointer with the planned strides (a ``[n, H *
         D]`` view of planned ``[n, H, D]`` rows is the same call)."""
-        loc, mapping = self._loc, self._mapping
         kb_s, vb_s, k_s, v_s = self._strides
         n_mapping, rows_k, rows_v = self._ints
-        k_ptr = kb if k_ptr is None else k_ptr
-        v_ptr = vb if v_ptr is None else v_ptr
-        args = (
+        bound = self._bound
+        if bound is not False:
+            # the compiled kernel, for runs whose own pointers are 16-byte aligned (as the plan's stay),
+            # launched with addresses: the checks vouch for their devices
+            kbp, vbp, kp, vp = kb.data_ptr(), vb.data_ptr(), k.data_ptr(), v.data_ptr()
+            ksp = kbp if k_ptr is None else k_ptr.data_ptr()
+            vsp = vbp if v_ptr is None else v_ptr.data_ptr()
+            if (kbp | vbp | kp | vp | ksp | vsp) & 15 == 0:
+                if bound is None:
+                    bound = self._bound = self._launcher.bind(self._args(kb, vb, k, v, k_val, k_ptr, v_val, v_ptr), self._grid) or False
+                if bound:
+                    loc, mapping = self._ptrs
+                    bound(
+                        (
+                            kbp,
+                            *kb_s,
+                            vbp,
+                            *vb_s,
+                            kp,
+                            *k_s,
+                            vp,
+                            *v_s,
+                            loc,
+                            self._loc.stride(0),
+                            mapping,
+                            n_mapping,
+                            rows_k,
+                            rows_v,
+                            k_val,
+                            ksp,
+                            v_val,
+                            vsp,
+                            *self._heads,
+                        )
+                    )
+                    return
+        self._launcher(self._args(kb, vb, k, v, k_val, k_ptr, v_val, v_ptr), self._grid)
+
+    def _args(self, kb, vb, k, v, k_val, k_ptr, v_val, v_ptr) -> tuple:
+        """The kernel's arguments as tensors (the JIT's launch, and the binding)."""
+        kb_s, vb_s, k_s, v_s = self._strides
+        n_mapping, rows_k, rows_v = self._ints
+        loc, mapping = self._loc, self._mapping
+        return (
             kb,
             *kb_s,
             vb,
@@ -425,19 +466,11 @@ class KVStorePlan:
             rows_k,
             rows_v,
             k_val,
-            k_ptr,
+            kb if k_ptr is None else k_ptr,
             v_val,
-            v_ptr,
+            vb if v_ptr is None else v_ptr,
             *self._heads,
         )
-        if aligned(kb, vb, k, v, k_ptr, v_ptr):
-            bound = self._bound
-            if bound is None:
-                bound = self._bound = self._launcher.bind(args, self._grid) or False
-            if bound:
-                bound(args)
-                return
-        self._launcher(args, self._grid)
 
 
 @guarded(check_store_kv)

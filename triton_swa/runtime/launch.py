@@ -26,7 +26,6 @@ from triton import knobs
 from .device import interpreting
 
 __all__ = [
-    "aligned",
     "Bound",
     "launcher_for",
     "Launcher",
@@ -78,40 +77,63 @@ def current_stream(device_index: int | None):
     return _driver_fns()[1](device_index)
 
 
-def aligned(*tensors) -> bool:
-    """Whether every tensor's data pointer is 16-byte aligned (what Triton specialises pointers on)."""
-    bits = 0
-    for t in tensors:
-        bits |= t.data_ptr()
-    return bits & 15 == 0
-
-
 class Bound:
     """One compiled kernel launched directly on a fixed grid: ``bound(args)``.
 
     The caller guarantees that ``args`` specialise as those it was bound with (same dtypes and
-    integers, pointers of the same 16-byte alignment, tensors on the same device). Launch hooks
+    integers, pointers of the same 16-byte alignment, tensors on the same device). A pointer may be
+    given as its address (an int): Triton's launcher then skips its per-pointer driver query, so the
+    caller vouches that the memory is on the bound device and alive until the kernel ran. Launch hooks
     (profilers) are honoured as Triton's own launch does.
     """
 
-    __slots__ = ("kernel", "run", "function", "packed", "tail", "grid", "device")
+    __slots__ = ("kernel", "run", "function", "packed", "tail", "grid", "device", "direct")
 
     def __init__(self, kernel, tail: tuple, grid: tuple, device: int):
         self.kernel, self.tail, self.grid, self.device = kernel, tail, grid, device
         self.run = kernel.run  # loads the module on the current device
         self.function, self.packed = kernel.function, kernel.packed_metadata
+        # Triton 3.6's CUDA launcher: its C entry point, called directly when the kernel needs no
+        # scratch memory (what the Python wrapper around it would allocate)
+        launcher = self.run
+        self.direct = None
+        if type(launcher).__name__ == "CudaLauncher" and all(
+            hasattr(launcher, name)
+            for name in ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+        ):
+            if launcher.global_scratch_size == 0 and launcher.profile_scratch_size == 0:
+                self.direct = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl)
 
     def __call__(self, args: tuple) -> None:
-        get_device, get_stream = _driver_fns()
         if _current_device() != self.device:
             with torch.cuda.device(self.device):
                 self(args)
             return
-        stream = get_stream(self.device)
+        stream = _driver_fns()[1](self.device)
         grid = self.grid
         enter = knobs.runtime.launch_enter_hook
         if enter is None or not getattr(enter, "calls", True):
-            self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed, None, None, None, *args, *self.tail)
+            if self.direct is not None:
+                launch, cooperative, pdl = self.direct
+                launch(
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    stream,
+                    self.function,
+                    cooperative,
+                    pdl,
+                    None,
+                    None,
+                    self.packed,
+                    None,
+                    None,
+                    None,
+                    *args,
+                    *self.tail,
+                )
+            else:
+                self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed, None, None, None, *args, *self.tail)
             return
         full = (*args, *self.tail)
         meta = self.kernel.launch_metadata(grid, stream, *full)

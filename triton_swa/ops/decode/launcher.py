@@ -48,7 +48,7 @@ from ...runtime.checks import (
 )
 from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
-from ...runtime.launch import Launcher, PlanCache, aligned, current_stream, scale_key, tensor_key
+from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
@@ -550,24 +550,32 @@ class DecodePlan:
     """:func:`swa_decode` checked and planned once for a step's windows; :meth:`run` launches it.
 
     Made by :func:`swa_decode_plan`. The plan holds the window (its index tensors, read at each run:
-    refill them in place between runs if you like), the split count, grid, compiled kernels and the
-    split-KV workspace; a run checks that its tensors are the planned kind in O(1) and launches the
-    compiled kernels directly. Runs of one plan share its workspace: issue them in order on one
-    stream (as a model's layers run), not concurrently on several.
+    refill them in place between runs if you like), the split count, grid, compiled kernels, the
+    split-KV workspace and the split merge's counters; a run checks that its tensors are the planned
+    kind in O(1) and launches the compiled kernels directly. Split runs merge in the last split of
+    each group (one launch a run, eager or captured in a CUDA graph), counted by the plan's own
+    self-resetting counters. Runs of one plan share its workspace and counters: issue them in order
+    on one stream (as a model's layers run), not concurrently on several.
     """
 
-    __slots__ = ("_plan", "_keys", "_windows", "_sinks", "_scale_kinds", "_scales", "_sm_scale", "_cap", "_part", "_bound", "__weakref__")
+    __slots__ = ("_plan", "_keys", "_sinks", "_scales", "_scale_kinds", "_sm_scale", "_cap", "_tensors", "_ptrs", "_bound", "__weakref__")
 
     def __init__(self, plan: _Plan, q, k_buffer, v_buffer, windows: tuple, sinks, k_scale, v_scale, sm_scale: float, cap: float):
         self._plan = plan
         self._keys = (tensor_key(q), tensor_key(k_buffer), tensor_key(v_buffer))
-        self._windows = windows
         self._sinks = sinks
         self._scale_kinds = (scale_key(k_scale), scale_key(v_scale))
         self._scales = (k_scale, v_scale)
         self._sm_scale, self._cap = sm_scale, cap
-        self._part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if plan.split else None
-        self._bound = None  # (main, merge) compiled for aligned pointers, bound at the first such run
+        device = q.device
+        # counters of the in-place merge (zeroed, never poisoned; each run leaves them zero), else a
+        # word standing in for the pointers the kernel does not read
+        sem = torch.zeros(max(plan.programs if plan.fused else 0, 4), dtype=torch.int32, device=device)
+        part = poison.empty(plan.part_numel, dtype=torch.float32, device=device) if plan.split else sem
+        windows = tuple(sem if w is q else w for w in windows)
+        self._tensors = (part, sem, *windows)  # the plan's own pointers, in the kernel's order
+        self._ptrs = tuple(t.data_ptr() for t in self._tensors)
+        self._bound = None  # the compiled kernel bound at the first run whose pointers are aligned
 
     @property
     def out_shape(self) -> tuple:
@@ -622,43 +630,34 @@ class DecodePlan:
             return out
         if plan.kv_view is not None:
             k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
-        sinks_arg = q if sinks is None else sinks
-        k_scale_t = q if k_scale_t is None else k_scale_t
-        v_scale_t = q if v_scale_t is None else v_scale_t
-        part = q if self._part is None else self._part
-        args = (
-            q,
-            k_buffer,
-            v_buffer,
-            out,
-            part,
-            q,
-            *self._windows,
-            sinks_arg,
-            k_scale_t,
-            v_scale_t,
-            self._sm_scale * k_scale_f,
-            v_scale_f,
-            self._cap,
-            *plan.ints,
-        )
-        merge_args = (part, sinks_arg, out, part, *plan.merge_ints) if plan.merge is not None else None
-        # the compiled kernels, bound for calls whose own pointers are 16-byte aligned (the plan's
-        # pointers keep theirs); other calls take the launchers, which specialise per call
-        if aligned(q, k_buffer, v_buffer, out, sinks_arg, k_scale_t, v_scale_t):
-            bound = self._bound
-            if bound is None:
-                main = plan.main.bind(args)
-                bound = self._bound = (main, plan.merge.bind(merge_args) if merge_args and main else None)
-            if bound[0] is not None:
-                bound[0](args)
-                if merge_args is not None:
-                    bound[1](merge_args)
-                return out
-        plan.main(args)
-        if merge_args is not None:
-            plan.merge(merge_args)
+        scalars = (self._sm_scale * k_scale_f, v_scale_f, self._cap)
+        bound = self._bound
+        if bound is not False:
+            # the compiled kernel, for runs whose own pointers are 16-byte aligned (as the plan's
+            # pointers stay), launched with addresses: the checks above vouch for their devices
+            qp, kp, vp, op = q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), out.data_ptr()
+            sp = qp if sinks is None else sinks.data_ptr()
+            ksp = qp if k_scale_t is None else k_scale_t.data_ptr()
+            vsp = qp if v_scale_t is None else v_scale_t.data_ptr()
+            if (qp | kp | vp | op | sp | ksp | vsp) & 15 == 0:
+                if bound is None:
+                    tensors = self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars)
+                    bound = self._bound = plan.main.bind(tensors) or False
+                if bound:
+                    bound((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, *scalars, *plan.ints))
+                    return out
+        # (a plan's splits merge in place: there is no merge launch)
+        plan.main(self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars))
         return out
+
+    def _args(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars) -> tuple:
+        """The kernel's arguments as tensors (the JIT's launch, and the binding)."""
+        pick = lambda t: q if t is None else t
+        return (q, k_buffer, v_buffer, out, *self._tensors, pick(sinks), pick(k_scale_t), pick(v_scale_t), *scalars, *self._plan.ints)
+
+
+# a plan's split runs merge in place, with the plan's own counters
+_PLAN_TUNE = _Tune(fused_merge=True)
 
 
 @guarded(check_swa_decode)
@@ -722,7 +721,7 @@ def swa_decode_plan(
         num_splits,
         block_n,
         logit_cap > 0,
-        None,
+        _PLAN_TUNE,
     )
     plan = _PLANS.get_or_make(_signature, _check_and_plan, args)
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)

@@ -64,7 +64,7 @@ from ...runtime.checks import (
 )
 from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_extend, guarded
-from ...runtime.launch import PlanCache, aligned, launcher_for, scale_key, tensor_key
+from ...runtime.launch import PlanCache, launcher_for, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
@@ -694,6 +694,8 @@ class ExtendPlan:
         "_floats",
         "_strides",
         "_part",
+        "_part_ptr",
+        "_index_ptrs",
         "_bound",
         "__weakref__",
     )
@@ -707,6 +709,8 @@ class ExtendPlan:
         self._floats = floats  # sm_scale, logit_cap, window_left
         q = tensors[0]
         self._part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if plan.split and not plan.empty else None
+        self._part_ptr = None if self._part is None else self._part.data_ptr()
+        self._index_ptrs = tuple(t.data_ptr() for t in indices)
         self._bound = None
         # the kernel's strides: the planned tensors', a contiguous output's
         HQ, DV = inputs.HQ, inputs.DV
@@ -763,30 +767,62 @@ class ExtendPlan:
         k_buffer, v_buffer = _kv_views(inputs, plan, k_buffer, v_buffer)
         if inputs.scale_ptr:
             ks, vs = _scale_tensors(ks, ks_t, vs, vs_t, q.device)
-        part = out if self._part is None else self._part
         sinks_arg = sinks if sinks is not None else q
         scale, cap, window_left = self._floats
         strides = self._strides
+        bound = self._bound
+        if bound is not False:
+            # the compiled kernels, for runs whose own pointers are 16-byte aligned (as the plan's
+            # stay), launched with addresses: the checks vouch for their devices
+            ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), out.data_ptr())
+            sp = sinks_arg.data_ptr()
+            scales = (ks.data_ptr(), vs.data_ptr()) if inputs.scale_ptr else (ks, vs)
+            bits = sp
+            for p in ptrs:
+                bits |= p
+            if inputs.scale_ptr:
+                bits |= scales[0] | scales[1]
+            if bits & 15 == 0:
+                if bound is None:
+                    bound = self._bind(q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs)
+                if bound:
+                    main, merge = bound
+                    part = self._part_ptr if self._part is not None else ptrs[5]
+                    tail = (scale, cap, window_left, plan.num_splits, plan.lse_offset, inputs.HQ, inputs.T, *strides, inputs.stride_pt)
+                    main((*ptrs, part, *self._index_ptrs, sp, *scales, *tail))
+                    if merge is not None:
+                        qo_indptr = self._index_ptrs[0]
+                        merge((part, sp, ptrs[5], qo_indptr, plan.num_splits, plan.lse_offset, *strides[-2:], inputs.HQ, inputs.B))
+                    return out
+        part = out if self._part is None else self._part
         args = _kernel_args(
             inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, strides
         )
-        merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], strides) if plan.split else None
-        scales = (ks, vs) if inputs.scale_ptr else ()
-        # the compiled kernels, bound for calls whose own pointers are 16-byte aligned (see DecodePlan)
-        if aligned(q, k, v, k_buffer, v_buffer, out, sinks_arg, *scales):
-            bound = self._bound
-            if bound is None:
-                main = plan.launch.bind(args, plan.grid)
-                bound = self._bound = (main, plan.merge.bind(merge_args, plan.merge_grid) if merge_args and main else None)
-            if bound[0] is not None:
-                bound[0](args)
-                if merge_args is not None:
-                    bound[1](merge_args)
-                return out
         plan.launch(args, plan.grid)
-        if merge_args is not None:
-            plan.merge(merge_args, plan.merge_grid)
+        if plan.split:
+            plan.merge(_merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], strides), plan.merge_grid)
         return out
+
+    def _bind(self, q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs):
+        """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""
+        inputs, plan = self._inputs, self._plan
+        scale, cap, window_left = self._floats
+        part = out if self._part is None else self._part
+        args = _kernel_args(
+            inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, self._strides
+        )
+        main = plan.launch.bind(args, plan.grid)
+        if main is None:
+            self._bound = False
+            return False
+        merge = None
+        if plan.split:
+            merge = plan.merge.bind(_merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], self._strides), plan.merge_grid)
+            if merge is None:
+                self._bound = False
+                return False
+        self._bound = (main, merge)
+        return self._bound
 
 
 @guarded(check_swa_extend)
