@@ -156,7 +156,7 @@ class _LayerPlan:
         self.store_views = KVStorePlan.views(k_buf, v_buf)  # the buffers as the store kernel writes them
         # what a step's launch plan depends on, beside q, k and v: layers of one kind share a plan
         _, hq, h, d, dv, scaling, _, shared, cap, sinks, k_scale, v_scale, causal = values
-        self.kind = (
+        self.kind = _kind_id(
             sliding,
             write_mapping is not None,
             hq,
@@ -175,6 +175,18 @@ class _LayerPlan:
         )
         # (host factor, tensor) of each scale, as the decode and store kernels take them
         self.scales = (split_kv_scale("k_scale", k_scale), split_kv_scale("v_scale", v_scale))
+
+
+_KINDS: dict = {}  # kinds of layer seen by this process -> small ints (cheap to hash in a step's keys)
+
+
+def _kind_id(*kind) -> int:
+    return _KINDS.setdefault(kind, len(_KINDS))
+
+
+def _rows_key(t):
+    """What a step's launch plan depends on of a layer call's q, k or v (None for None)."""
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.get_device())
 
 
 def _batch_kind(fb, mode) -> tuple:
@@ -971,7 +983,7 @@ class TritonSWAAttnBackend:
             return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
         loc = getattr(forward_batch, "out_cache_loc", None)
         try:
-            key = (lp.kind, tensor_key(q), tensor_key(k), tensor_key(v), bool(save_kv_cache), id(loc))
+            key = (lp.kind, _rows_key(q), _rows_key(k), _rows_key(v), bool(save_kv_cache), id(loc))
         except AttributeError:  # q, k or v not a tensor: the checks name it
             return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
         run = meta.runs.get(key)
@@ -1052,7 +1064,7 @@ class TritonSWAAttnBackend:
         try:
             lp, k_buf, v_buf = self._layer_plan(layer)
             loc = getattr(forward_batch, "out_cache_loc", None)
-            key = (lp.kind, tensor_key(q), tensor_key(k), tensor_key(v), bool(save_kv_cache), id(loc))
+            key = (lp.kind, _rows_key(q), _rows_key(k), _rows_key(v), bool(save_kv_cache), id(loc))
         except AttributeError:  # not a layer, or q, k, v not tensors: the checks name it
             return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
         if lp.values[7] is not None or k is None:  # KV-shared: the new tokens' K/V come from the pool
