@@ -579,9 +579,8 @@ PLAN_CASES = [
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in PLAN_CASES])
 def test_decode_plan_runs_layers(case, device):
-    """``swa_decode_plan`` once, ``run`` per layer: each run equals ``swa_decode`` with the in-place
-    merge on that layer's buffers bit for bit (and the reference), with per-run sinks and scales;
-    the outputs are fresh."""
+    """``swa_decode_plan`` once, ``run`` per layer: each run equals ``swa_decode`` on that layer's
+    buffers bit for bit (and the reference), with per-run sinks and scales; the outputs are fresh."""
     from triton_swa import swa_decode_plan
 
     b0, b1 = build(case, device), build(case, device)
@@ -601,7 +600,7 @@ def test_decode_plan_runs_layers(case, device):
     opts = dict(sm_scale=0.6 / case.d**0.5, logit_cap=case.softcap, num_splits=case.num_splits, block_n=case.block_n)
     plan = swa_decode_plan(b0.q, b0.k, b0.v, **where, sinks=b0.sinks, k_scale=b0.k_scale, v_scale=b0.v_scale, **opts)
     for b in layers:
-        want = run(replace(case, merge="fused"), b)
+        want = run(case, b)
         out = torch.full_like(want, float("nan"))
         got = plan.run(b.q, b.k, b.v, out, sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
         assert got is out

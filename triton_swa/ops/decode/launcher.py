@@ -550,12 +550,12 @@ class DecodePlan:
     """:func:`swa_decode` checked and planned once for a step's windows; :meth:`run` launches it.
 
     Made by :func:`swa_decode_plan`. The plan holds the window (its index tensors, read at each run:
-    refill them in place between runs if you like), the split count, grid, compiled kernels, the
-    split-KV workspace and the split merge's counters; a run checks that its tensors are the planned
-    kind in O(1) and launches the compiled kernels directly. Split runs merge in the last split of
-    each group (one launch a run, eager or captured in a CUDA graph), counted by the plan's own
-    self-resetting counters. Runs of one plan share its workspace and counters: issue them in order
-    on one stream (as a model's layers run), not concurrently on several.
+    refill them in place between runs if you like), the split count, grid, compiled kernels and the
+    split-KV workspace; a run checks that its tensors are the planned kind in O(1) and launches the
+    compiled kernels directly. Splits merge in the merge kernel, as :func:`swa_decode`'s do (the
+    in-place merge saves a launch but cost the H200 twice the GPU time on 512-wide heads: 39 against
+    18 us at B 1, graph replay). Runs of one plan share its workspace: issue them in order on one
+    stream (as a model's layers run), not concurrently on several.
     """
 
     __slots__ = ("_plan", "_keys", "_sinks", "_scales", "_scale_kinds", "_sm_scale", "_cap", "_tensors", "_ptrs", "_bound", "__weakref__")
@@ -568,12 +568,11 @@ class DecodePlan:
         self._scales = (k_scale, v_scale)
         self._sm_scale, self._cap = sm_scale, cap
         device = q.device
-        # counters of the in-place merge (zeroed, never poisoned; each run leaves them zero), else a
-        # word standing in for the pointers the kernel does not read
-        sem = torch.zeros(max(plan.programs if plan.fused else 0, 4), dtype=torch.int32, device=device)
-        part = poison.empty(plan.part_numel, dtype=torch.float32, device=device) if plan.split else sem
-        windows = tuple(sem if w is q else w for w in windows)
-        self._tensors = (part, sem, *windows)  # the plan's own pointers, in the kernel's order
+        # a word standing in for the pointers the kernel does not read (the in-place merge's counters)
+        dummy = torch.zeros(4, dtype=torch.int32, device=device)
+        part = poison.empty(plan.part_numel, dtype=torch.float32, device=device) if plan.split else dummy
+        windows = tuple(dummy if w is q else w for w in windows)
+        self._tensors = (part, dummy, *windows)  # the plan's own pointers, in the kernel's order
         self._ptrs = tuple(t.data_ptr() for t in self._tensors)
         self._bound = None  # the compiled kernel bound at the first run whose pointers are aligned
 
@@ -641,23 +640,35 @@ class DecodePlan:
             vsp = qp if v_scale_t is None else v_scale_t.data_ptr()
             if (qp | kp | vp | op | sp | ksp | vsp) & 15 == 0:
                 if bound is None:
-                    tensors = self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars)
-                    bound = self._bound = plan.main.bind(tensors) or False
+                    bound = self._bind(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars)
                 if bound:
-                    bound((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, *scalars, *plan.ints))
+                    main, merge = bound
+                    main((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, *scalars, *plan.ints))
+                    if merge is not None:
+                        part = self._ptrs[0]
+                        merge((part, sp, op, part, *plan.merge_ints))
                     return out
-        # (a plan's splits merge in place: there is no merge launch)
         plan.main(self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars))
+        if plan.merge is not None:
+            part = self._tensors[0]
+            plan.merge((part, q if sinks is None else sinks, out, part, *plan.merge_ints))
         return out
+
+    def _bind(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars):
+        """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""
+        plan = self._plan
+        main = plan.main.bind(self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars))
+        merge = None
+        if main is not None and plan.merge is not None:
+            part = self._tensors[0]
+            merge = plan.merge.bind((part, q if sinks is None else sinks, out, part, *plan.merge_ints))
+        self._bound = (main, merge) if main is not None and (merge is not None or plan.merge is None) else False
+        return self._bound
 
     def _args(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars) -> tuple:
         """The kernel's arguments as tensors (the JIT's launch, and the binding)."""
         pick = lambda t: q if t is None else t
         return (q, k_buffer, v_buffer, out, *self._tensors, pick(sinks), pick(k_scale_t), pick(v_scale_t), *scalars, *self._plan.ints)
-
-
-# a plan's split runs merge in place, with the plan's own counters
-_PLAN_TUNE = _Tune(fused_merge=True)
 
 
 @guarded(check_swa_decode)
@@ -721,7 +732,7 @@ def swa_decode_plan(
         num_splits,
         block_n,
         logit_cap > 0,
-        _PLAN_TUNE,
+        None,
     )
     plan = _PLANS.get_or_make(_signature, _check_and_plan, args)
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
