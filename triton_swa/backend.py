@@ -18,15 +18,7 @@ from .engine import ForwardMode
 from .mem.pools import is_swa_kv_pool
 from .ops.decode import swa_decode, swa_decode_plan
 from .ops.extend import swa_extend, swa_extend_plan
-from .ops.indices import (
-    WindowIndices,
-    WindowPageTable,
-    build_window_indices,
-    build_window_page_table,
-    max_window_len,
-    max_window_pages,
-    window_index_count,
-)
+from .ops.indices import WindowIndices, WindowPageTable, build_window_indices, build_window_page_table, max_window_len, max_window_pages
 from .ops.kv_store import KVStorePlan, store_kv, store_kv_plan
 from .runtime import poison
 from .runtime.checks import (
@@ -42,6 +34,7 @@ from .runtime.checks import (
 )
 from .runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
 from .runtime.launch import tensor_key
+from .runtime.window import window_keys
 
 
 def _dequantize(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
@@ -226,13 +219,14 @@ class _LayerRun:
     """A step's launches for one kind of layer call: the K/V store's plan (None: no write) and the
     attention's (``swa_decode_plan`` or ``swa_extend_plan``), with the views of q, k, v and out."""
 
-    __slots__ = ("loc", "store", "attend", "k_shape", "v_shape", "q_shape", "out_cols")
+    __slots__ = ("loc", "store", "attend", "k_shape", "v_shape", "q_shape", "out_cols", "dtype")
 
-    def __init__(self, lp: _LayerPlan, loc):
+    def __init__(self, lp: _LayerPlan, loc, dtype: torch.dtype):
         _, hq, h, d, dv = lp.values[:5]
         self.loc = loc  # kept alive: the step's runs are keyed by its id
         self.q_shape, self.k_shape, self.v_shape, self.out_cols = (-1, hq, d), (-1, h, d), (-1, h, dv), hq * dv
         self.store = self.attend = None
+        self.dtype = dtype  # q's, and the output's
 
 
 def _as_int(name: str, value, minimum: int | None = None) -> int:
@@ -383,11 +377,11 @@ class TritonSWAAttnBackend:
     def mapping(self) -> torch.Tensor | None:
         return self._swa_kv_pool.full_to_swa_index_mapping if self._swa_kv_pool is not None else None
 
-    def _indices(self, req_pool_indices, lens, lens_cpu=None, *, window_left, extend, translate, out=None):
+    def _indices(self, req_pool_indices, lens, lens_host=None, *, window_left, extend, translate, out=None):
         """One fused launch: every request's window (SWA slots or pages when ``translate``).
 
         ``out`` holds the fixed buffers of a CUDA graph; otherwise the CSR length comes from
-        ``lens_cpu`` (no host synchronisation).
+        ``lens_host``, the lengths' host values (no host synchronisation).
         """
         mapping = self.mapping if translate else None
         if translate and mapping is None:
@@ -400,7 +394,14 @@ class TritonSWAAttnBackend:
         if self.page_size == 1:
             num_indices = None
             if out is None:
-                num_indices = window_index_count(lens_cpu, window_left, prefix_lens=lens_cpu if extend else None)
+                # host values: the CSR length without a device read
+                if lens_host and min(lens_host) < 0:
+                    raise ValueError(f"the step's {'prefix' if extend else 'sequence'} lengths must be >= 0, got {min(lens_host)}")
+                if window_left < 0:
+                    num_indices = sum(lens_host)
+                else:
+                    keys = window_keys(window_left, extend=extend)
+                    num_indices = sum(n if n < keys else keys for n in lens_host)
             built = build_window_indices(
                 self.req_to_token,
                 req_pool_indices,
@@ -433,8 +434,9 @@ class TritonSWAAttnBackend:
         max_window = max_window_len(window_left, max_ctx, extend=extend)
         return LayerIndices(*csr, table, starts, lens, self.page_size, max_window, translate)
 
-    def _check_batch(self, fb) -> int:
-        """Check a batch on the host (shapes, dtypes, devices, CPU copies); returns its token count.
+    def _check_batch(self, fb) -> tuple[int, list | None]:
+        """Check a batch on the host (shapes, dtypes, devices, CPU copies); returns its token count and
+        ``seq_lens_cpu``'s values (None when the batch has none).
 
         DECODE and TARGET_VERIFY batches of a kind seen before (the same mode, batch size, draft count
         and tensor kinds) check only their host values (the lengths' range); extend batches check
@@ -449,29 +451,34 @@ class TritonSWAAttnBackend:
             checked = self._checked_batches.get(key) if key is not None else None
             if checked is not None:
                 num_tokens, extra = checked
-                self._check_lens_range(fb, extra)
-                return num_tokens
-        num_tokens, extra = self._check_batch_in_full(fb)
+                return num_tokens, self._check_lens_range(fb, extra)
+        num_tokens, extra, lens = self._check_batch_in_full(fb)
         if key is not None:
             if len(self._checked_batches) >= 256:
                 self._checked_batches.clear()
             self._checked_batches[key] = (num_tokens, extra)
-        return num_tokens
+        return num_tokens, lens
 
-    def _check_lens_range(self, fb, extra: int) -> None:
-        """``seq_lens_cpu`` (plus ``extra`` drafts) within ``req_to_token``'s columns."""
+    def _check_lens_range(self, fb, extra: int) -> list | None:
+        """``seq_lens_cpu`` (plus ``extra`` drafts) within ``req_to_token``'s columns; returns its values
+        (None without host lengths)."""
         lens = fb.seq_lens_cpu
-        if lens is not None and lens.shape[0]:
+        if lens is None:
+            return None
+        values = lens.tolist()
+        if values:
             max_ctx = self.req_to_token.shape[1]
-            lo, hi = (int(x) for x in torch.aminmax(lens))
+            lo, hi = min(values), max(values)
             if lo < 0 or hi + extra > max_ctx:
                 what = f"seq_lens_cpu (+ draft_token_num {extra})" if extra else "seq_lens_cpu"
                 raise ValueError(
                     f"forward_batch.{what} must lie in [0, {max_ctx}] (req_to_token's columns), got values from {lo} to {hi + extra}"
                 )
+        return values
 
     def _check_batch_in_full(self, fb) -> tuple[int, int]:
-        """Every check of :meth:`_check_batch`; returns (tokens, drafts per request in verify, else 0)."""
+        """Every check of :meth:`_check_batch`; returns (tokens, drafts per request in verify (else 0),
+        ``seq_lens_cpu``'s values)."""
         mode = fb.forward_mode
         dev, max_ctx = self.device, self.req_to_token.shape[1]
         bs = _as_int("forward_batch.batch_size", fb.batch_size, 0)
@@ -527,10 +534,10 @@ class TritonSWAAttnBackend:
             spec = fb.spec_info
             if spec is not None and not isinstance(getattr(spec, "causal", True), bool):
                 raise TypeError(f"spec_info.causal must be a bool, got {type(spec.causal).__name__}")
-        self._check_lens_range(fb, extra)
+        lens = self._check_lens_range(fb, extra)
         if fb.out_cache_loc is not None:
             _check_index("forward_batch.out_cache_loc", fb.out_cache_loc, dev, num_tokens, tokens_why)
-        return num_tokens, extra
+        return num_tokens, extra, lens
 
     def _check_spec(self, spec, bs: int, n: int, *, exact: bool) -> None:
         """spec_info of a verify step: ``causal`` a bool, ``custom_mask`` ``[bs * n * n]`` and ``positions``
@@ -591,7 +598,7 @@ class TritonSWAAttnBackend:
         if mode.is_idle():
             self.forward_metadata = ForwardMetadata(mode, None, None)
             return
-        num_tokens = self._check_batch(forward_batch)
+        num_tokens, lens_host = self._check_batch(forward_batch)
         if debug:
             # the device contents the index builds read (rows, lengths, window slots), before any launch
             check_forward_batch(self, forward_batch)
@@ -600,16 +607,17 @@ class TritonSWAAttnBackend:
         translate = self.use_sliding_window_kv_pool
         if mode.is_decode():
             lens = forward_batch.seq_lens
-            lens_cpu = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else lens.cpu()
-            full = self._indices(req, lens, lens_cpu, window_left=-1, extend=False, translate=False)
+            if lens_host is None:
+                lens_host = lens.tolist()  # a host synchronisation, for a batch without seq_lens_cpu
+            full = self._indices(req, lens, lens_host, window_left=-1, extend=False, translate=False)
             sliding = None
             if w >= 0:
-                sliding = self._indices(req, lens, lens_cpu, window_left=w, extend=False, translate=translate)
+                sliding = self._indices(req, lens, lens_host, window_left=w, extend=False, translate=translate)
             self.forward_metadata = ForwardMetadata(mode, full, sliding, forward_batch.batch_size, num_tokens)
             return
         meta = self._extend_layout(forward_batch)
         meta.batch_size, meta.num_tokens = forward_batch.batch_size, num_tokens
-        prefix, prefix_cpu = meta.prefix_lens, meta.prefix_lens_cpu
+        prefix, prefix_cpu = meta.prefix_lens, meta.prefix_lens_cpu.tolist()
         meta.full = self._indices(req, prefix, prefix_cpu, window_left=-1, extend=True, translate=False)
         if w >= 0:
             meta.sliding = self._indices(req, prefix, prefix_cpu, window_left=w, extend=True, translate=translate)
@@ -997,14 +1005,14 @@ class TritonSWAAttnBackend:
             else:
                 run.store._launch(*lp.store_views, k, v, k_f, k_t, v_f, v_t)
         # q and the output as given / returned ([B, HQ * D], [B, HQ * Dv]): the plans read them by pointer
-        out = poison.empty(q.shape[0], run.out_cols, dtype=q.dtype, device=q.device)
+        out = poison.empty(q.shape[0], run.out_cols, dtype=run.dtype, device=self.device)
         return run.attend._launch(q, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
 
     def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
         """Check a decode layer call in full and plan the step's launches for its kind."""
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False)
         _, _, _, _, _, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
-        run = _LayerRun(lp, loc)
+        run = _LayerRun(lp, loc, q.dtype)
         run.store = self._store_plan(lp, k_buf, v_buf, loc, k.view(run.k_shape), v.view(run.v_shape)) if writes else None
         meta = self.forward_metadata
         idx = meta.sliding if lp.sliding else meta.full
@@ -1079,13 +1087,13 @@ class TritonSWAAttnBackend:
                 self._save(layer, k.view(run.k_shape), v.view(run.v_shape), k_buf, v_buf, lp.write_mapping, forward_batch)
             else:
                 run.store._launch(*lp.store_views, k, v, k_f, k_t, v_f, v_t)
-        out = poison.empty(q.shape[0], run.out_cols, dtype=q.dtype, device=q.device)
+        out = poison.empty(q.shape[0], run.out_cols, dtype=run.dtype, device=self.device)
         return run.attend._launch(q, k, v, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
 
     def _plan_extend(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
         """Check an extend layer call in full and plan the step's launches for its kind."""
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=True)
-        run = _LayerRun(lp, loc)
+        run = _LayerRun(lp, loc, q.dtype)
         kv = (k.view(run.k_shape), v.view(run.v_shape))
         run.store = self._store_plan(lp, k_buf, v_buf, loc, *kv) if writes else None
         meta = self.forward_metadata

@@ -398,15 +398,54 @@ def _launch_window_kernel(
         _LAUNCHES.put(key, planned)
     if B == 0:
         return
-    launch, grid = planned
-    args = (
+    launch, grid, bound = planned
+    tensors = (req_to_token, req_pool_indices, lens, mapping if mapping is not None else req_to_token, out, indptr, starts)
+    ptrs = [t.data_ptr() for t in tensors]
+    ints = (req_to_token.stride(0), req_to_token.stride(1), mapping.numel() if mapping is not None else 0, stride_out_b, shift)
+    # the compiled kernel for this specialisation (every pointer 16-byte aligned; the fixed integers;
+    # the capacity's class), launched with addresses: the checks vouch for the tensors' devices
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]) & 15 == 0:
+        key = (ints, capacity == 1, capacity % 16 == 0, capacity >= 2**31)
+        direct = bound.get(key)
+        if direct is None:
+            direct = bound[key] = launch.bind(_window_args(tensors, ints, capacity, grid), grid) or False
+        if direct:
+            r2t, rpi, lens_p, mapping_p, out_p, indptr_p, starts_p = ptrs
+            stride_r, stride_c, n_mapping, stride_out_b, shift = ints
+            direct(
+                (
+                    r2t,
+                    stride_r,
+                    stride_c,
+                    rpi,
+                    lens_p,
+                    mapping_p,
+                    n_mapping,
+                    out_p,
+                    stride_out_b,
+                    indptr_p,
+                    starts_p,
+                    shift,
+                    capacity,
+                    grid[1],
+                )
+            )
+            return
+    launch(_window_args(tensors, ints, capacity, grid), grid)
+
+
+def _window_args(tensors, ints, capacity, grid) -> tuple:
+    """The window kernel's arguments in order, from :func:`_launch_window_kernel`'s tensors and integers."""
+    req_to_token, req_pool_indices, lens, mapping, out, indptr, starts = tensors
+    stride_r, stride_c, n_mapping, stride_out_b, shift = ints
+    return (
         req_to_token,
-        req_to_token.stride(0),
-        req_to_token.stride(1),
+        stride_r,
+        stride_c,
         req_pool_indices,
         lens,
-        mapping if mapping is not None else req_to_token,
-        mapping.numel() if mapping is not None else 0,
+        mapping,
+        n_mapping,
         out,
         stride_out_b,
         indptr,
@@ -415,11 +454,11 @@ def _launch_window_kernel(
         capacity,
         grid[1],
     )
-    launch(args, grid)
 
 
 def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device):
-    """(launcher, grid) of the window kernel for a batch size, window extent and options (checked)."""
+    """(launcher, grid, compiled kernels bound by specialisation) of the window kernel for a batch
+    size, window extent and options (checked)."""
     block = _index_block(max_extent) if block is None else block
     num_splits = _index_splits(B, max_extent, block, device) if num_splits is None else num_splits
     block_reqs = _reqs_block(B) if block_reqs is None else block_reqs
@@ -431,7 +470,7 @@ def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window
     constexprs = dict(
         HAS_WINDOW=has_window, HAS_MAPPING=has_mapping, PAGE_TABLE=page_table, PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs
     )
-    return launcher_for(_swa_window_indices_kernel, constexprs), (B, num_splits, 1)
+    return launcher_for(_swa_window_indices_kernel, constexprs), (B, num_splits, 1), {}
 
 
 def _mode(seq_lens, prefix_lens, window_left):

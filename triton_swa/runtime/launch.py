@@ -68,8 +68,10 @@ def _driver_fns():
 
 def _current_device() -> int:
     """The current device's index (torch's own call where it has one: no lazy-init check per launch)."""
-    fast = getattr(torch._C, "_cuda_getDevice", None)
-    return fast() if fast is not None else _driver_fns()[0]()
+    return _GET_DEVICE() if _GET_DEVICE is not None else _driver_fns()[0]()
+
+
+_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def current_stream(device_index: int | None):
@@ -105,24 +107,25 @@ class Bound:
                 self.direct = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl)
 
     def __call__(self, args: tuple) -> None:
-        if _current_device() != self.device:
-            with torch.cuda.device(self.device):
+        device = self.device
+        if _current_device() != device:
+            with torch.cuda.device(device):
                 self(args)
             return
-        stream = _driver_fns()[1](self.device)
+        stream = _DRIVER[1](device) if _DRIVER else _driver_fns()[1](device)
         grid = self.grid
         enter = knobs.runtime.launch_enter_hook
         if enter is None or not getattr(enter, "calls", True):
-            if self.direct is not None:
-                launch, cooperative, pdl = self.direct
-                launch(
+            direct = self.direct
+            if direct is not None:
+                direct[0](
                     grid[0],
                     grid[1],
                     grid[2],
                     stream,
                     self.function,
-                    cooperative,
-                    pdl,
+                    direct[1],
+                    direct[2],
                     None,
                     None,
                     self.packed,
