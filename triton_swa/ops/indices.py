@@ -402,10 +402,11 @@ def _launch_window_kernel(
     tensors = (req_to_token, req_pool_indices, lens, mapping if mapping is not None else req_to_token, out, indptr, starts)
     ptrs = [t.data_ptr() for t in tensors]
     ints = (req_to_token.stride(0), req_to_token.stride(1), mapping.numel() if mapping is not None else 0, stride_out_b, shift)
-    # the compiled kernel for this specialisation (every pointer 16-byte aligned; the fixed integers;
-    # the capacity's class), launched with addresses: the checks vouch for the tensors' devices
+    # the compiled kernel for this specialisation (the tensors' dtypes, every pointer 16-byte aligned,
+    # the fixed integers, the capacity's class), launched with addresses: the checks vouch for the
+    # tensors' devices
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]) & 15 == 0:
-        key = (ints, capacity == 1, capacity % 16 == 0, capacity >= 2**31)
+        key = (*[t.dtype for t in tensors], ints, capacity == 1, capacity % 16 == 0, capacity >= 2**31)
         direct = bound.get(key)
         if direct is None:
             direct = bound[key] = launch.bind(_window_args(tensors, ints, capacity, grid), grid) or False

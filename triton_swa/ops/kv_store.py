@@ -249,6 +249,12 @@ def _scale_arg(name: str, scale, device):
     return (0 if scale is None else 1), value, None
 
 
+def _scale_kind(scale):
+    """What a store plan depends on of a scale: a tensor's dtype, shape and device (read in the kernel),
+    else whether it is None (a number's value is an argument of each run)."""
+    return (scale.dtype, scale.shape, scale.device) if isinstance(scale, torch.Tensor) else scale is None
+
+
 def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The buffer as the kernel writes it, and its ``ENC``: bfloat16 as int16 bits (1), float8 e4m3fn
     (typed, or the pools' uint8 storage) as uint8 bits (2), float8 e4m3fnuz as uint8 bits (3), others
@@ -337,7 +343,7 @@ def _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale) ->
     v_mode = _scale_arg("v_scale", v_scale, device)[0]
     if n == 0:
         return None
-    return KVStorePlan(k_buffer, v_buffer, loc, k, v, mapping, k_mode, v_mode)
+    return KVStorePlan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode, v_mode)
 
 
 class KVStorePlan:
@@ -348,15 +354,29 @@ class KVStorePlan:
     planned kind in O(1) and launches the compiled kernel directly.
     """
 
-    __slots__ = ("_keys", "_loc", "_mapping", "_modes", "_ints", "_strides", "_heads", "_ptrs", "_launcher", "_grid", "_bound")
+    __slots__ = (
+        "_keys",
+        "_loc",
+        "_mapping",
+        "_modes",
+        "_scale_kinds",
+        "_ints",
+        "_strides",
+        "_heads",
+        "_ptrs",
+        "_launcher",
+        "_grid",
+        "_bound",
+    )
 
-    def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_mode: int, v_mode: int):
+    def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode: int, v_mode: int):
         kb, k_enc = _store_view(k_buffer)
         vb, v_enc = _store_view(v_buffer)
         _, H, D = k_buffer.shape
         _, HV, DV = v_buffer.shape
         self._keys = (tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(k), tensor_key(v))
         self._loc, self._mapping, self._modes = loc, mapping, (k_mode, v_mode)
+        self._scale_kinds = (_scale_kind(k_scale), _scale_kind(v_scale))
         self._ptrs = (loc.data_ptr(), (mapping if mapping is not None else loc).data_ptr())
         self._ints = (mapping.numel() if mapping is not None else 0, kb.shape[0], vb.shape[0])
         self._strides = (kb.stride(), vb.stride(), k.stride(), v.stride())
@@ -391,8 +411,10 @@ class KVStorePlan:
         device = k_buffer.device
         k_mode, k_val, k_ptr = _scale_arg("k_scale", k_scale, device)
         v_mode, v_val, v_ptr = _scale_arg("v_scale", v_scale, device)
-        if (k_mode, v_mode) != self._modes:
-            raise ValueError("k_scale and v_scale must be of the planned kinds (None, a number, or a tensor)")
+        if (k_mode, v_mode) != self._modes or (_scale_kind(k_scale), _scale_kind(v_scale)) != self._scale_kinds:
+            raise ValueError(
+                "k_scale and v_scale must be of the planned kinds (None, a number, or a tensor of the planned dtype, shape, device)"
+            )
         self._launch(*self.views(k_buffer, v_buffer), k, v, k_val, k_ptr, v_val, v_ptr)
 
     @staticmethod
