@@ -57,6 +57,7 @@ the last earlier layer of their type (the one with ``store_full_length_kv``; Gem
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -470,6 +471,38 @@ class ModelWorker:
         return self.model(input_ids=input_ids.view(1, -1), **step.model_kwargs()).logits[0]
 
 
+# HF attention module -> (what its AttentionLayer was made from, the layer): one layer object per module,
+# so that the backend keeps its per-layer plan from call to call
+_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _attention_layer(module, layer_id, hq, h, d, dv, scaling, cap, window, sinks, shared) -> AttentionLayer:
+    made = (layer_id, hq, h, d, dv, scaling, cap, window, shared)
+    try:
+        hit = _LAYERS.get(module)
+    except TypeError:  # a module without weak references: a new layer each call
+        hit = None
+    if hit is not None and hit[0] == made and hit[1].sinks is sinks:
+        return hit[1]
+    layer = AttentionLayer(
+        layer_id,
+        hq,
+        h,
+        d,
+        v_head_dim=dv,
+        scaling=scaling,
+        logit_cap=cap,
+        sliding_window_size=window,
+        sinks=sinks,
+        kv_shared_layer_id=shared,
+    )
+    try:
+        _LAYERS[module] = (made, layer)
+    except TypeError:
+        pass
+    return layer
+
+
 def triton_swa_attention_forward(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, s_aux=None, **kwargs
 ):
@@ -521,17 +554,18 @@ def triton_swa_attention_forward(
             f"layer {layer_id}: key has {key.shape[2]} tokens but query {t}: an HF cache is in use; call "
             "the model with use_cache=False (the pools are the cache)"
         )
-    layer = AttentionLayer(
+    layer = _attention_layer(
+        module,
         layer_id,
         hq,
         key.shape[1],
         d,
-        v_head_dim=value.shape[-1],
-        scaling=d**-0.5 if scaling is None else float(scaling),
-        logit_cap=float(softcap or 0.0),
-        sliding_window_size=window_left_from_hf(sliding_window),
-        sinks=s_aux,
-        kv_shared_layer_id=shared,
+        value.shape[-1],
+        d**-0.5 if scaling is None else float(scaling),
+        float(softcap or 0.0),
+        window_left_from_hf(sliding_window),
+        s_aux,
+        shared,
     )
     q = query[0].transpose(0, 1).contiguous()
     k = v = None
