@@ -249,6 +249,10 @@ def _scale_arg(name: str, scale, device):
     return (0 if scale is None else 1), value, None
 
 
+# compiled store kernels bound by specialisation, shared by the plans of every step
+_BOUND: dict = {}
+
+
 def _scale_kind(scale):
     """What a store plan depends on of a scale: a tensor's dtype, shape and device (read in the kernel),
     else whether it is None (a number's value is an argument of each run)."""
@@ -366,7 +370,7 @@ class KVStorePlan:
         "_ptrs",
         "_launcher",
         "_grid",
-        "_bound",
+        "_key",
     )
 
     def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode: int, v_mode: int):
@@ -394,7 +398,14 @@ class KVStorePlan:
             BLOCK_DV=block_dv,
         )
         self._launcher = launcher_for(_swa_store_kv_kernel, constexprs)
-        self._bound = None
+        # what the compiled kernel depends on beside the runs' own pointers (whose alignment each run
+        # checks): the launcher (constexprs), the integers, the dtypes; None: this plan's slots are not
+        # aligned, so its runs take the JIT
+        fixed_aligned = all(p & 15 == 0 for p in self._ptrs)
+        dtypes = (kb.dtype, vb.dtype, k.dtype, v.dtype, loc.dtype, None if mapping is None else mapping.dtype)
+        scales = (self._scale_kinds, kb.dtype, vb.dtype)
+        ints = (self._strides, loc.stride(0), self._ints, self._heads, self._grid)
+        self._key = (self._launcher, ints, dtypes, scales) if fixed_aligned else None
 
     def run(self, k_buffer, v_buffer, k, v, *, k_scale=None, v_scale=None) -> None:
         """Write ``k``/``v`` (rows of the planned kind) into ``k_buffer``/``v_buffer`` (buffers of the
@@ -429,7 +440,7 @@ class KVStorePlan:
         D]`` view of planned ``[n, H, D]`` rows is the same call)."""
         kb_s, vb_s, k_s, v_s = self._strides
         n_mapping, rows_k, rows_v = self._ints
-        bound = self._bound
+        bound = _BOUND.get(self._key) if self._key is not None else False
         if bound is not False:
             # the compiled kernel, for runs whose own pointers are 16-byte aligned (as the plan's stay),
             # launched with addresses: the checks vouch for their devices
@@ -438,7 +449,11 @@ class KVStorePlan:
             vsp = vbp if v_ptr is None else v_ptr.data_ptr()
             if (kbp | vbp | kp | vp | ksp | vsp) & 15 == 0:
                 if bound is None:
-                    bound = self._bound = self._launcher.bind(self._args(kb, vb, k, v, k_val, k_ptr, v_val, v_ptr), self._grid) or False
+                    if len(_BOUND) >= 256:
+                        _BOUND.clear()
+                    bound = _BOUND[self._key] = (
+                        self._launcher.bind(self._args(kb, vb, k, v, k_val, k_ptr, v_val, v_ptr), self._grid) or False
+                    )
                 if bound:
                     loc, mapping = self._ptrs
                     bound(

@@ -108,6 +108,8 @@ class _Plan:
         "merge",
         "merge_ints",
         "fallback",
+        "bound",
+        "direct",
     )
 
 
@@ -363,6 +365,8 @@ def _check_and_plan(
     plan.merge_ints = (num_splits, lse_offset, stride_ob, stride_oh, HQ, B)
     # Without counters (inside a CUDA-graph capture): the two-kernel merge.
     plan.fallback = (main(False), merge()) if fused else None
+    plan.bound = None  # (main, merge) compiled for plans' runs, bound at the first aligned one (DecodePlan)
+    plan.direct = None  # the same for swa_decode's own calls (whose unread pointers are q)
     return plan
 
 
@@ -445,10 +449,33 @@ def _swa_decode_impl(
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
     sinks_arg = q if sinks is None else sinks
     scalars = (scale * k_scale_f, v_scale_f, float(logit_cap))
-    main((q, k_buffer, v_buffer, out, part, sem, *windows, sinks_arg, k_scale_t, v_scale_t, *scalars, *plan.ints))
+    tensors = (q, k_buffer, v_buffer, out, part, sem, *windows, sinks_arg, k_scale_t, v_scale_t)
+    if not plan.fused:
+        # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched
+        # with addresses (the checks vouch for their devices)
+        ptrs = [t.data_ptr() for t in tensors]
+        bits = 0
+        for p in ptrs:
+            bits |= p
+        direct = plan.direct if bits & 15 == 0 else False
+        if direct is None:
+            direct = plan.direct = _bind_pair(plan, (*tensors, *scalars, *plan.ints), (part, sinks_arg, out, part, *plan.merge_ints))
+        if direct:
+            direct[0]((*ptrs, *scalars, *plan.ints))
+            if merge is not None:
+                direct[1]((ptrs[4], ptrs[11], ptrs[3], ptrs[4], *plan.merge_ints))
+            return out
+    main((*tensors, *scalars, *plan.ints))
     if merge is not None:
         merge((part, sinks_arg, out, part, *plan.merge_ints))
     return out
+
+
+def _bind_pair(plan: _Plan, main_args: tuple, merge_args: tuple):
+    """(main, merge) of a plan compiled for these arguments' specialisation, or False (no direct launch)."""
+    main = plan.main.bind(main_args)
+    merge = plan.merge.bind(merge_args) if main is not None and plan.merge is not None else None
+    return (main, merge) if main is not None and (merge is not None or plan.merge is None) else False
 
 
 @guarded(check_swa_decode)
@@ -574,7 +601,10 @@ class DecodePlan:
         windows = tuple(dummy if w is q else w for w in windows)
         self._tensors = (part, dummy, *windows)  # the plan's own pointers, in the kernel's order
         self._ptrs = tuple(t.data_ptr() for t in self._tensors)
-        self._bound = None  # the compiled kernel bound at the first run whose pointers are aligned
+        # runs launch the compiled kernels that the plan's signature shares (bound once, at the first
+        # aligned run of any plan of it), when this plan's own pointers are aligned too
+        aligned = all(p & 15 == 0 for p in self._ptrs)
+        self._bound = None if aligned else False
 
     @property
     def out_shape(self) -> tuple:
@@ -630,10 +660,10 @@ class DecodePlan:
         if plan.kv_view is not None:
             k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
         scalars = (self._sm_scale * k_scale_f, v_scale_f, self._cap)
-        bound = self._bound
+        bound = False if self._bound is False else plan.bound
         if bound is not False:
             # the compiled kernel, for runs whose own pointers are 16-byte aligned (as the plan's
-            # pointers stay), launched with addresses: the checks above vouch for their devices
+            # pointers are), launched with addresses: the checks above vouch for their devices
             qp, kp, vp, op = q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), out.data_ptr()
             sp = qp if sinks is None else sinks.data_ptr()
             ksp = qp if k_scale_t is None else k_scale_t.data_ptr()
@@ -656,14 +686,10 @@ class DecodePlan:
 
     def _bind(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars):
         """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""
-        plan = self._plan
-        main = plan.main.bind(self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars))
-        merge = None
-        if main is not None and plan.merge is not None:
-            part = self._tensors[0]
-            merge = plan.merge.bind((part, q if sinks is None else sinks, out, part, *plan.merge_ints))
-        self._bound = (main, merge) if main is not None and (merge is not None or plan.merge is None) else False
-        return self._bound
+        plan, part = self._plan, self._tensors[0]
+        merge_args = (part, q if sinks is None else sinks, out, part, *plan.merge_ints)
+        plan.bound = _bind_pair(plan, self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars), merge_args)
+        return plan.bound
 
     def _args(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars) -> tuple:
         """The kernel's arguments as tensors (the JIT's launch, and the binding)."""

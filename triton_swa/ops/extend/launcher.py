@@ -121,6 +121,8 @@ class _Plan:
         "merge_grid",
         "default_scale",
         "kv_view",
+        "bound",
+        "direct",
     )
 
 
@@ -402,6 +404,8 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     plan.kv_view = kv_view
     plan.merge = merge_launcher(None, HQ, DV, num_splits, inputs.has_sink, skip_padding=True) if plan.split else None
     plan.merge_grid = (T * HQ, 1, 1)
+    plan.bound = None  # (main, merge) compiled for plans' runs, bound at the first aligned one (ExtendPlan)
+    plan.direct = None  # the same for swa_extend's own calls (whose unread pointers are its own)
     return plan
 
 
@@ -585,10 +589,33 @@ def swa_extend(
     args = _kernel_args(
         inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, logit_cap, window_left, strides
     )
+    merge_args = _merge_args(inputs, plan, part, sinks_arg, out, qo_indptr, strides) if plan.split else None
+    # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched with
+    # addresses (the checks vouch for their devices)
+    n_ptr = 19 if inputs.scale_ptr else 17
+    ptrs = [t.data_ptr() for t in args[:n_ptr]]
+    bits = 0
+    for p in ptrs:
+        bits |= p
+    direct = plan.direct if bits & 15 == 0 else False
+    if direct is None:
+        direct = plan.direct = _bind_pair(plan, args, merge_args)
+    if direct:
+        direct[0]((*ptrs, *args[n_ptr:]))
+        if merge_args is not None:
+            direct[1]((ptrs[6], ptrs[16], ptrs[5], ptrs[7], *merge_args[4:]))
+        return out
     plan.launch(args, plan.grid)
-    if plan.split:
-        plan.merge(_merge_args(inputs, plan, part, sinks_arg, out, qo_indptr, strides), plan.merge_grid)
+    if merge_args is not None:
+        plan.merge(merge_args, plan.merge_grid)
     return out
+
+
+def _bind_pair(plan: _Plan, args: tuple, merge_args: tuple | None):
+    """(main, merge) of a plan compiled for these arguments' specialisation, or False (no direct launch)."""
+    main = plan.launch.bind(args, plan.grid)
+    merge = plan.merge.bind(merge_args, plan.merge_grid) if main is not None and plan.split else None
+    return (main, merge) if main is not None and (merge is not None or not plan.split) else False
 
 
 def _checked_plan(args: tuple, max_extend_len) -> tuple[_Inputs, _Plan]:
@@ -711,7 +738,10 @@ class ExtendPlan:
         self._part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if plan.split and not plan.empty else None
         self._part_ptr = None if self._part is None else self._part.data_ptr()
         self._index_ptrs = tuple(t.data_ptr() for t in indices)
-        self._bound = None
+        # runs launch the compiled kernels that the plan shares (see DecodePlan), when this plan's own
+        # pointers are aligned too
+        own = (*self._index_ptrs, self._part_ptr or 0)
+        self._bound = None if all(p & 15 == 0 for p in own) else False
         # the kernel's strides: the planned tensors', a contiguous output's
         HQ, DV = inputs.HQ, inputs.DV
         out = torch.empty_strided((inputs.T, HQ, DV), (HQ * DV, DV, 1), dtype=q.dtype, device="meta")
@@ -770,7 +800,7 @@ class ExtendPlan:
         sinks_arg = sinks if sinks is not None else q
         scale, cap, window_left = self._floats
         strides = self._strides
-        bound = self._bound
+        bound = False if self._bound is False else plan.bound
         if bound is not False:
             # the compiled kernels, for runs whose own pointers are 16-byte aligned (as the plan's
             # stay), launched with addresses: the checks vouch for their devices
@@ -811,18 +841,9 @@ class ExtendPlan:
         args = _kernel_args(
             inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, self._strides
         )
-        main = plan.launch.bind(args, plan.grid)
-        if main is None:
-            self._bound = False
-            return False
-        merge = None
-        if plan.split:
-            merge = plan.merge.bind(_merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], self._strides), plan.merge_grid)
-            if merge is None:
-                self._bound = False
-                return False
-        self._bound = (main, merge)
-        return self._bound
+        merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], self._strides) if plan.split else None
+        plan.bound = _bind_pair(plan, args, merge_args)
+        return plan.bound
 
 
 @guarded(check_swa_extend)
