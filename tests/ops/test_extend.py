@@ -19,7 +19,7 @@ import torch
 import triton_swa_reference as ref
 from triton_swa.ops.extend import extend_config, extend_grid, extend_num_splits, swa_extend
 from triton_swa.ops.extend.config import _pow2_divisor
-from triton_swa.runtime.launch import Launcher
+from triton_swa.runtime.launch import Bound, Launcher
 from triton_swa.testing import assert_close, make_pool_state, without_native_fp8
 
 pytestmark = pytest.mark.interpreter
@@ -598,23 +598,30 @@ def test_cases_cover_the_issue():
 
 class _spy_launches:
     """``with _spy_launches() as grids``: grids["main"] / grids["merge"] list the grids of the extend
-    kernel's and the split merge's launches (every launch goes through ``Launcher``)."""
+    kernel's and the split merge's launches (every launch goes through a ``Launcher`` or, compiled
+    and bound, a ``Bound``)."""
 
     def __enter__(self):
         self.grids = {"main": [], "merge": []}
-        self.saved = Launcher.__call__
-        saved, grids = self.saved, self.grids
+        self.saved = (Launcher.__call__, Bound.__call__)
+        (launch, bound), grids = self.saved, self.grids
+
+        def record(fn, grid):
+            grids["main" if fn.fn.__name__ == "_swa_extend_kernel" else "merge"].append(tuple(grid))
 
         def spy(launcher, args, grid=None):
-            name = launcher.fn.fn.__name__
-            grids["main" if name == "_swa_extend_kernel" else "merge"].append(tuple(grid or launcher.grid))
-            return saved(launcher, args, grid)
+            record(launcher.fn, grid or launcher.grid)
+            return launch(launcher, args, grid)
 
-        Launcher.__call__ = spy
+        def spy_bound(b, args):
+            record(b.fn, b.grid)
+            return bound(b, args)
+
+        Launcher.__call__, Bound.__call__ = spy, spy_bound
         return self.grids
 
     def __exit__(self, *exc):
-        Launcher.__call__ = self.saved
+        Launcher.__call__, Bound.__call__ = self.saved
         return False
 
 

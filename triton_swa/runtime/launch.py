@@ -89,9 +89,10 @@ class Bound:
     (profilers) are honoured as Triton's own launch does.
     """
 
-    __slots__ = ("kernel", "run", "function", "packed", "tail", "grid", "device", "direct")
+    __slots__ = ("fn", "kernel", "run", "function", "packed", "tail", "grid", "device", "direct")
 
-    def __init__(self, kernel, tail: tuple, grid: tuple, device: int):
+    def __init__(self, fn, kernel, tail: tuple, grid: tuple, device: int):
+        self.fn = fn  # the JIT function it was compiled from
         self.kernel, self.tail, self.grid, self.device = kernel, tail, grid, device
         self.run = kernel.run  # loads the module on the current device
         self.function, self.packed = kernel.function, kernel.packed_metadata
@@ -220,7 +221,7 @@ class Launcher:
             if not all(hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
                 return None
             tail = tuple(self.constexprs[name] for name in self.fn.arg_names[len(args) :])
-            return Bound(kernel, tail, tuple(grid), device)
+            return Bound(self.fn, kernel, tail, tuple(grid), device)
 
 
 _LAUNCHERS: dict = {}
