@@ -1,4 +1,4 @@
-"""Decode benchmark: ``swa_decode`` against FlexAttention and gather + SDPA on the same bytes (SPEC §7).
+"""Decode benchmark: ``swa_decode`` against FlexAttention and gather + SDPA on the same bytes (docs/contract.md §7).
 
 Shapes (bf16, one decode query per request at sequence length L):
 

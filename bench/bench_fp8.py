@@ -1,4 +1,4 @@
-"""fp8 KV decode against bf16 on the same window, and the two ways of reading fp8 (SPEC §7 rows).
+"""fp8 KV decode against bf16 on the same window, and the two ways of reading fp8 (docs/contract.md §7 rows).
 
 Providers, each over its own pool of the same values (bf16, or ``value / 0.5`` cast to fp8):
 

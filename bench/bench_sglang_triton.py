@@ -19,8 +19,8 @@ before the call, which PyTorch's caching allocator hands back to ``empty_like``;
 buffers with ``TRITON_SWA_POISON=1``).
 
 Correctness first. Every case's outputs are compared with ``triton_swa_reference`` (float64) on the
-window of SPEC §1 (``W + 1`` keys). SGLang's Triton decode keeps ``min(seq_len, W)`` keys, one short
-(SPEC §1, docs/sglang-0.5.23-facts.md §11), so it is judged against the reference at window ``W - 1``
+window of docs/contract.md §1 (``W + 1`` keys). SGLang's Triton decode keeps ``min(seq_len, W)`` keys, one short
+(docs/contract.md §1, docs/sglang-0.5.23-facts.md §11), so it is judged against the reference at window ``W - 1``
 and its max error against the ``W`` reference is reported beside it. A provider that disagrees with
 its reference is reported WRONG and not timed. Small probe cases (ragged lengths, W + 1 >= L, W not
 a multiple of the page) check both decode and extend (chunked prefill) where one key is a visible
@@ -29,7 +29,7 @@ part of the output; they are not timed.
 Timing (bf16, CUDA): each provider's whole ``RadixAttention.forward`` step (K/V write and attention;
 metadata built before) is captured in a CUDA graph and replayed, L2 flushed before every replay
 (``torch.cuda`` events around the replay only), providers alternating in rounds; p20/p50/p80 over
-the replays. The copy ceiling is measured in the same run. Rows (SPEC §7) go to
+the replays. The copy ceiling is measured in the same run. Rows (docs/contract.md §7) go to
 ``<out>/sglang-triton-<date>-<gpu>.csv``; rows need ``--git-sha`` (the device copy has no .git).
 
     python bench/bench_sglang_triton.py --git-sha $(git rev-parse --short HEAD)      # the grid, H200
@@ -420,7 +420,7 @@ def forward(backend, st: State, fb, q, k, v, poison: bool):
 @dataclass
 class Check:
     provider: str
-    err_w: float  # max abs error against the reference at window W (SPEC §1)
+    err_w: float  # max abs error against the reference at window W (docs/contract.md §1)
     err_w1: float  # ... and at window W - 1 (SGLang's Triton decode keeps one key fewer)
     ok_w: bool
     ok_w1: bool
@@ -560,8 +560,8 @@ def copy_ceiling_tbps(device: str) -> float:
 
 
 def case_cost(st: State, q_positions, op: str):
-    """SPEC §7: the fewest bytes (window K/V once, q, o, new K/V written, one int32 index per
-    key) and the flops over attended (query, key) pairs, at the window of SPEC §1."""
+    """docs/contract.md §7: the fewest bytes (window K/V once, q, o, new K/V written, one int32 index per
+    key) and the flops over attended (query, key) pairs, at the window of docs/contract.md §1."""
     m, item = st.m, st.dtype.itemsize
     keys, pairs = 0, 0
     for pos in q_positions:
@@ -698,7 +698,7 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    from bench.harness import COLUMNS  # SPEC §7's columns, as every benchmark writes them
+    from bench.harness import COLUMNS  # the columns of docs/contract.md §7, as every benchmark writes them
 
     device = "cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda"
     if device == "cpu" and not args.cpu_smoke:

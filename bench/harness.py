@@ -1,4 +1,4 @@
-"""Shared benchmark harness: timing with rotated inputs, the copy ceiling, and SPEC §7 CSV rows.
+"""Shared benchmark harness: timing with rotated inputs, the copy ceiling, and docs/contract.md §7 CSV rows.
 
 Every provider of a case runs on the same inputs in the same process. Timings are medians (with p20
 and p80) over calls that rotate through several input sets, so that L2 (60 MB on an H200) does not

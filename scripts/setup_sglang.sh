@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the SGLang 0.5.23 integration tier into a venv, for a CPU without CUDA (SPEC §9).
+# Install the SGLang 0.5.23 integration tier into a venv, for a CPU without CUDA (docs/contract.md §9).
 #
 #   scripts/setup_sglang.sh [VENV_PYTHON]      (default: .venv/bin/python)
 #
@@ -11,7 +11,7 @@
 #   - the closure of pure-Python (or CPU-only wheel) packages those imports reach, found by
 #     importing them in an empty venv until nothing was missing;
 #   - triton 3.6.0 and numpy 2.3.5 only when the venv has no triton / no numpy below 2.4
-#     (triton 3.6's interpreter breaks on numpy >= 2.4, SPEC §8); a CUDA torch's triton is kept.
+#     (triton 3.6's interpreter breaks on numpy >= 2.4, docs/contract.md §8); a CUDA torch's triton is kept.
 # torch is never installed or replaced: a venv without torch skips the tier.
 #
 # torchvision is not installed: PyPI's wheels do not load beside a CPU torch, and SGLang imports

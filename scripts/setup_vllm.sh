@@ -15,7 +15,7 @@
 #     version is used, except openai: vLLM 0.32's tool parsers import names that appeared in
 #     openai 2.25 (SGLang pins 2.8.0; SGLang's own tier imports work with 2.25.0 too);
 #   - triton 3.6.0 and numpy 2.3.5 only when the venv has no triton / no numpy below 2.4
-#     (triton 3.6's interpreter breaks on numpy >= 2.4, SPEC §8); a CUDA torch's triton is kept.
+#     (triton 3.6's interpreter breaks on numpy >= 2.4, docs/contract.md §8); a CUDA torch's triton is kept.
 # torch is never installed or replaced: a venv without torch skips the tier.
 #
 # Idempotent: pins already satisfied are not reinstalled, and a complete venv needs no network.

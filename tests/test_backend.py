@@ -1,4 +1,4 @@
-"""The attention backend: SPEC §3 policy, and a model-level run against the reference path.
+"""The attention backend: the policy of docs/contract.md §3, and a model-level run against the reference path.
 
 The model-level test drives a stack of random attention layers (sliding and full with different
 head geometry, a KV-shared tail layer) through prefill, chunked prefill, decode and speculative

@@ -1,6 +1,6 @@
 """triton-swa: paged sliding-window attention for LLM serving, in Python and Triton only.
 
-Glossary (SPEC.md is the contract):
+Glossary (docs/contract.md is the contract):
 
 - ``window_left = W``: a query at position ``p`` sees keys ``[max(0, p - W), p]``; ``-1`` is full
   attention. Hugging Face's ``sliding_window = S`` is ``W = S - 1``.

@@ -355,7 +355,7 @@ class TritonSWAAttnBackend:
 
     @staticmethod
     def _resolve_swa_kv_pool(model_runner):
-        """SPEC §3: the SWA pool sliding layers translate against, or None.
+        """docs/contract.md §3: the SWA pool sliding layers translate against, or None.
 
         The active pool wins when it is SWA-backed (also on draft workers); an EAGLE-like draft
         worker owns a full-only pool and gets None; otherwise (FROZEN_KV MTP, plain runners) the

@@ -7,8 +7,8 @@ import sys
 _USAGE = """usage: triton-swa COMMAND [options]
 
 commands:
-  demo    serve a tiny Gemma-4-style model with speculative decoding through triton-swa, with SPEC's
-          pool-resolution policy and with the rule it replaced on the draft worker, side by side
+  demo    serve a tiny Gemma-4-style model with speculative decoding through triton-swa, with the
+          pool-resolution policy of docs/contract.md §3 and with the rule it replaced on the draft worker, side by side
           (triton-swa demo --help)
   bench   the op benchmarks on this machine's GPU: decode, prefill and verify on model-like shapes,
           every provider checked against a float64 reference before it is timed (triton-swa bench --help)

@@ -9,7 +9,7 @@ DFlash topology (its own SWA-backed pool, the target's ``req_to_token``, allocat
 the target's own weights, so with the right K/V it proposes exactly what the target decides: every
 draft is accepted, ``k + 1`` tokens per round.
 
-The same request stream is served twice, side by side: once with SPEC §3's policy on both workers,
+The same request stream is served twice, side by side: once with the policy of docs/contract.md §3 on both workers,
 once with the rule it replaced on the draft worker (**this demo's own option, never a default of the
 library**): a draft worker other than FROZEN_KV MTP resolves no SWA pool, so its sliding layers read
 ``swa_buffer[full_slot]``. The allocators start fresh and unshuffled, so full and SWA slots agree at

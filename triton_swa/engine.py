@@ -14,7 +14,7 @@ import torch
 
 
 class ForwardMode(enum.IntEnum):
-    """What a forward step does: SGLang 0.5.23's modes, names and predicates (SPEC §3, §9)."""
+    """What a forward step does: SGLang 0.5.23's modes, names and predicates (docs/contract.md §3, §9)."""
 
     EXTEND = enum.auto()  # prefill and chunked prefill
     DECODE = enum.auto()  # one new token per request

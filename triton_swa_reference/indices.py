@@ -87,7 +87,7 @@ def window_page_table(
     position ``starts[b]`` (so the window begins at offset ``starts[b] % page_size`` of entry 0).
     The page is read from the slot of the page's first token: ``req_to_token[r, p * page_size]``,
     translated through ``mapping`` for sliding layers (full and SWA slots share their in-page offset,
-    SPEC §2), then ``// page_size``. Entries past a request's last page are 0 (the dummy page).
+    docs/contract.md §2), then ``// page_size``. Entries past a request's last page are 0 (the dummy page).
     ``max_pages`` defaults to the most pages any window spans.
     """
     starts, ends = starts.long().cpu(), ends.long().cpu()

@@ -20,7 +20,7 @@ def page_table_slots(page_table_row: torch.Tensor, page_size: int, window_start:
 
     ``page_table_row[j]`` is the pool page holding the window's ``j``-th page, page 0 being the page of
     position ``window_start``; position ``t`` sits at offset ``t % page_size`` of its page (allocators
-    keep tokens page-aligned, SPEC §2).
+    keep tokens page-aligned, docs/contract.md §2).
     """
     pos = window_start + torch.arange(count)
     first_page = window_start // page_size

@@ -1,4 +1,4 @@
-"""The pool-resolution policy of SPEC §3, written out as the specification reads.
+"""The pool-resolution policy of docs/contract.md §3, written out as that section states it.
 
 A backend decides once, at construction, which SWA pool its sliding layers translate against. The
 runner's attributes are read by SGLang's names, so an SGLang ``ModelRunner``, the project's own
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# What a pool with an SWA sub-pool exposes (SPEC §2), whoever wrote its class.
+# What a pool with an SWA sub-pool exposes (docs/contract.md §2), whoever wrote its class.
 _SWA_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping", "translate_loc_from_full_to_swa")
 
 

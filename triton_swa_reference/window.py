@@ -1,4 +1,4 @@
-"""The window convention of SPEC §1, stated once.
+"""The window convention of docs/contract.md §1, stated once.
 
 ``window_left = W`` (``-1`` means full attention). A query at absolute position ``p`` attends the keys
 at positions ``[max(0, p - W), p]``: W + 1 keys including itself (FlashInfer's ``window_left``,

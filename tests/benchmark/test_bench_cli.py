@@ -186,7 +186,7 @@ def _assert_peer_matches(providers, cases) -> None:
 
 
 def _half(x: dict) -> dict:
-    """The bench's bf16 inputs in float16, whose dots the interpreter multiplies right (SPEC §8)."""
+    """The bench's bf16 inputs in float16, whose dots the interpreter multiplies right (docs/contract.md §8)."""
     return {k: v.half() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v for k, v in x.items()}
 
 

@@ -1,6 +1,6 @@
 """The demo in CI, at a tiny size: the real kernels, pools, serving loop and transformers' Gemma 4 code.
 
-Under SPEC §3's policy every draft is accepted (the draft runs the target's weights over its own
+Under the policy of docs/contract.md §3 every draft is accepted (the draft runs the target's weights over its own
 pool), the target's tokens equal transformers' ``generate()`` with eager attention, and the
 spot-checked attention outputs match the reference. With the pre-fix rule on the draft worker, the
 draft's sliding layers read other tokens' K/V once the slot spaces drift, and acceptance falls; the

@@ -1,7 +1,7 @@
 """SGLang tier: triton-swa against SGLang 0.5.23's own classes (``bash scripts/setup_sglang.sh`` installs it).
 
 - The pool-resolution policy agrees with SGLang's own resolvers (``FlashInferAttnBackend`` and
-  ``TRTLLMHAAttnBackend._resolve_swa_kv_pool``) on every case of SPEC §3, on SGLang's real pools.
+  ``TRTLLMHAAttnBackend._resolve_swa_kv_pool``) on every case of docs/contract.md §3, on SGLang's real pools.
 - The backend over SGLang's real ``SWAKVPool``, ``SWATokenToKVPoolAllocator`` and ``ReqToTokenPool``,
   with K/V written by SGLang's own ``set_kv_buffer`` and layers that are SGLang's ``RadixAttention``,
   reads the right K/V in its sliding layers once SWA slots differ from full slots (it read
@@ -64,7 +64,7 @@ def sglang_plain_pool(device="cpu"):
 
 
 A = SpeculativeAlgorithm
-# SPEC §3: (active pool, draft worker, algorithm, allocator's kvcache, expected)
+# docs/contract.md §3: (active pool, draft worker, algorithm, allocator's kvcache, expected)
 CASES = [
     pytest.param("swa", False, A.NONE, "plain", "active", id="swa-active"),
     pytest.param("plain", False, A.NONE, "swa", "allocator", id="plain-active-swa-allocator"),
@@ -94,7 +94,7 @@ def test_policy_agrees_with_sglangs_resolvers(active_kind, draft, algo, alloc_ki
     ours = TritonSWAAttnBackend._resolve_swa_kv_pool(runner)
     flashinfer = FlashInferAttnBackend._resolve_swa_kv_pool(runner)
     trtllm = TRTLLMHAAttnBackend._resolve_swa_kv_pool(runner)
-    assert flashinfer is expected and trtllm is expected, "SGLang's resolvers disagree with SPEC §3"
+    assert flashinfer is expected and trtllm is expected, "SGLang's resolvers disagree with docs/contract.md §3"
     assert ours is expected, f"triton-swa resolved {type(ours).__name__}, SGLang {type(expected).__name__}"
 
 

@@ -194,7 +194,7 @@ def rand_qkv(layer, t, g):
 
 
 def pre_fix_rule(model_runner):
-    """SGLang's rule before the fix, as SPEC §3 describes it: a non-FROZEN_KV draft worker has no SWA
+    """SGLang's rule before the fix, as docs/contract.md §3 describes it: a non-FROZEN_KV draft worker has no SWA
     pool, whatever its active pool is; otherwise the allocator's pool when it is SWA-backed."""
     if model_runner.is_draft_worker and not model_runner.spec_algorithm.is_frozen_kv_mtp():
         return None

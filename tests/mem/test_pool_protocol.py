@@ -1,4 +1,4 @@
-"""SWA pools are recognised by what they are or expose (SPEC §3), never by identity with our class."""
+"""SWA pools are recognised by what they are or expose (docs/contract.md §3), never by identity with our class."""
 
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""Pools and allocators: SPEC §2 invariants under permuted free lists, eviction and failure."""
+"""Pools and allocators: the invariants of docs/contract.md §2 under permuted free lists, eviction and failure."""
 
 import copy
 from unittest import mock

@@ -91,7 +91,7 @@ def _cpu_cases() -> list[Case]:
         # fp8 KV with scales (a float and a device tensor), Dv != D.
         Case((40, 11), 27, 4, 2, 16, dv=32, dtype=f16, fp8=True, num_splits=2, block_n=16),
         Case((40, 11), 27, 4, 2, 16, page=4, form="paged", dtype=f16, fp8=True, sinks=True, num_splits=1, block_n=16),
-        # bf16 through the interpreter's dot shim (SPEC §8).
+        # bf16 through the interpreter's dot shim (docs/contract.md §8).
         Case((29, 8), 17, 4, 2, 16, dtype=bf16, num_splits=2, block_n=16),
         # MQA with a group wider than one program's 64 rows; each program merges its own heads.
         Case((23, 4), 9, 72, 1, 16, dtype=f16, num_splits=2, block_n=16),

@@ -235,7 +235,7 @@ def cpu_cases() -> list[Case]:
         Case(**_mix(*MIX), W=12, D=24),  # head dim not a power of two
         Case(**_mix(*MIX), W=12, D=16, DV=40, paged=True, ps=4),  # V head dim of its own
         Case(**_mix(*MIX), W=12, dtype=torch.float16),
-        # bf16 through the interpreter's float32 dots (UPCAST_DOT, SPEC §8): prefill, chunked prefill,
+        # bf16 through the interpreter's float32 dots (UPCAST_DOT, docs/contract.md §8): prefill, chunked prefill,
         # one-token extends, over a CSR list and a page table with softcap and sinks, and chain verify
         Case(**_mix((45, 21), (19, 19), (30, 1), (9, 0)), W=11, dtype=torch.bfloat16),
         Case(**_mix((45, 21), (19, 19), (30, 1)), W=10, dtype=torch.bfloat16, paged=True, ps=4, softcap=2.5, sinks=True),

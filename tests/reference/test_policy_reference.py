@@ -1,4 +1,4 @@
-"""The SPEC §3 policy as the reference states it, on MagicMock runners and on real pools."""
+"""The policy of docs/contract.md §3 as the reference states it, on MagicMock runners and on real pools."""
 
 from unittest.mock import MagicMock
 

@@ -1,4 +1,4 @@
-"""The reference path against a brute-force per-query loop, over every edge case of SPEC §1."""
+"""The reference path against a brute-force per-query loop, over every edge case of docs/contract.md §1."""
 
 import math
 
@@ -31,7 +31,7 @@ def brute_one_query(q, keys, values, *, sm_scale, logit_cap=0.0, sink=None):
 
 
 def brute_sequence(q, k, v, q_pos, k_pos, window_left, *, causal=True, sm_scale, logit_cap=0.0, sinks=None, allowed=None):
-    """Per query, per head: collect the keys the SPEC §1 rule admits, then softmax over them."""
+    """Per query, per head: collect the keys the rule of docs/contract.md §1 admits, then softmax over them."""
     tq, hq, _ = q.shape
     h, dv = k.shape[1], v.shape[-1]
     out = torch.zeros(tq, hq, dv, dtype=torch.float64)

@@ -4,7 +4,7 @@ Decode, prefill and verify on model-like shapes (:mod:`.cases`), each provider (
 triton-swa, FlexAttention, gather + SDPA, the peers' kernels where present (SGLang's and vLLM's
 Triton kernels, FlashInfer's; ``bash scripts/fetch_peers.sh`` makes ``.peers``), and the same-bytes
 copy and read-only ceilings) checked against a float64 reference before it is timed by CUDA-graph
-replay over rotated input sets, then eagerly (:mod:`.runner`). Prints a table; writes SPEC §7 CSV
+replay over rotated input sets, then eagerly (:mod:`.runner`). Prints a table; writes docs/contract.md §7 CSV
 rows (git sha, dirty flag, run id) and a plot.
 
     triton-swa bench --quick

@@ -59,7 +59,7 @@ class Case:
         return self.context - self.new
 
     def keys_seen(self, pos: int) -> int:
-        """Keys a query at position ``pos`` attends (SPEC §1: ``[pos - W, pos]``)."""
+        """Keys a query at position ``pos`` attends (docs/contract.md §1: ``[pos - W, pos]``)."""
         w = self.shape.window_left
         return pos + 1 if w < 0 else min(pos + 1, w + 1)
 

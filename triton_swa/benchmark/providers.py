@@ -185,7 +185,7 @@ def _gather_sdpa(case: Case, x: dict):
     return run
 
 
-INTERPRETED_BF16 = "its bf16 dots are wrong in Triton's interpreter (SPEC §8)"
+INTERPRETED_BF16 = "its bf16 dots are wrong in Triton's interpreter (docs/contract.md §8)"
 
 
 def _interpreted_bf16(x: dict) -> bool:

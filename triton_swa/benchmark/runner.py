@@ -4,7 +4,7 @@ The driver runs the cases in a worker subprocess and reads one JSON line per (ca
 provider that crashes the process (a peer's illegal memory access takes the CUDA context with it) is
 recorded as CRASHED for that case, and a new worker goes on from the next provider; inputs are seeded
 by the case id, so the new process builds the same ones. Within a worker all providers of a case
-run on the same input sets (SPEC §7).
+run on the same input sets (docs/contract.md §7).
 
 Per case: N input sets (together over 4x the L2 when memory allows) are built; each provider is
 checked on set 0 against the float64 reference (``providers.check``) and reported WRONG, untimed,
@@ -42,7 +42,7 @@ L2_BYTES = 64 * 2**20
 SET_MEMORY = 8 * 2**30
 REPS = 30
 EAGER_REPS = 10
-# SPEC §7's columns, then this tool's own
+# the columns of docs/contract.md §7 up to `date`, then this tool's own
 SPEC_COLUMNS = [
     "op",
     "case",
@@ -283,7 +283,7 @@ def _last_line(text: str) -> str:
 
 
 def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_id: str) -> list[dict]:
-    """SPEC §7 rows (plus dirty, run id, status and error), ``pct_copy`` against the case's own
+    """docs/contract.md §7 rows (plus dirty, run id, status and error), ``pct_copy`` against the case's own
     same-bytes copy measured in this run."""
     by_case = {c.id: c for c in cases}
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -293,7 +293,7 @@ def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_i
         triton_version = triton.__version__
     except ImportError:
         triton_version = "none"
-    # the copy reads and writes the case's bytes: its bandwidth counts both (SPEC §7's copy ceiling)
+    # the copy reads and writes the case's bytes: its bandwidth counts both (docs/contract.md §7's copy ceiling)
     copy = {r["case"]: tbps(2 * by_case[r["case"]].nbytes(), r["us"][1]) for r in rows if r["provider"] == "copy_same_bytes" and r["us"]}
     out = []
     for r in rows:

@@ -6,7 +6,7 @@ draft-backend choices; SGLang calls it through the ``sglang.srt.plugins`` entry 
 pyproject.toml; ``SGLANG_PLUGINS=triton_swa`` selects it).
 
 :class:`TritonSWASGLangBackend` subclasses SGLang's ``AttentionBackend`` and hands every step to
-:class:`triton_swa.backend.TritonSWAAttnBackend`, which resolves the SWA pool by SPEC §3's policy on
+:class:`triton_swa.backend.TritonSWAAttnBackend`, which resolves the SWA pool by the policy of docs/contract.md §3 on
 SGLang's real pools and reads SGLang's runner and batch fields by their own names. As SGLang's
 FlashInfer backend does, K/V are read from and written to ``self.token_to_kv_pool`` (the runner's
 active pool, which SGLang swaps for the target's around FROZEN_KV MTP draft forwards); the resolved

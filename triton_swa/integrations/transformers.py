@@ -48,7 +48,7 @@ What transformers 5.19 passes (read from its Gemma 2/3/4, gpt-oss and Mistral mo
 function gets ``(module, query [B, HQ, T, D], key, value [B, H, T, D], attention_mask, scaling=,
 dropout=, sliding_window=S or None, softcap= (Gemma 2), s_aux= (gpt-oss sinks), position_ids=, and
 every keyword the model's forward was given)`` and returns ``(out [B, T, HQ, D], None)``. Hugging
-Face's ``sliding_window = S`` counts the current key, so ``window_left = S - 1`` (SPEC §1). Gemma 4's
+Face's ``sliding_window = S`` counts the current key, so ``window_left = S - 1`` (docs/contract.md §1). Gemma 4's
 KV-shared layers (the last ``num_kv_shared_layers``) receive, without an HF cache, the step's K/V of
 the last earlier layer of their type (the one with ``store_full_length_kv``; Gemma 3n names it
 ``kv_shared_layer_index``); here they read that layer's K/V from the pools instead
@@ -419,7 +419,7 @@ def build_draft_paged_kv(
     """A draft worker's pools in the Gemma 4 + DFlash topology: its own SWA-backed pool (the draft
     model's geometry, the target's sizes) that registers the target allocator's
     ``full_to_swa_index_mapping``, and the target's allocator and ``req_to_token`` pool, so that one
-    full slot names one token in both pools. Its runner is a draft worker (DFLASH); SPEC §3's policy
+    full slot names one token in both pools. Its runner is a draft worker (DFLASH); the policy of docs/contract.md §3
     resolves its own active pool.
 
     Args:

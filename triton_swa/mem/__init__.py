@@ -1,4 +1,4 @@
-"""Memory model: request rows, KV pools, the SWA pool and the allocators (SPEC §2)."""
+"""Memory model: request rows, KV pools, the SWA pool and the allocators (docs/contract.md §2)."""
 
 from .allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator, alloc_positions, evict_swa_window
 from .invariants import check_allocator_invariants

@@ -1,4 +1,4 @@
-"""Token-slot allocators with SGLang's names and semantics (SPEC §2).
+"""Token-slot allocators with SGLang's names and semantics (docs/contract.md §2).
 
 Failure policy: every ``alloc*`` returns **None** when capacity is short, and then leaves the free
 lists, the ownership marks and the full-to-SWA mapping exactly as they were (capacity is checked

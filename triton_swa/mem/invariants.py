@@ -1,4 +1,4 @@
-"""The allocator invariants of SPEC §2, checked against the live requests (for tests and debugging).
+"""The allocator invariants of docs/contract.md §2, checked against the live requests (for tests and debugging).
 
 :func:`check_allocator_invariants` reads everything back to the host (a device synchronisation), so
 it belongs in tests, soak runs and debug paths, not in a serving step.

@@ -1,4 +1,4 @@
-"""Request and KV pools with SGLang's names and semantics (SPEC §2).
+"""Request and KV pools with SGLang's names and semantics (docs/contract.md §2).
 
 - :class:`ReqToTokenPool`: ``req_to_token`` int32 `[size + 1, max_context_len]`; row 0 is padding.
 - :class:`MHATokenToKVPool`: per-layer ``k_buffer``/``v_buffer`` `[size + page_size, H, D]` (V may have
@@ -251,7 +251,7 @@ class MHATokenToKVPool:
             buf[loc.long()] = x.view(self.store_dtype) if self.store_dtype != self.dtype else x
 
 
-# What a pool with an SWA sub-pool exposes (SPEC §2/§3): ours, SGLang's or any engine's.
+# What a pool with an SWA sub-pool exposes (docs/contract.md §2, §3): ours, SGLang's or any engine's.
 SWA_POOL_PROTOCOL = ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping", "translate_loc_from_full_to_swa")
 _SGLANG_BASE_SWA_MODULE = "sglang.srt.mem_cache.base_swa_memory_pool"
 
@@ -294,7 +294,7 @@ def is_swa_kv_pool(pool) -> bool:
 
 
 class BaseSWAKVPool(ABC):
-    """Abstract base of every pool with an SWA sub-pool; the policy of SPEC §3 tests for this type."""
+    """Abstract base of every pool with an SWA sub-pool; the policy of docs/contract.md §3 tests for this type."""
 
     swa_kv_pool: MHATokenToKVPool
     full_kv_pool: MHATokenToKVPool

@@ -18,7 +18,7 @@ K/V stores at translated slots are :mod:`triton_swa.ops.kv_store`.
 Host helpers for sizing buffers without touching the device: :func:`window_index_count`,
 :func:`max_window_len`, :func:`max_window_pages`.
 
-Windows (SPEC §1): decode at length ``L`` reads positions ``[max(0, L - W - 1), L)``; extend,
+Windows (docs/contract.md §1): decode at length ``L`` reads positions ``[max(0, L - W - 1), L)``; extend,
 chunked prefill and verify with a cached prefix ``P`` read ``[max(0, P - W), P)``; ``W = -1`` (full
 layers) reads ``[0, L)`` or ``[0, P)``.
 """
@@ -612,7 +612,7 @@ def build_window_page_table(
     Windows as in :func:`build_window_indices`. Entry ``[b, j]`` is ``mapping[slot] // page_size``
     (or ``slot // page_size`` without a mapping) for ``slot = req_to_token[r, (first + j) * page_size]``,
     the slot of the first token of the window's ``j``-th page, ``first = window_starts[b] // page_size``.
-    Full and SWA slots share their in-page offset (SPEC §2), so the window starts at offset
+    Full and SWA slots share their in-page offset (docs/contract.md §2), so the window starts at offset
     ``window_starts[b] % page_size`` of page ``[b, 0]``. Entries past a request's last page are 0 (the
     dummy page); every entry of the table is written. Equals ``triton_swa_reference.window_page_table``.
 

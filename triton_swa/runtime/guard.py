@@ -762,7 +762,7 @@ def check_build_window_page_table(
 def _check_write_slots(op, loc, mapping, rows: int | None, rows_name: str) -> None:
     locs = _host("loc" if op == "store_kv" else "out_cache_loc", loc)
     source = "loc" if op == "store_kv" else "out_cache_loc"
-    # swa_out_cache_loc passes the mapping's -1 sentinel through (SPEC §2); a store never takes it
+    # swa_out_cache_loc passes the mapping's -1 sentinel through (docs/contract.md §2); a store never takes it
     sentinel_ok = rows is None
     if mapping is not None:
         _tensor("mapping", mapping, 1)

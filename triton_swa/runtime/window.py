@@ -1,4 +1,4 @@
-"""The window convention (SPEC §1) as the library computes it on the host.
+"""The window convention (docs/contract.md §1) as the library computes it on the host.
 
 ``window_left = W`` (``-1``: full attention). Decode at length ``L`` reads positions
 ``[max(0, L - W - 1), L)``: ``W + 1`` keys, the current token included. Extend, chunked prefill and

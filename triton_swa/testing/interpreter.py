@@ -4,7 +4,7 @@ Triton decides at decoration time (``@triton.jit``) whether a kernel is compiled
 ``TRITON_INTERPRET=1`` must be set before triton is first imported. triton-swa never sets it on its
 own: a test harness (``tests/conftest.py``), a script or the shell does, for instance with
 :func:`use_interpreter` as the first thing a CPU script runs. The launchers then pick the smallest
-tiles and run bf16 dots in float32 (the interpreter's bf16 ``tl.dot`` is wrong, SPEC §8).
+tiles and run bf16 dots in float32 (the interpreter's bf16 ``tl.dot`` is wrong, docs/contract.md §8).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pool-resolution rule that SPEC §3's policy replaced, kept to demonstrate the bug it caused.
+"""The pool-resolution rule that the policy of docs/contract.md §3 replaced, kept to demonstrate the bug it caused.
 
 **For regression tests and demonstrations only.** The rule picks the allocator's pool when the
 allocator is of the SWA allocator's type and ignores the runner's active pool. On a draft worker

@@ -9,7 +9,7 @@ when ``tests/engine/plugins`` is on ``PYTHONPATH`` and ``SGLANG_PLUGINS`` names
 always keep the policy, so the target's tokens stay right and only the draft's proposals, the
 acceptance, show the rule):
 
-- ``policy`` (default): SPEC §3's policy (``TritonSWAAttnBackend._resolve_swa_kv_pool``), unchanged;
+- ``policy`` (default): the policy of docs/contract.md §3 (``TritonSWAAttnBackend._resolve_swa_kv_pool``), unchanged;
   the plugin only records the drift (below);
 - ``legacy``: :func:`triton_swa.testing.legacy.legacy_resolve_by_allocator_type`, the pre-fix rule,
   with an SWA allocator type given by ``TRITON_SWA_PREFIX_RULE_ALLOCATOR``:

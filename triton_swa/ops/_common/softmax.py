@@ -25,7 +25,7 @@ def fold_sink(m_i, l_i, b_sink):
     output, the split merge, extend's direct output) folds it here, guarded so that no
     ``-inf - -inf`` or ``inf - inf`` reaches an exponent: a row without keys gives ``l = 0`` (no
     sink, or a ``-inf`` one) or ``alpha = 0`` (a finite sink), a ``+inf`` sink takes all the weight;
-    the output is zeros in each of these cases (SPEC §5), never NaN.
+    the output is zeros in each of these cases (docs/contract.md §5), never NaN.
     """
     m_new = tl.maximum(m_i, b_sink)
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)

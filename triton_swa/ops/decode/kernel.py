@@ -92,7 +92,7 @@ def _swa_decode_kernel(
     p_q = q + i_b * stride_qb + o_hq[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_g[:, None] & m_d[None, :], other=0.0)
     if UPCAST_DOT:
-        # The interpreter multiplies bf16 dot operands as raw bits (SPEC §8): use float32 there.
+        # The interpreter multiplies bf16 dot operands as raw bits (docs/contract.md §8): use float32 there.
         b_q = b_q.to(tl.float32)
     if F16_DOT:
         # fp8 K/V convert to float16 exactly and cheaply: bf16 queries join them there rather than every

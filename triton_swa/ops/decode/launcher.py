@@ -300,7 +300,7 @@ def _check_and_plan(
     # bf16 queries over an fp8 pool dot in float16: fp8 converts to float16 in one instruction per two
     # elements on the H200 where bf16 takes more, and byte decoding yields float16 (H200, B 64, W 1023,
     # D 256: 236 against 325 us native; bench/results/fp8-decode-41f93e2-*). The interpreter multiplies
-    # float16 right; its other bf16 dots run in float32 (SPEC §8: its bf16 tl.dot is wrong).
+    # float16 right; its other bf16 dots run in float32 (docs/contract.md §8: its bf16 tl.dot is wrong).
     f16_dot = kv_view is not None and q.dtype == torch.bfloat16 and tune.f16_dot is not False
     upcast = interpret and q.dtype == torch.bfloat16 and not f16_dot
 

@@ -330,7 +330,7 @@ def _swa_extend_kernel(
     p_q = q + o_qt[:, None] * stride_qt + o_h[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_row[:, None] & m_d[None, :], other=0.0)
     if UPCAST_DOT:
-        # The interpreter multiplies bf16 dot operands as raw bits (SPEC §8): every dot takes b_q's
+        # The interpreter multiplies bf16 dot operands as raw bits (docs/contract.md §8): every dot takes b_q's
         # dtype, so float32 here makes them all float32 (interpreter only; compiled code never sets it).
         b_q = b_q.to(tl.float32)
 

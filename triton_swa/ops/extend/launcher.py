@@ -337,7 +337,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     T, HQ, H, D, DV, B = inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B
     block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits = inputs.overrides
     interpret = interpreting()
-    # bf16 dots in float32 under the interpreter only (SPEC §8: its bf16 tl.dot is wrong)
+    # bf16 dots in float32 under the interpreter only (docs/contract.md §8: its bf16 tl.dot is wrong)
     upcast = interpret and dtype == torch.bfloat16
     facts = device_facts(device)
     kv_fp8, kv_view = kv_fp8_mode(facts, inputs.kv_dtype)
