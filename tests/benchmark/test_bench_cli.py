@@ -204,3 +204,35 @@ def test_sglang_extend_peer_matches_the_reference():
     pytest.importorskip("sglang.kernels.ops.attention.extend_attention", reason="SGLang tier: SKIPPED (sglang not installed)")
 
     _assert_peer_matches(("sglang_triton",), [Case("verify", SHAPES["tiny"], 2, 40, new=4), Case("prefill", SHAPES["tiny"], 1, 48, new=48)])
+
+
+def test_an_install_keeps_its_rows(tmp_path, monkeypatch):
+    """Outside a checkout (an install), a run records the package version (or pip's recorded commit)
+    with dirty ``unknown`` and writes its rows; a sha given without its dirty flag still writes none."""
+    import triton_swa
+    from triton_swa.benchmark import runner
+
+    monkeypatch.delenv("GIT_SHA", raising=False)
+    monkeypatch.setattr(runner, "_git", lambda *args: None)
+    monkeypatch.setattr(runner, "_installed_commit", lambda: None)
+    sha, dirty = runner.provenance(None, None)
+    assert (sha, dirty) == (f"v{triton_swa.__version__}", "unknown")
+    monkeypatch.setattr(runner, "_installed_commit", lambda: "0123456789ab")
+    assert runner.provenance(None, None) == ("0123456789ab", "unknown")
+    case = Case("decode", SHAPES["tiny"], 2, 40)
+    row = dict(case=case.id, provider="triton_swa", status="ok", us=(1.0, 1.0, 1.0), max_abs_err=0.0)
+    write_csv(tmp_path / "x.csv", to_csv_rows([case], [row], *runner.provenance(None, None), "r1"))
+    with (tmp_path / "x.csv").open() as f:
+        (got,) = list(csv.DictReader(f))
+    assert (got["git_sha"], got["dirty"], got["run_id"]) == ("0123456789ab", "unknown", "r1")
+    assert runner.provenance("abc", None) == ("abc", None)
+
+
+def test_git_answers_only_for_its_own_checkout(tmp_path, monkeypatch):
+    """An install inside some other repository is not mistaken for triton-swa's checkout."""
+    from triton_swa.benchmark import runner
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.setattr(runner, "_ROOT", tmp_path / "venv" / "site-packages")
+    (tmp_path / "venv" / "site-packages").mkdir(parents=True)
+    assert runner._git("rev-parse", "--short", "HEAD") is None

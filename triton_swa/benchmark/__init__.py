@@ -4,8 +4,10 @@ Decode, prefill and verify on model-like shapes (:mod:`.cases`), each provider (
 triton-swa, FlexAttention, gather + SDPA, the peers' kernels where present (SGLang's and vLLM's
 Triton kernels, FlashInfer's; ``bash scripts/fetch_peers.sh`` makes ``.peers``), and the same-bytes
 copy and read-only ceilings) checked against a float64 reference before it is timed by CUDA-graph
-replay over rotated input sets, then eagerly (:mod:`.runner`). Prints a table; writes docs/contract.md §7 CSV
-rows (git sha, dirty flag, run id) and a plot.
+replay over rotated input sets, then eagerly (:mod:`.runner`). Prints a table; writes docs/contract.md
+§7 CSV rows and a plot, wherever it runs: from a checkout the rows carry git's sha and dirty flag,
+from an install the commit pip recorded (else the package version) and ``dirty = unknown``; every run
+has its id.
 
     triton-swa bench --quick
     triton-swa bench --op decode --shape g4swa,g4full --batch 1,64 --providers triton_swa,flex
@@ -58,7 +60,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a subset of the grid, a minute or two")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (also on a CPU, through Triton's interpreter)")
     parser.add_argument("--out", default="bench/results", help="folder of the CSV and the plot")
-    parser.add_argument("--git-sha", help="the commit measured (default: git's, when run from a checkout)")
+    parser.add_argument(
+        "--git-sha", help="the commit measured (default: git's from a checkout; an install's recorded commit, else its version)"
+    )
     parser.add_argument("--dirty", choices=("clean", "dirty"), help="whether the tree has uncommitted changes")
     parser.add_argument("--no-csv", action="store_true", help="print the table only")
     parser.add_argument("--plugin", action="append", default=[], help="a module whose PROVIDERS dict adds providers (yours)")
@@ -101,7 +105,7 @@ def main(argv=None) -> int:
     bad = [r for r in table if r["status"].split(" ")[0] in ("WRONG", "ERROR", "CRASHED", "CRASHED:")]
     if not args.no_csv:
         if not sha or not dirty:
-            print("no CSV written: the git sha or dirty flag is unknown (pass --git-sha and --dirty)", file=sys.stderr)
+            print("no CSV written: --git-sha (or GIT_SHA) was given without --dirty", file=sys.stderr)
             return 2
         gpu = table[0]["gpu"].replace(" ", "_")
         csv_path = Path(args.out) / f"bench-{datetime.date.today().isoformat()}-{gpu}.csv"

@@ -174,21 +174,53 @@ def worker(case_ids: list[str], providers: list[str], skip: set, device: str, al
 # ---- driver ----
 
 
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when triton-swa runs from one
+
+
 def _git(*args: str) -> str | None:
+    """git's answer about triton-swa's own checkout; None when it does not run from one (an install
+    in a virtual environment inside some other repository included)."""
     try:
-        root = Path(__file__).resolve().parents[2]
-        return subprocess.check_output(["git", "-C", str(root), *args], text=True, stderr=subprocess.DEVNULL).strip()
+        run = lambda *a: subprocess.check_output(["git", "-C", str(_ROOT), *a], text=True, stderr=subprocess.DEVNULL).strip()
+        if Path(run("rev-parse", "--show-toplevel")).resolve() != _ROOT:
+            return None
+        return run(*args)
     except Exception:  # noqa: BLE001 - not a checkout
         return None
 
 
+def _installed_commit() -> str | None:
+    """The commit pip recorded when triton-swa was installed from a repository (PEP 610), if any."""
+    try:
+        from importlib.metadata import distribution
+
+        info = json.loads(distribution("triton-swa").read_text("direct_url.json") or "{}")
+        commit = info.get("vcs_info", {}).get("commit_id")
+        return commit[:12] if commit else None
+    except Exception:  # noqa: BLE001 - not installed, or installed otherwise
+        return None
+
+
 def provenance(git_sha: str | None, dirty: str | None) -> tuple[str | None, str | None]:
-    """(sha, dirty) of the tree measured: given, else from git (None when neither knows)."""
-    sha = git_sha or os.environ.get("GIT_SHA") or _git("rev-parse", "--short", "HEAD")
-    if dirty is None and sha and not git_sha and not os.environ.get("GIT_SHA"):
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        dirty = None if status is None else ("dirty" if status else "clean")
-    return sha, dirty
+    """(sha, dirty) of the tree measured.
+
+    Given (``--git-sha`` or ``GIT_SHA``): as given, with ``dirty`` as given (None when it is not: the
+    caller refuses to write such rows). From a checkout: git's, clean or dirty. An install (no
+    checkout): the commit pip recorded for it, else the package version (``v0.2.0``), dirty
+    ``unknown``: a user's run is kept, and says what it measured.
+    """
+    given = git_sha or os.environ.get("GIT_SHA")
+    if given:
+        return given, dirty
+    sha = _git("rev-parse", "--short", "HEAD")
+    if sha:
+        if dirty is None:
+            status = _git("status", "--porcelain", "--untracked-files=no")
+            dirty = None if status is None else ("dirty" if status else "clean")
+        return sha, dirty
+    from .. import __version__
+
+    return _installed_commit() or f"v{__version__}", dirty or "unknown"
 
 
 def _progress(done: int, total: int, label: str) -> None:
