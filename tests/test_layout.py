@@ -80,6 +80,39 @@ def test_layers_import_only_downwards():
 
 
 @pytest.mark.reference
+def test_no_module_imports_itself_back():
+    """No import cycle among the library's modules (lazy imports included): each module's imports of
+    the library, followed through, never lead back to it."""
+    graph = {}
+    for path in LIBRARY.rglob("*.py"):
+        module = _module_name(path)
+        names = {name for name, _ in _imports(path)}
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level and node.module is None:
+                # "from . import x": the submodule x (when it is one), not the package
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                names |= {f"{base}.{alias.name}" for alias in node.names}
+                names.discard(base)
+        graph[module] = {name for name in names if name.startswith("triton_swa.") and name != module}
+    # an import of a name inside a module (from pkg.mod import name) is an import of that module
+    resolve = lambda name: name if name in graph else name.rpartition(".")[0]
+    cycles = []
+    for start in graph:
+        stack, seen = [resolve(n) for n in graph[start]], set()
+        while stack:
+            node = stack.pop()
+            if node == start:
+                cycles.append(start)
+                break
+            if node in seen or node not in graph or (start.startswith(node + ".") or node == "triton_swa"):
+                continue
+            seen.add(node)
+            stack += [resolve(n) for n in graph[node]]
+    assert not cycles, f"modules that import themselves back: {sorted(cycles)}"
+
+
+@pytest.mark.reference
 def test_reference_imports_nothing_of_the_library():
     bad = [
         f"{_module_name(p)} imports {name}"

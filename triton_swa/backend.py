@@ -33,7 +33,7 @@ from .runtime.checks import (
     split_kv_scale,
 )
 from .runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
-from .runtime.launch import tensor_key
+from .runtime.plans import tensor_key
 from .runtime.window import window_keys
 
 

@@ -307,7 +307,7 @@ def test_decode_merge_in_chunks(merge, device, monkeypatch):
     """Merges that take the splits in several chunks (a merge tile of 64 floats here)."""
     import triton_swa.ops._common.merge as merge_mod
     import triton_swa.ops.decode.launcher as decode
-    from triton_swa.runtime.launch import PlanCache
+    from triton_swa.runtime.plans import PlanCache
 
     monkeypatch.setattr(merge_mod, "MERGE_TILE", 64)
     monkeypatch.setattr(decode, "_PLANS", PlanCache())

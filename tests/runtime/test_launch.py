@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from triton_swa.runtime import launch
-from triton_swa.runtime.launch import Launcher, PlanCache
+from triton_swa.runtime.launch import Launcher
+from triton_swa.runtime.plans import PlanCache
 
 
 def test_plan_cache_makes_each_signature_once():

@@ -35,7 +35,8 @@ from ..runtime import poison
 from ..runtime.checks import INDEX_DTYPES, check_contiguous, check_int, check_pow2, check_tensor, check_window_left
 from ..runtime.device import device_facts
 from ..runtime.guard import check_build_window_indices, check_build_window_page_table, check_swa_out_cache_loc, guarded
-from ..runtime.launch import PlanCache, launcher_for, tensor_key
+from ..runtime.launch import launcher_for
+from ..runtime.plans import PlanCache, tensor_key
 from ..runtime.window import window_keys
 
 # checked input signatures -> batch size; window-kernel launches by batch size, extent and options

@@ -18,7 +18,8 @@ import triton.language as tl
 
 from ..runtime.checks import INDEX_DTYPES, KV_DTYPES, check_kv_scale, check_tensor
 from ..runtime.guard import check_store_kv, guarded
-from ..runtime.launch import launcher_for, tensor_key
+from ..runtime.launch import launcher_for
+from ..runtime.plans import tensor_key
 from .indices import check_mapping
 
 __all__ = ["KVStorePlan", "store_kv", "store_kv_plan"]

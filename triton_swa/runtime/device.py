@@ -138,7 +138,7 @@ def _read_facts(index: int) -> DeviceFacts:
 def planning_for(facts: DeviceFacts):
     """Plan launches for ``facts`` (a :data:`TARGETS` entry) whatever device the tensors are on:
     the compile tier uses it to compile, on a CPU, exactly what the launchers would launch there."""
-    from .launch import PlanCache
+    from .plans import PlanCache
 
     # plans are cached by input signature, which does not name the target
     PlanCache.clear_all()

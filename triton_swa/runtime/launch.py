@@ -10,14 +10,13 @@
 - :class:`Bound`: one compiled kernel on a fixed grid, for a plan whose arguments keep their
   specialisation from call to call (same dtypes, same integers, pointers of the same 16-byte
   alignment): each call is Triton's launcher alone (:meth:`Launcher.bind`).
-- :class:`PlanCache`: what an op's checks and heuristics decided for one input signature (dtypes,
-  shapes, strides, devices, options), so that a repeated call skips them.
+
+What a checked call decided is cached by :mod:`triton_swa.runtime.plans`.
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 import triton
@@ -25,17 +24,7 @@ from triton import knobs
 
 from .device import interpreting
 
-__all__ = [
-    "Bound",
-    "launcher_for",
-    "Launcher",
-    "PlanCache",
-    "current_stream",
-    "fast_launch_enabled",
-    "scale_key",
-    "set_fast_launch",
-    "tensor_key",
-]
+__all__ = ["Bound", "launcher_for", "Launcher", "current_stream", "fast_launch_enabled", "set_fast_launch"]
 
 try:  # Triton's argument specialisation (3.6's native binder), for keys over varying integers
     from triton._C.libtriton import native_specialize_impl as _SPECIALIZE
@@ -236,67 +225,3 @@ def launcher_for(fn, constexprs: dict, num_warps: int = 4, num_stages: int | Non
     if launch is None:
         launch = _LAUNCHERS[key] = Launcher(fn, None, constexprs, None, num_warps, num_stages)
     return launch
-
-
-def tensor_key(t):
-    """What a plan may depend on of a tensor: dtype, shape, strides and device (None for None)."""
-    return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
-
-
-def scale_key(s):
-    """A scale's part of a signature: a tensor's dtype, shape and device, or a number's type."""
-    return (s.dtype, s.shape, s.device) if isinstance(s, torch.Tensor) else type(s)
-
-
-class PlanCache:
-    """Plans by signature, at most ``max_size`` of them (cleared when full: signatures are few in a
-    serving loop, so a full cache means shapes that do not repeat)."""
-
-    __slots__ = ("plans", "max_size", "__weakref__")
-    _ALL = weakref.WeakSet()
-
-    def __init__(self, max_size: int = 4096):
-        self.plans: dict = {}
-        self.max_size = max_size
-        PlanCache._ALL.add(self)
-
-    @classmethod
-    def clear_all(cls) -> None:
-        """Forget every plan of every cache (the device facts they were planned for changed)."""
-        for cache in list(cls._ALL):
-            cache.clear()
-
-    def get(self, key):
-        return self.plans.get(key)
-
-    def get_or_make(self, signature, make, args: tuple):
-        """The plan of ``signature(*args)``, made by ``make(*args)`` (which checks the arguments) on a
-        miss. Arguments that have no signature (not tensors, unhashable options) are never cached:
-        ``make`` names the culprit."""
-        try:
-            key = signature(*args)
-            plan = self.plans.get(key)
-        except (AttributeError, TypeError):
-            key, plan = None, None
-        if plan is None:
-            plan = make(*args)
-            if key is not None:
-                self.put(key, plan)
-        return plan
-
-    def put(self, key, plan) -> None:
-        if len(self.plans) >= self.max_size:
-            self.plans.clear()
-        self.plans[key] = plan
-
-    def clear(self) -> None:
-        self.plans.clear()
-
-    def values(self):
-        return self.plans.values()
-
-    def items(self):
-        return self.plans.items()
-
-    def __len__(self) -> int:
-        return len(self.plans)

@@ -48,7 +48,8 @@ from ...runtime.checks import (
 )
 from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
-from ...runtime.launch import Launcher, PlanCache, current_stream, scale_key, tensor_key
+from ...runtime.launch import Launcher, current_stream
+from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel

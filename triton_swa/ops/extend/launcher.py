@@ -64,7 +64,8 @@ from ...runtime.checks import (
 )
 from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_extend, guarded
-from ...runtime.launch import PlanCache, launcher_for, scale_key, tensor_key
+from ...runtime.launch import launcher_for
+from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
