@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wheels of SGLang 0.5.23's import closure for the lent H200 (python 3.12, no network there), into a
-# git-ignored folder that a device call carries (scripts/gpu_sglang.sh installs them into /tmp/site).
+# git-ignored folder that a device call carries (scripts/gpu.sh installs them into /tmp/site).
 #
 #   bash scripts/carry_sglang_wheels.sh [DEST] [PYVER]      (default .whl/sglang, 3.12)
 #

@@ -1,46 +1,103 @@
 #!/usr/bin/env bash
-# The GPU entry point, for one device call on a machine with CUDA torch and triton (the lent H200):
+# The one GPU entry point: what a device call runs on a machine with CUDA torch and triton (the lent
+# H200), from the tree, installing nothing but the wheels it is given. Logs and CSVs go to $OUT.
 #
-#   bash scripts/gpu.sh tests SHA
+#   bash scripts/gpu.sh tests SHA      the GPU suite (-n 14), then the soak
+#   bash scripts/gpu.sh bench SHA      `triton-swa bench` over its default grid against every peer found:
+#                                      decode, then prefill and verify (extra arguments go to both runs)
+#   bash scripts/gpu.sh hostcost SHA   the step path's host cost (bench/host_cost.py) of this tree with
+#                                      FlashInfer's rows, then of .ab/before when it is there (the A/B)
+#   bash scripts/gpu.sh demo SHA       the demo's gpu preset (needs transformers: .whl/demo)
+#   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
 #
-# tests: the wheels carried in .whl/sglang (scripts/carry_sglang_wheels.sh) and .whl/demo
-#   (transformers 5.19) go into /tmp/site when present, then the GPU suite runs with -n 14: every
-#   tier that has a GPU path (ops, backend, graphs, pools, SGLang's classes with captured CUDA
-#   graphs, transformers, demo). Left out, and said so at the end: the compile tier (CPU work, run by
-#   CI), the real-engine tier (SGLang's engine on the CPU, run by CI) and the soak (run last, on its
-#   own, while time remains). Logs go to $OUT (gpu-tests.log, gpu-soak.log); the last line is pytest's.
+# Carry what a mode needs (the device copies the tree, not git-ignored folders): .whl (SGLang's wheels
+# from scripts/carry_sglang_wheels.sh, transformers in .whl/demo) for tests, bench and demo; .peers
+# (scripts/fetch_peers.sh: vLLM's Triton attention, FlashInfer) for bench and hostcost; .ab (an old
+# tree in .ab/before: git archive OLD | tar -x -C .ab/before) for the A/B. .whl and .peers together
+# exceed the carry limit: run bench and hostcost in one call, tests in another.
+# Left to CI (CPU): the compile tier (tests/compile) and the real-engine tier (tests/engine).
 #
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests SHA}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|demo|all SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
+shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+install_wheels() {
+  local carried=()
+  for d in .whl/sglang .whl/demo; do [ -d "$d" ] && carried+=("$d"); done
+  [ ${#carried[@]} -eq 0 ] || install_carried_wheels "${carried[@]}"
+}
+
+tests() {
+  install_wheels || return 1
+  local t0=$SECONDS status
+  echo "git_sha $sha" > "$out/gpu-tests.log"
+  timeout "${TESTS_TIMEOUT_S:-420}" python3 -m pytest tests -q -p no:cacheprovider -n 14 -m "not compile" \
+    --ignore=tests/engine --deselect tests/test_soak.py -rfEs --durations=10 >> "$out/gpu-tests.log" 2>&1
+  status=$?
+  grep -E "^(FAILED|ERROR)" "$out/gpu-tests.log" | head -30
+  echo "== skipped, by reason:"
+  grep -E "^SKIPPED" "$out/gpu-tests.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]+:[0-9]+: /\1 /' \
+    | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%6d %s\n", c[r], substr(r, 1, 150)}' | sort -rn | head -12
+  sed -n '/slowest/,/^$/p' "$out/gpu-tests.log" | head -14
+  echo "== suite: $(( SECONDS - t0 )) s (exit $status)"
+  t0=$SECONDS
+  timeout "${SOAK_TIMEOUT_S:-120}" python3 -m pytest tests/test_soak.py -q -p no:cacheprovider -n 4 > "$out/gpu-soak.log" 2>&1
+  echo "== soak: $(tail -1 "$out/gpu-soak.log") ($(( SECONDS - t0 )) s)"
+  echo "left out: the compile tier (tests/compile) and the real-engine tier (tests/engine): CPU work, run by CI"
+  echo "== tests: $(tail -1 "$out/gpu-tests.log")"
+  return $status
+}
+
+bench_run() {  # bench_run NAME TIMEOUT ARGS...: one triton-swa bench run into $out
+  local name=$1 limit=$2 status
+  shift 2
+  timeout "$limit" python3 -m triton_swa bench --git-sha "$sha" --dirty clean --out "$out" "$@" \
+    > "$out/bench-$name.log" 2> "$out/bench-$name-stderr.log"
+  status=$?
+  grep -v "^rows:\|^plot:" "$out/bench-$name.log" | cut -c1-400
+  grep -v "^\[" "$out/bench-$name-stderr.log" | tail -3
+  echo "== bench $name exit $status"
+  return $status
+}
+
+bench() {
+  install_wheels >/dev/null 2>&1 || echo "no carried wheels: SGLang's Triton peer skips"
+  bench_run decode "${DECODE_TIMEOUT_S:-330}" --op decode "$@"
+  bench_run extend "${EXTEND_TIMEOUT_S:-240}" --op prefill,verify "$@"
+}
+
+hostcost() {
+  echo "== host cost of $sha"
+  timeout "${HOSTCOST_TIMEOUT_S:-300}" python3 bench/host_cost.py --tree . --name "$sha" 2>&1 | tee "$out/host-cost-$sha.log" \
+    | grep -v "^ROW"
+  if [ -f .ab/before/triton_swa/__init__.py ]; then
+    echo "== host cost of .ab/before"
+    timeout "${HOSTCOST_TIMEOUT_S:-300}" python3 bench/host_cost.py --tree .ab/before --name before --no-flashinfer 2>&1 \
+      | tee "$out/host-cost-before.log" | grep -v "^ROW"
+  fi
+}
+
+demo() {
+  install_wheels || echo "the carried wheels did not all install (the demo needs transformers: .whl/demo)"
+  timeout "${DEMO_TIMEOUT_S:-420}" python3 -m triton_swa demo --preset gpu --device cuda --plot "$out/demo-$sha.png" "$@" \
+    2>&1 | tee "$out/demo-$sha.log" | tail -40
+}
+
 case "$what" in
-  tests)
-    carried=()
-    for d in .whl/sglang .whl/demo; do [ -d "$d" ] && carried+=("$d"); done
-    if [ ${#carried[@]} -gt 0 ]; then install_carried_wheels "${carried[@]}" || exit 1; fi
-    t0=$SECONDS
-    echo "git_sha $sha" > "$out/gpu-tests.log"
-    timeout "${TESTS_TIMEOUT_S:-420}" python3 -m pytest tests -q -p no:cacheprovider -n 14 -m "not compile" \
-      --ignore=tests/engine --deselect tests/test_soak.py -rfEs --durations=10 >> "$out/gpu-tests.log" 2>&1
+  tests | bench | hostcost | demo) "$what" "$@" ;;
+  all)
+    tests
     status=$?
-    grep -E "^(FAILED|ERROR)" "$out/gpu-tests.log" | head -30
-    echo "== skipped, by reason:"
-    grep -E "^SKIPPED" "$out/gpu-tests.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]+:[0-9]+: /\1 /' \
-      | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%6d %s\n", c[r], substr(r, 1, 150)}' | sort -rn | head -12
-    sed -n '/slowest/,/^$/p' "$out/gpu-tests.log" | head -14
-    echo "== suite: $(( SECONDS - t0 )) s (exit $status)"
-    t0=$SECONDS
-    timeout "${SOAK_TIMEOUT_S:-120}" python3 -m pytest tests/test_soak.py -q -p no:cacheprovider -n 4 > "$out/gpu-soak.log" 2>&1
-    echo "== soak: $(tail -1 "$out/gpu-soak.log") ($(( SECONDS - t0 )) s)"
-    echo "left out: the compile tier (tests/compile, CPU work: CI runs it) and the real-engine tier (tests/engine: SGLang's engine on the CPU: CI runs it)"
-    echo "== tests: $(tail -1 "$out/gpu-tests.log")"
+    bench "$@"
+    hostcost
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests)"
+    echo "unknown: $what (tests, bench, hostcost, demo, all)"
     exit 2
     ;;
 esac

@@ -5,8 +5,8 @@ SGLang 0.5.23's pool, allocator and backend modules import ``sglang.srt.configs`
 ``sgl_kernel``. ``sglang_stubs.install()`` puts test-only stand-ins on ``sys.path`` for whichever of
 the two does not import here (``stubs/torchvision`` on a CPU torch, ``stubs_cuda/sgl_kernel`` on a
 GPU without SGLang's kernel wheel), so a working real package is always the one used.
-``scripts/setup_sglang.sh`` (CPU) and ``scripts/gpu_sglang.sh`` (the lent GPU) install the rest of
-the tier.
+``scripts/setup_sglang.sh`` (CPU) and ``scripts/gpu.sh tests`` (the lent GPU, from carried wheels)
+install the rest of the tier.
 """
 
 import importlib.util
