@@ -315,6 +315,8 @@ def _run(step: Step, config: VllmConfig, *, cap=5.0):
         got = impl.forward(layer, step.q[name].to(DEVICE), key, value, step.caches[kind], md[kind], out)
         assert got is out
         outs[name] = out
+    # the sliding and the KV-shared layer are of one kind: the step planned once for both
+    assert len(md["sliding"].plans) == 1 and len(md["full"].plans) == 1, (md["sliding"].plans.keys(), md["full"].plans.keys())
     decode = step.common["sliding"].max_query_len == 1
     for name, impl in impls.items():
         sinks = step.sinks if name != "full" else None

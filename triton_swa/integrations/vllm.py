@@ -42,7 +42,9 @@ What the classes do (vLLM's names):
   ``-1`` are padding and are skipped); ``forward`` runs :func:`triton_swa.swa_decode` (decode-only
   steps) or :func:`triton_swa.swa_extend` (every other step, the step's new K/V taken from
   ``key``/``value``; a KV-shared layer, called with ``key = value = None``, gathers them from the
-  shared cache by ``slot_mapping``). vLLM's ``sliding_window = S`` (S keys including the query's
+  shared cache by ``slot_mapping``), planned once per step and kind of layer
+  (:func:`triton_swa.swa_decode_plan`, :func:`triton_swa.swa_extend_plan`: the step's metadata
+  keeps the plans) and run per layer. vLLM's ``sliding_window = S`` (S keys including the query's
   own) is ``window_left = S - 1``, taken from the impl, so a sliding layer in a full-attention group
   (hybrid allocator off) is still windowed. Sinks (one logit per query head), logits soft cap and
   fp8 KV with the layer's ``_k_scale`` / ``_v_scale`` tensors (read in the kernels) are passed on.
@@ -138,10 +140,11 @@ def _define() -> dict:
     )
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
-    from ..ops.decode import swa_decode
-    from ..ops.extend import swa_extend
+    from ..ops.decode import swa_decode_plan
+    from ..ops.extend import swa_extend_plan
     from ..ops.indices import WindowPageTable, max_window_pages, window_page_table_from_block_table
     from ..ops.kv_store import store_kv
+    from ..runtime.plans import scale_key, tensor_key
 
     def window_left_of(sliding_window) -> int:
         """vLLM's ``sliding_window = S`` (S keys including the query's own) as ``window_left = S - 1``;
@@ -180,6 +183,8 @@ def _define() -> dict:
         decode: bool
         tables: dict = field(default_factory=dict)
         builder: object = None
+        # the step's launch plans, one per kind of layer call (made by the first such layer)
+        plans: dict = field(default_factory=dict)
 
         def decode_table(self, window_left: int):
             """``(page_table, window_starts, max_window)`` of a decode step for this window; built on
@@ -439,48 +444,70 @@ def _define() -> dict:
             W = self.window_left
             if md.decode:
                 table, starts, max_window = md.decode_table(W)
-                swa_decode(
-                    q[: md.num_reqs],
+                qd, od = q[: md.num_reqs], out[: md.num_reqs]
+                plan = self._plan(
+                    md,
+                    ("decode", W, qd, k_buffer, v_buffer, od, sinks, k_scale, v_scale),
+                    lambda: swa_decode_plan(
+                        qd,
+                        k_buffer,
+                        v_buffer,
+                        page_table=table,
+                        window_starts=starts,
+                        seq_lens=md.seq_lens,
+                        page_size=md.block_size,
+                        sm_scale=self.scale,
+                        logit_cap=self.logits_soft_cap,
+                        sinks=sinks,
+                        k_scale=k_scale,
+                        v_scale=v_scale,
+                        max_window=max_window,
+                    ),
+                )
+                plan.run(qd, k_buffer, v_buffer, od, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+                return output
+            if key is None or value is None:
+                # KV-shared layer: the step's K/V were written by the target layer; gather them.
+                key, value = self._gather_new_kv(k_buffer, v_buffer, md.slot_mapping[:T], q.dtype, k_scale, v_scale)
+            k, v = key[:T], value[:T]
+            plan = self._plan(
+                md,
+                ("extend", W, q, k, v, k_buffer, v_buffer, out, sinks, k_scale, v_scale),
+                lambda: swa_extend_plan(
+                    q,
+                    k,
+                    v,
                     k_buffer,
                     v_buffer,
-                    page_table=table,
-                    window_starts=starts,
-                    seq_lens=md.seq_lens,
+                    md.query_start_loc,
+                    md.prefix_lens,
+                    window_left=W,
+                    page_table=md.block_table,
+                    window_starts=md.zero_starts,
                     page_size=md.block_size,
+                    causal=True,
                     sm_scale=self.scale,
                     logit_cap=self.logits_soft_cap,
                     sinks=sinks,
                     k_scale=k_scale,
                     v_scale=v_scale,
-                    out=out[: md.num_reqs],
-                    max_window=max_window,
-                )
-                return output
-            if key is None or value is None:
-                # KV-shared layer: the step's K/V were written by the target layer; gather them.
-                key, value = self._gather_new_kv(k_buffer, v_buffer, md.slot_mapping[:T], q.dtype, k_scale, v_scale)
-            swa_extend(
-                q,
-                key[:T],
-                value[:T],
-                k_buffer,
-                v_buffer,
-                md.query_start_loc,
-                md.prefix_lens,
-                window_left=W,
-                page_table=md.block_table,
-                window_starts=md.zero_starts,
-                page_size=md.block_size,
-                causal=True,
-                sm_scale=self.scale,
-                logit_cap=self.logits_soft_cap,
-                sinks=sinks,
-                k_scale=k_scale,
-                v_scale=v_scale,
-                out=out,
-                max_extend_len=max(md.max_query_len, 1),
+                    max_extend_len=max(md.max_query_len, 1),
+                ),
             )
+            plan.run(q, k, v, k_buffer, v_buffer, out, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
             return output
+
+        def _plan(self, md, call: tuple, make):
+            """The step's plan for this kind of layer call (made by ``make`` for the first such layer):
+            layers of one window, scale, cap and tensor kinds share a plan, whose ``run`` checks each
+            layer's tensors against those kinds."""
+            op, window_left, *tensors = call
+            kinds = tuple(scale_key(t) if i >= len(tensors) - 2 else tensor_key(t) for i, t in enumerate(tensors))
+            key = (op, window_left, self.scale, self.logits_soft_cap, *kinds)
+            plan = md.plans.get(key)
+            if plan is None:
+                plan = md.plans[key] = make()
+            return plan
 
         @staticmethod
         def _gather_new_kv(k_buffer, v_buffer, slots, dtype, k_scale, v_scale):
