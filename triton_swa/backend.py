@@ -982,31 +982,42 @@ class TritonSWAAttnBackend:
         Raises:
             TypeError, ValueError: a bad tensor, layer or scale, before the K/V are written.
         """
+        planned = self._planned_call(q, k, v, layer, forward_batch, save_kv_cache, extend=False)
+        if planned is None:
+            return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        lp, k_buf, v_buf, run, out = planned
+        (k_f, k_t), (v_f, v_t) = lp.scales
+        return run.attend._launch(q, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
+
+    def _planned_call(self, q, k, v, layer, forward_batch, save_kv_cache, *, extend: bool):
+        """The planned path's part common to decode and extend: the layer's plan, the step's run for
+        this kind of call (planned by its first call), the K/V store, and the output; returns ``(layer
+        plan, k_buffer, v_buffer, run, out)``, or None where the checked path must take the call (no
+        metadata, the debug guard, something not a layer or not tensors, a KV-shared extend layer)."""
         meta = self.forward_metadata
         if meta is None or debug_enabled(None):
-            return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
+            return None
         try:
             lp, k_buf, v_buf = self._layer_plan(layer)
-        except AttributeError:
-            return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
-        loc = getattr(forward_batch, "out_cache_loc", None)
-        try:
+            loc = getattr(forward_batch, "out_cache_loc", None)
             key = (lp.kind, _rows_key(q), _rows_key(k), _rows_key(v), bool(save_kv_cache), id(loc))
-        except AttributeError:  # q, k or v not a tensor: the checks name it
-            return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
+        except AttributeError:  # not a layer, or q, k, v not tensors: the checks name it
+            return None
+        if extend and (lp.values[7] is not None or k is None):  # KV-shared: the new K/V come from the pool
+            return None
         run = meta.runs.get(key)
         if run is None:
-            run = self._plan_decode(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
-            meta.runs[key] = run
-        (k_f, k_t), (v_f, v_t) = lp.scales
-        if run.store is not None:
-            if run.store is _ENGINE_STORE:
-                self._save(layer, k, v, k_buf, v_buf, lp.write_mapping, forward_batch)
-            else:
-                run.store._launch(*lp.store_views, k, v, k_f, k_t, v_f, v_t)
-        # q and the output as given / returned ([B, HQ * D], [B, HQ * Dv]): the plans read them by pointer
+            plan = self._plan_extend if extend else self._plan_decode
+            run = meta.runs[key] = plan(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
+        if run.store is _ENGINE_STORE:
+            # as the checked paths hand it over: decode's rows as given, extend's viewed per head
+            kv = (k.view(run.k_shape), v.view(run.v_shape)) if extend else (k, v)
+            self._save(layer, *kv, k_buf, v_buf, lp.write_mapping, forward_batch)
+        elif run.store is not None:
+            run.store._launch(*lp.store_views, k, v, *lp.scales[0], *lp.scales[1])
+        # q and the output as given / returned ([T, HQ * D], [T, HQ * Dv]): the plans read them by pointer
         out = poison.empty(q.shape[0], run.out_cols, dtype=run.dtype, device=self.device)
-        return run.attend._launch(q, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
+        return lp, k_buf, v_buf, run, out
 
     def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
         """Check a decode layer call in full and plan the step's launches for its kind."""
@@ -1066,28 +1077,11 @@ class TritonSWAAttnBackend:
         Raises:
             TypeError, ValueError: a bad tensor, layer or scale, before the K/V are written.
         """
-        meta = self.forward_metadata
-        if meta is None or debug_enabled(None):
+        planned = self._planned_call(q, k, v, layer, forward_batch, save_kv_cache, extend=True)
+        if planned is None:
             return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
-        try:
-            lp, k_buf, v_buf = self._layer_plan(layer)
-            loc = getattr(forward_batch, "out_cache_loc", None)
-            key = (lp.kind, _rows_key(q), _rows_key(k), _rows_key(v), bool(save_kv_cache), id(loc))
-        except AttributeError:  # not a layer, or q, k, v not tensors: the checks name it
-            return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
-        if lp.values[7] is not None or k is None:  # KV-shared: the new tokens' K/V come from the pool
-            return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
-        run = meta.runs.get(key)
-        if run is None:
-            run = self._plan_extend(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
-            meta.runs[key] = run
+        lp, k_buf, v_buf, run, out = planned
         (k_f, k_t), (v_f, v_t) = lp.scales
-        if run.store is not None:
-            if run.store is _ENGINE_STORE:
-                self._save(layer, k.view(run.k_shape), v.view(run.v_shape), k_buf, v_buf, lp.write_mapping, forward_batch)
-            else:
-                run.store._launch(*lp.store_views, k, v, k_f, k_t, v_f, v_t)
-        out = poison.empty(q.shape[0], run.out_cols, dtype=run.dtype, device=self.device)
         return run.attend._launch(q, k, v, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
 
     def _plan_extend(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
