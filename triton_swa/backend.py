@@ -219,13 +219,14 @@ class _LayerRun:
     """A step's launches for one kind of layer call: the K/V store's plan (None: no write) and the
     attention's (``swa_decode_plan`` or ``swa_extend_plan``), with the views of q, k, v and out."""
 
-    __slots__ = ("loc", "store", "attend", "k_shape", "v_shape", "q_shape", "out_cols", "dtype")
+    __slots__ = ("loc", "store", "attend", "fused_store", "k_shape", "v_shape", "q_shape", "out_cols", "dtype")
 
     def __init__(self, lp: _LayerPlan, loc, dtype: torch.dtype):
         _, hq, h, d, dv = lp.values[:5]
         self.loc = loc  # kept alive: the step's runs are keyed by its id
         self.q_shape, self.k_shape, self.v_shape, self.out_cols = (-1, hq, d), (-1, h, d), (-1, h, dv), hq * dv
         self.store = self.attend = None
+        self.fused_store = False  # the attention's launch writes the new K/V (decode: swa_decode_plan's store_loc)
         self.dtype = dtype  # q's, and the output's
 
 
@@ -278,6 +279,10 @@ class TritonSWAAttnBackend:
         TypeError: ``model_runner`` lacks one of those attributes (named), or one has the wrong type.
         ValueError: an SWA pool was resolved but ``sliding_window_size`` is -1, or a bad device.
     """
+
+    # decode layers write their new K/V inside the decode kernel (one launch per layer fewer); False
+    # stores them with their own launch first, as extend layers do (same bytes either way)
+    fuse_kv_store: bool = True
 
     def __init__(self, model_runner):
         for name in _RUNNER_ATTRS:
@@ -987,7 +992,8 @@ class TritonSWAAttnBackend:
             return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
         lp, k_buf, v_buf, run, out = planned
         (k_f, k_t), (v_f, v_t) = lp.scales
-        return run.attend._launch(q, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
+        new = (k, v, *lp.store_views) if run.fused_store else None
+        return run.attend._launch(q, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t, new)
 
     def _planned_call(self, q, k, v, layer, forward_batch, save_kv_cache, *, extend: bool):
         """The planned path's part common to decode and extend: the layer's plan, the step's run for
@@ -1024,7 +1030,13 @@ class TritonSWAAttnBackend:
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False)
         _, _, _, _, _, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
         run = _LayerRun(lp, loc, q.dtype)
-        run.store = self._store_plan(lp, k_buf, v_buf, loc, k.view(run.k_shape), v.view(run.v_shape)) if writes else None
+        k_new, v_new = (k.view(run.k_shape), v.view(run.v_shape)) if writes else (None, None)
+        run.store = self._store_plan(lp, k_buf, v_buf, loc, k_new, v_new) if writes else None
+        # the decode kernel writes the new K/V itself (one launch fewer) where this backend stores them
+        store = {}
+        if self.fuse_kv_store and run.store not in (None, _ENGINE_STORE):
+            run.store, run.fused_store = None, True
+            store = dict(store_loc=loc, store_mapping=lp.write_mapping, k_new=k_new, v_new=v_new)
         meta = self.forward_metadata
         idx = meta.sliding if lp.sliding else meta.full
         run.attend = swa_decode_plan(
@@ -1038,6 +1050,7 @@ class TritonSWAAttnBackend:
             k_scale=k_scale,
             v_scale=v_scale,
             max_window=max(idx.max_window, 1),
+            **store,
         )
         return run
 

@@ -164,6 +164,8 @@ class Built:
     sinks: torch.Tensor | None
     k_scale: float | None
     v_scale: torch.Tensor | None
+    loc: torch.Tensor  # the step's full slots (out_cache_loc), -1 for a request without a new token
+    mapping: torch.Tensor | None  # full -> SWA slots of a sliding layer's pool
 
 
 def build(case: Case, device: str, seed: int = 0) -> Built:
@@ -198,8 +200,24 @@ def build(case: Case, device: str, seed: int = 0) -> Built:
     q = torch.randn(len(case.seq_lens), case.hq, case.d, generator=g).to(case.dtype)
     sinks = torch.randn(case.hq, generator=g) * 2 if case.sinks else None
     k_scale, v_scale = (0.75, torch.tensor([1.25])) if case.fp8 else (None, None)
+    loc = torch.full((len(case.seq_lens),), -1, dtype=torch.int64)
+    loc[torch.tensor([n > 0 for n in case.seq_lens])] = state.new_slots().long()
     to = lambda x: None if x is None else x.to(device)
-    return Built(to(q), to(k), to(v), to(kv_indptr), to(kv_indices), to(page_table), to(starts), to(lens), to(sinks), k_scale, to(v_scale))
+    return Built(
+        to(q),
+        to(k),
+        to(v),
+        to(kv_indptr),
+        to(kv_indices),
+        to(page_table),
+        to(starts),
+        to(lens),
+        to(sinks),
+        k_scale,
+        to(v_scale),
+        to(loc),
+        to(mapping),
+    )
 
 
 def run(case: Case, b: Built, **kwargs) -> torch.Tensor:
@@ -577,10 +595,13 @@ PLAN_CASES = [
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("in_place", [False, True], ids=["merge-kernel", "in-place"])
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in PLAN_CASES])
-def test_decode_plan_runs_layers(case, device):
+def test_decode_plan_runs_layers(case, in_place, device):
     """``swa_decode_plan`` once, ``run`` per layer: each run equals ``swa_decode`` on that layer's
-    buffers bit for bit (and the reference), with per-run sinks and scales; the outputs are fresh."""
+    buffers (bit for bit with the merge kernel, as swa_decode merges; in place up to the float
+    rounding of another merge order, with its counters back at zero after each run) and the
+    reference, with per-run sinks and scales; the outputs are fresh."""
     from triton_swa import swa_decode_plan
 
     b0, b1 = build(case, device), build(case, device)
@@ -598,16 +619,70 @@ def test_decode_plan_runs_layers(case, device):
         else dict(page_table=b0.page_table, window_starts=b0.window_starts, seq_lens=b0.seq_lens, page_size=case.page)
     )
     opts = dict(sm_scale=0.6 / case.d**0.5, logit_cap=case.softcap, num_splits=case.num_splits, block_n=case.block_n)
-    plan = swa_decode_plan(b0.q, b0.k, b0.v, **where, sinks=b0.sinks, k_scale=b0.k_scale, v_scale=b0.v_scale, **opts)
+    scales = dict(sinks=b0.sinks, k_scale=b0.k_scale, v_scale=b0.v_scale)
+    plan = swa_decode_plan(b0.q, b0.k, b0.v, **where, **scales, **opts, in_place_merge=in_place)
+    counters = plan._tensors[1]
     for b in layers:
         want = run(case, b)
         out = torch.full_like(want, float("nan"))
         got = plan.run(b.q, b.k, b.v, out, sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
         assert got is out
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), case.id
+        if in_place and HAS_CUDA:
+            tol = dict(atol=1e-6, rtol=1e-5) if got.dtype == torch.float32 else {}
+            assert_close(got, want, **tol, name=f"{case.id}: in place against the merge kernel")
+        else:
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), case.id
         assert_close(got, expected(case, b), name=case.id)
         fresh = plan.run(b.q, b.k, b.v, sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
-        assert fresh is not out and torch.equal(fresh.view(torch.uint8), want.view(torch.uint8))
+        assert fresh is not out and torch.equal(fresh.view(torch.uint8), got.view(torch.uint8))
+        if in_place and (case.num_splits or 1) > 1:
+            assert counters.numel() > 4 and not counters.any(), "the in-place merge's counters must be back at 0"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id) for c in PLAN_CASES + [Case((41, 5), -1, 4, 1, 16, dtype=torch.float16, num_splits=3, block_n=16)]]
+)
+def test_decode_plan_fused_store(case, device):
+    """A plan with ``store_loc`` writes the new K/V in the decode launch: the pool equals ``store_kv``
+    then ``swa_decode``'s bit for bit, the output up to the other kernel's float rounding (sliding layers through the mapping, full layers,
+    fp8 pools with a number and a tensor scale, empty windows whose dropped slot writes nothing),
+    layer after layer."""
+    from triton_swa import store_kv, swa_decode_plan
+
+    b = build(case, device)
+    g = torch.Generator().manual_seed(7)
+    B, H = b.q.shape[0], b.k.shape[1]
+    new_rows = lambda dim: (torch.randn(B, H, dim, generator=g) * 3).to(b.q.dtype).to(device)
+    where = (
+        dict(kv_indptr=b.kv_indptr, kv_indices=b.kv_indices)
+        if case.form == "csr"
+        else dict(page_table=b.page_table, window_starts=b.window_starts, seq_lens=b.seq_lens, page_size=case.page)
+    )
+    opts = dict(sm_scale=0.6 / case.d**0.5, logit_cap=case.softcap, num_splits=case.num_splits, block_n=case.block_n)
+    scales = dict(sinks=b.sinks, k_scale=b.k_scale, v_scale=b.v_scale)
+    k_new, v_new = new_rows(b.k.shape[2]), new_rows(b.v.shape[2])
+    plan = swa_decode_plan(b.q, b.k, b.v, **where, **opts, **scales, store_loc=b.loc, store_mapping=b.mapping, k_new=k_new, v_new=v_new)
+    k_fused, v_fused = b.k.clone(), b.v.clone()
+    for layer in range(2):
+        k_new, v_new = new_rows(b.k.shape[2]), new_rows(b.v.shape[2])
+        store_kv(b.k, b.v, b.loc, k_new, v_new, mapping=b.mapping, k_scale=b.k_scale, v_scale=b.v_scale)
+        want = run(case, b)
+        got = plan.run(b.q, k_fused, v_fused, torch.full_like(want, float("nan")), k_new=k_new, v_new=v_new)
+        for name, x, y in (("k pool", k_fused, b.k), ("v pool", v_fused, b.v)):
+            assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), f"{case.id} layer {layer}: {name}"
+        # another compiled kernel: equal up to its float rounding (bit for bit through the interpreter)
+        exact = dict(atol=0.0, rtol=0.0) if not HAS_CUDA else dict(atol=1e-6, rtol=1e-5) if got.dtype == torch.float32 else {}
+        assert_close(got, want, **exact, name=f"{case.id} layer {layer}: fused against store_kv + swa_decode")
+        assert_close(got, expected(case, b), name=case.id)
+    with pytest.raises(ValueError, match="k_new must be what the plan was made for"):
+        plan.run(b.q, k_fused, v_fused, k_new=k_new[:, :, :1], v_new=v_new)
+    with pytest.raises(TypeError, match="v_new must be a torch.Tensor"):
+        plan.run(b.q, k_fused, v_fused, k_new=k_new)
+    with pytest.raises(ValueError, match="store_loc must hold one slot per request"):
+        swa_decode_plan(b.q, b.k, b.v, **where, **opts, **scales, store_loc=b.loc[:1], k_new=k_new[:1], v_new=v_new[:1])
+    with pytest.raises(ValueError, match="need a plan made with store_loc"):
+        swa_decode_plan(b.q, b.k, b.v, **where, **opts, **scales).run(b.q, b.k, b.v, k_new=k_new, v_new=v_new)
 
 
 @pytest.mark.interpreter

@@ -320,10 +320,10 @@ def _host_lens(name: str, x, read: bool) -> torch.Tensor | None:
     return lens
 
 
-def check_mapping(mapping, device, page_size: int | None) -> None:
-    check_tensor("mapping", mapping, dtype=INDEX_DTYPES, device=device, ndim=1)
+def check_mapping(mapping, device, page_size: int | None, name: str = "mapping") -> None:
+    check_tensor(name, mapping, dtype=INDEX_DTYPES, device=device, ndim=1)
     if mapping.stride(0) != 1:
-        raise ValueError(f"mapping must be contiguous, got stride {mapping.stride(0)}")
+        raise ValueError(f"{name} must be contiguous, got stride {mapping.stride(0)}")
     # The allocator's mapping has size + page_size + 1 entries with size a multiple of page_size.
     if page_size is not None and (mapping.numel() - 1) % page_size:
         raise ValueError(

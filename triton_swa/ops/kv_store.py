@@ -77,7 +77,21 @@ def _bf16_bits(x):
 
 
 @triton.jit
-def _swa_store_rows(
+def store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING: tl.constexpr):
+    """The slot (int64) that token ``i_n``'s K/V go to: ``loc[i_n]``, through ``mapping`` for a sliding
+    layer (a ``loc`` wrapped from the end like torch; one outside the mapping reads nothing and gives
+    ``-(2**62)``, which lies outside every buffer after the caller's wrap)."""
+    slot = tl.load(loc + i_n * stride_loc).to(tl.int64)
+    if HAS_MAPPING:
+        slot = tl.where(slot < 0, slot + n_mapping, slot)
+        m_map = (slot >= 0) & (slot < n_mapping)
+        slot = tl.load(mapping + slot, mask=m_map, other=0).to(tl.int64)
+        slot = tl.where(m_map, slot, -4611686018427387904)
+    return slot
+
+
+@triton.jit
+def store_rows(
     buf,
     stride_buf_s,
     stride_buf_h,
@@ -178,16 +192,10 @@ def _swa_store_kv_kernel(
     """
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
-    slot = tl.load(loc + i_n * stride_loc).to(tl.int64)
-    if HAS_MAPPING:
-        slot = tl.where(slot < 0, slot + n_mapping, slot)
-        m_map = (slot >= 0) & (slot < n_mapping)
-        # a dropped loc gets slot -(2**62): outside both buffers after the wrap below
-        slot = tl.load(mapping + slot, mask=m_map, other=0).to(tl.int64)
-        slot = tl.where(m_map, slot, -4611686018427387904)
+    slot = store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING)
     slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
     slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
-    _swa_store_rows(
+    store_rows(
         k_buffer,
         stride_kb_s,
         stride_kb_h,
@@ -209,7 +217,7 @@ def _swa_store_kv_kernel(
         BLOCK_H,
         BLOCK_D,
     )
-    _swa_store_rows(
+    store_rows(
         v_buffer,
         stride_vb_s,
         stride_vb_h,
@@ -260,7 +268,7 @@ def _scale_kind(scale):
     return (scale.dtype, scale.shape, scale.device) if isinstance(scale, torch.Tensor) else scale is None
 
 
-def _store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
+def store_view(buf: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The buffer as the kernel writes it, and its ``ENC``: bfloat16 as int16 bits (1), float8 e4m3fn
     (typed, or the pools' uint8 storage) as uint8 bits (2), float8 e4m3fnuz as uint8 bits (3), others
     as themselves (0)."""
@@ -329,26 +337,32 @@ def store_kv(
 
 def _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale) -> KVStorePlan | None:
     """Check a store (raising TypeError/ValueError naming the argument) and plan it; None: no rows."""
+    k_mode, v_mode = check_store_kv_args(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale)
+    if loc.shape[0] == 0:
+        return None
+    return KVStorePlan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode, v_mode)
+
+
+def check_store_kv_args(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, names=("loc", "k", "v", "mapping")) -> tuple[int, int]:
+    """Check :func:`store_kv`'s arguments, naming ``loc``, ``k``, ``v`` and ``mapping`` as ``names``
+    (a fused store calls them otherwise); returns the scales' modes (0 none, 1 a number, 2 a tensor)."""
+    loc_name, k_name, v_name, mapping_name = names
     allowed = KV_DTYPES + (torch.uint8,)
     check_tensor("k_buffer", k_buffer, dtype=allowed, ndim=3)
     device = k_buffer.device
     check_tensor("v_buffer", v_buffer, dtype=allowed, device=device, ndim=3)
-    check_tensor("loc", loc, dtype=INDEX_DTYPES, device=device, ndim=1)
+    check_tensor(loc_name, loc, dtype=INDEX_DTYPES, device=device, ndim=1)
     n = loc.shape[0]
     _, H, D = k_buffer.shape
     _, HV, DV = v_buffer.shape
-    check_tensor("k", k, device=device, shape=(n, H, D))
-    check_tensor("v", v, device=device, shape=(n, HV, DV))
-    for name, x in (("k", k), ("v", v)):
+    check_tensor(k_name, k, device=device, shape=(n, H, D))
+    check_tensor(v_name, v, device=device, shape=(n, HV, DV))
+    for name, x in ((k_name, k), (v_name, v)):
         if not x.dtype.is_floating_point:
             raise TypeError(f"{name} must be floating, got {x.dtype}")
     if mapping is not None:
-        check_mapping(mapping, device, None)
-    k_mode = _scale_arg("k_scale", k_scale, device)[0]
-    v_mode = _scale_arg("v_scale", v_scale, device)[0]
-    if n == 0:
-        return None
-    return KVStorePlan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode, v_mode)
+        check_mapping(mapping, device, None, mapping_name)
+    return _scale_arg("k_scale", k_scale, device)[0], _scale_arg("v_scale", v_scale, device)[0]
 
 
 class KVStorePlan:
@@ -375,8 +389,8 @@ class KVStorePlan:
     )
 
     def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode: int, v_mode: int):
-        kb, k_enc = _store_view(k_buffer)
-        vb, v_enc = _store_view(v_buffer)
+        kb, k_enc = store_view(k_buffer)
+        vb, v_enc = store_view(v_buffer)
         _, H, D = k_buffer.shape
         _, HV, DV = v_buffer.shape
         self._keys = (tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(k), tensor_key(v))
@@ -433,7 +447,7 @@ class KVStorePlan:
     def views(k_buffer, v_buffer) -> tuple:
         """The buffers as the kernel writes them (bfloat16 and fp8 as their bits): what
         :meth:`_launch` takes, to be kept by a caller that writes the same buffers every step."""
-        return _store_view(k_buffer)[0], _store_view(v_buffer)[0]
+        return store_view(k_buffer)[0], store_view(v_buffer)[0]
 
     def _launch(self, kb, vb, k, v, k_val, k_ptr, v_val, v_ptr) -> None:
         """:meth:`run` after its checks: buffers as :meth:`views` gives them, the scales as

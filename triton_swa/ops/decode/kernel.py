@@ -4,7 +4,8 @@ One program takes request ``i_b``, KV head ``i_h``, query heads ``[i_gb * BLOCK_
 group (GQA packing: one ``tl.dot`` over the group, padded to 16 rows, so each K/V byte is read once)
 and split ``i_s`` of the window. With one split it writes the output; with several, float32 partials
 (``triton_swa.ops._common.merge``), merged by the merge kernel or, with ``FUSED_MERGE``, by the group's
-last split in place.
+last split in place. With ``STORE`` it first writes the step's new K/V (``store_kv``'s job, fused:
+one launch per layer fewer).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import triton.language as tl
 from .._common.fp8 import fp8_decode, fp8_rescale
 from .._common.merge import merge_partials
 from .._common.softmax import LOG2E, fold_sink, soft_cap
+from ..kv_store import store_rows, store_slot
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_mapping", "rows_k", "rows_v"])
 def _swa_decode_kernel(
     q,
     k_buffer,
@@ -33,9 +35,16 @@ def _swa_decode_kernel(
     sinks,
     k_scale_ptr,
     v_scale_ptr,
+    k_new,
+    v_new,
+    k_store,
+    v_store,
+    loc,
+    mapping,
     sm_scale,
     v_scale,
     logit_cap,
+    k_scale,
     num_splits,
     lse_offset,
     stride_qb,
@@ -47,6 +56,16 @@ def _swa_decode_kernel(
     stride_ob,
     stride_oh,
     stride_pt,
+    stride_knb,
+    stride_knh,
+    stride_knd,
+    stride_vnb,
+    stride_vnh,
+    stride_vnd,
+    stride_loc,
+    n_mapping,
+    rows_k,
+    rows_v,
     H,
     G,
     NUM_GB,
@@ -70,6 +89,12 @@ def _swa_decode_kernel(
     UPCAST_DOT: tl.constexpr,
     F16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    STORE: tl.constexpr,
+    STORE_MAPPING: tl.constexpr,
+    STORE_K_SCALE: tl.constexpr,
+    STORE_V_SCALE: tl.constexpr,
+    K_ENC: tl.constexpr,
+    V_ENC: tl.constexpr,
 ):
     # One program: request i_b, KV head i_h, query heads [i_gb * BLOCK_G, +BLOCK_G) of its group, and
     # split i_s of the window. Scores live in the log2 domain (exp2 is the cheap exponential).
@@ -114,6 +139,64 @@ def _swa_decode_kernel(
     chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     n_lo = i_s * chunk
     n_hi = tl.minimum(n_lo + chunk, kv_len)
+
+    if STORE:
+        # The step's new K/V (``store_kv`` fused): written at the request's slot by the programs whose
+        # split holds the window's last token (every query-head block of the KV head writes the same
+        # bytes), then read back by the loop like any other token once the barrier has ordered this
+        # program's stores before its loads. A request with an empty window stores from split 0, as
+        # the store kernel would.
+        last = kv_len - 1
+        mine = ((last >= n_lo) & (last < n_hi)) | ((kv_len == 0) & (i_s == 0))
+        slot_new = store_slot(loc, i_b, stride_loc, mapping, n_mapping, STORE_MAPPING)
+        slot_new = tl.where(mine, slot_new, -4611686018427387904)
+        slot_k = tl.where(slot_new < 0, slot_new + rows_k, slot_new)
+        slot_v = tl.where(slot_new < 0, slot_new + rows_v, slot_new)
+        store_rows(
+            k_store,
+            stride_kn,
+            stride_kh,
+            1,
+            slot_k,
+            rows_k,
+            k_new,
+            stride_knb,
+            stride_knh,
+            stride_knd,
+            i_b,
+            k_scale,
+            k_scale_ptr,
+            H,
+            D,
+            i_h,
+            STORE_K_SCALE,
+            K_ENC,
+            1,
+            BLOCK_D,
+        )
+        store_rows(
+            v_store,
+            stride_vn,
+            stride_vh,
+            1,
+            slot_v,
+            rows_v,
+            v_new,
+            stride_vnb,
+            stride_vnh,
+            stride_vnd,
+            i_b,
+            v_scale,
+            v_scale_ptr,
+            H,
+            DV,
+            i_h,
+            STORE_V_SCALE,
+            V_ENC,
+            1,
+            BLOCK_DV,
+        )
+        tl.debug_barrier()
 
     if K_SCALE_PTR:
         sm_scale = sm_scale * tl.load(k_scale_ptr).to(tl.float32)

@@ -51,6 +51,7 @@ from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher, current_stream
 from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
+from ..kv_store import check_store_kv_args, store_view
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
 
@@ -136,6 +137,7 @@ def _signature(
     block_n,
     softcap,
     tune,
+    new_kv=None,
 ) -> tuple:
     """What the checks and the plan depend on: dtypes, shapes, strides and devices of the tensors, the
     types and values of the options. CSR indices enter by dtype, device and contiguity only (their length
@@ -160,6 +162,7 @@ def _signature(
         scale_key(k_scale),
         scale_key(v_scale),
         softcap,
+        None if new_kv is None else tuple(tensor_key(t) for t in new_kv),
         type(page_size),
         page_size,
         type(max_window),
@@ -170,6 +173,35 @@ def _signature(
         block_n,
         tune,
     )
+
+
+class _Store(NamedTuple):
+    """The fused K/V store's part of a plan: its integer arguments and constexprs (off: zeros)."""
+
+    ints: tuple = (0,) * 10
+    constexprs: dict = dict(STORE=False, STORE_MAPPING=False, STORE_K_SCALE=0, STORE_V_SCALE=0, K_ENC=0, V_ENC=0)
+
+
+def _check_store(new_kv, k_buffer, v_buffer, k_scale, v_scale, B: int) -> _Store:
+    """Check the fused store's ``(store_loc, store_mapping, k_new, v_new)`` as :func:`store_kv` checks
+    its arguments (one new row per request), and plan its part of the kernel."""
+    if new_kv is None:
+        return _Store()
+    loc, mapping, k_new, v_new = new_kv
+    if loc is None or k_new is None or v_new is None:
+        raise ValueError("a fused K/V store needs store_loc, k_new and v_new together")
+    names = ("store_loc", "k_new", "v_new", "store_mapping")
+    check_store_kv_args(k_buffer, v_buffer, loc, k_new, v_new, mapping, k_scale, v_scale, names=names)
+    if loc.shape[0] != B:
+        raise ValueError(f"store_loc must hold one slot per request ({B}), got {loc.shape[0]}")
+    modes = tuple(0 if s is None else 2 if isinstance(s, torch.Tensor) else 1 for s in (k_scale, v_scale))
+    _, k_enc = store_view(k_buffer)
+    _, v_enc = store_view(v_buffer)
+    n_mapping = 0 if mapping is None else mapping.numel()
+    ints = (*k_new.stride(), *v_new.stride(), loc.stride(0), n_mapping, k_buffer.shape[0], v_buffer.shape[0])
+    constexprs = dict(STORE=True, STORE_MAPPING=mapping is not None, K_ENC=k_enc, V_ENC=v_enc)
+    constexprs.update(STORE_K_SCALE=modes[0], STORE_V_SCALE=modes[1])
+    return _Store(ints, constexprs)
 
 
 def _check_and_plan(
@@ -191,6 +223,7 @@ def _check_and_plan(
     block_n,
     softcap,
     tune,
+    new_kv=None,
 ) -> _Plan:
     """Check the inputs (raising TypeError/ValueError naming the argument) and plan the launch."""
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
@@ -268,6 +301,7 @@ def _check_and_plan(
             raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
     if block_n is not None:
         check_pow2("block_n", block_n, 16)
+    store = _check_store(new_kv, k_buffer, v_buffer, k_scale, v_scale, B)
 
     G = HQ // H
     interpret = interpreting()
@@ -324,6 +358,7 @@ def _check_and_plan(
         stride_ob,
         stride_oh,
         page_table.stride(0) if paged else 0,
+        *store.ints,
         H,
         G,
         num_gb,
@@ -355,8 +390,9 @@ def _check_and_plan(
             F16_DOT=f16_dot,
             # float32 dots are exact (not tf32); fp16/bf16 dots take the target's default.
             DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else None,
+            **store.constexprs,
         )
-        return Launcher(_swa_decode_kernel, (programs, num_splits, 1), constexprs, 14, num_warps, num_stages)
+        return Launcher(_swa_decode_kernel, (programs, num_splits, 1), constexprs, 20, num_warps, num_stages)
 
     def merge() -> Launcher:
         return merge_launcher(B, HQ, DV, num_splits, sinks is not None, skip_padding=False)
@@ -449,8 +485,9 @@ def _swa_decode_impl(
             sem = q
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
     sinks_arg = q if sinks is None else sinks
-    scalars = (scale * k_scale_f, v_scale_f, float(logit_cap))
-    tensors = (q, k_buffer, v_buffer, out, part, sem, *windows, sinks_arg, k_scale_t, v_scale_t)
+    scalars = (scale * k_scale_f, v_scale_f, float(logit_cap), k_scale_f)
+    # no fused store: q stands in for its six pointers
+    tensors = (q, k_buffer, v_buffer, out, part, sem, *windows, sinks_arg, k_scale_t, v_scale_t, q, q, q, q, q, q)
     if not plan.fused:
         # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched
         # with addresses (the checks vouch for their devices)
@@ -470,6 +507,26 @@ def _swa_decode_impl(
     if merge is not None:
         merge((part, sinks_arg, out, part, *plan.merge_ints))
     return out
+
+
+_IN_PLACE = _Tune(fused_merge=True)
+
+
+def _merges_in_place(in_place_merge: bool | None, q, k_buffer, v_buffer) -> bool:
+    """A plan's merge of its splits: in place (by each group's last split: one launch per run) when
+    asked, or by default for head dims up to 256 outside a CUDA-graph capture (eager runs are bound by
+    the host's launches; the H200's GPU time is the same either way there, B 1: 8.9 us at D 128, 12.5
+    at D 256); the merge kernel otherwise (in place cost 512-wide heads twice the GPU time: 39 against
+    18 us at B 1)."""
+    if in_place_merge is not None:
+        if not isinstance(in_place_merge, bool):
+            raise TypeError(f"in_place_merge must be a bool or None, got {type(in_place_merge).__name__}")
+        return in_place_merge
+    if not isinstance(q, torch.Tensor) or not isinstance(k_buffer, torch.Tensor) or not isinstance(v_buffer, torch.Tensor):
+        return False  # the checks name it
+    if max(k_buffer.shape[-1], v_buffer.shape[-1]) > 256:
+        return False
+    return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _bind_pair(plan: _Plan, main_args: tuple, merge_args: tuple):
@@ -580,31 +637,55 @@ class DecodePlan:
     Made by :func:`swa_decode_plan`. The plan holds the window (its index tensors, read at each run:
     refill them in place between runs if you like), the split count, grid, compiled kernels and the
     split-KV workspace; a run checks that its tensors are the planned kind in O(1) and launches the
-    compiled kernels directly. Splits merge in the merge kernel, as :func:`swa_decode`'s do (the
-    in-place merge saves a launch but cost the H200 twice the GPU time on 512-wide heads: 39 against
-    18 us at B 1, graph replay). Runs of one plan share its workspace: issue them in order on one
-    stream (as a model's layers run), not concurrently on several.
+    compiled kernels directly: one launch per run, or two where splits merge in the merge kernel (see
+    ``in_place_merge``). With ``store_loc`` the launch also writes the layer's new K/V. Runs of one
+    plan share its workspace and counters: issue them in order on one stream (as a model's layers
+    run), not concurrently on several.
     """
 
-    __slots__ = ("_plan", "_keys", "_sinks", "_scales", "_scale_kinds", "_sm_scale", "_cap", "_tensors", "_ptrs", "_bound", "__weakref__")
+    __slots__ = (
+        "_plan",
+        "_keys",
+        "_new_keys",
+        "_sinks",
+        "_scales",
+        "_scale_kinds",
+        "_sm_scale",
+        "_cap",
+        "_tensors",
+        "_ptrs",
+        "_store",
+        "_store_ptrs",
+        "_bound",
+        "__weakref__",
+    )
 
-    def __init__(self, plan: _Plan, q, k_buffer, v_buffer, windows: tuple, sinks, k_scale, v_scale, sm_scale: float, cap: float):
+    def __init__(
+        self, plan: _Plan, q, k_buffer, v_buffer, windows: tuple, sinks, k_scale, v_scale, sm_scale: float, cap: float, new_kv=None
+    ):
         self._plan = plan
         self._keys = (tensor_key(q), tensor_key(k_buffer), tensor_key(v_buffer))
+        # the fused store: the step's slots (and mapping), and the kind of the new rows each run brings
+        self._new_keys = None if new_kv is None else (tensor_key(new_kv[2]), tensor_key(new_kv[3]))
         self._sinks = sinks
         self._scale_kinds = (scale_key(k_scale), scale_key(v_scale))
         self._scales = (k_scale, v_scale)
         self._sm_scale, self._cap = sm_scale, cap
         device = q.device
-        # a word standing in for the pointers the kernel does not read (the in-place merge's counters)
+        # a word standing in for the pointers the kernel does not read
         dummy = torch.zeros(4, dtype=torch.int32, device=device)
         part = poison.empty(plan.part_numel, dtype=torch.float32, device=device) if plan.split else dummy
+        # the in-place merge's counters, zero between runs (each run's last splits put them back)
+        counters = torch.zeros(plan.programs, dtype=torch.int32, device=device) if plan.fused else dummy
         windows = tuple(dummy if w is q else w for w in windows)
-        self._tensors = (part, dummy, *windows)  # the plan's own pointers, in the kernel's order
+        self._tensors = (part, counters, *windows)  # the plan's own pointers, in the kernel's order
         self._ptrs = tuple(t.data_ptr() for t in self._tensors)
+        loc, mapping = (dummy, dummy) if new_kv is None else (new_kv[0], dummy if new_kv[1] is None else new_kv[1])
+        self._store = (loc, mapping)
+        self._store_ptrs = (loc.data_ptr(), mapping.data_ptr())
         # runs launch the compiled kernels that the plan's signature shares (bound once, at the first
         # aligned run of any plan of it), when this plan's own pointers are aligned too
-        aligned = all(p & 15 == 0 for p in self._ptrs)
+        aligned = all(p & 15 == 0 for p in self._ptrs + self._store_ptrs)
         self._bound = None if aligned else False
 
     @property
@@ -619,9 +700,13 @@ class DecodePlan:
         if got != key:
             raise ValueError(f"{name} must be what the plan was made for (dtype, shape, strides, device {key}), got {got}: make a new plan")
 
-    def run(self, q, k_buffer, v_buffer, out=None, *, sinks=None, k_scale=None, v_scale=None) -> torch.Tensor:
+    def run(self, q, k_buffer, v_buffer, out=None, *, k_new=None, v_new=None, sinks=None, k_scale=None, v_scale=None) -> torch.Tensor:
         """Decode ``q`` over the planned windows of ``k_buffer``/``v_buffer`` (another layer's buffers
         of the planned kind are fine); returns ``out`` (a new ``[B, HQ, Dv]`` tensor when None).
+
+        A plan made with ``store_loc`` first writes ``k_new``/``v_new`` (this layer's new rows, of the
+        planned kind; required) at the planned slots, as :func:`~triton_swa.store_kv` would, in the
+        same launch.
 
         ``sinks``, ``k_scale`` and ``v_scale`` default to the planned ones and must be of their kind
         (a tensor where the plan had a tensor of that dtype, shape and device; a number where it had
@@ -634,6 +719,13 @@ class DecodePlan:
         self._check("q", q, q_key)
         self._check("k_buffer", k_buffer, k_key)
         self._check("v_buffer", v_buffer, v_key)
+        new = None
+        if self._new_keys is not None:
+            self._check("k_new", k_new, self._new_keys[0])
+            self._check("v_new", v_new, self._new_keys[1])
+            new = (k_new, v_new, store_view(k_buffer)[0], store_view(v_buffer)[0])
+        elif k_new is not None or v_new is not None:
+            raise ValueError("k_new and v_new need a plan made with store_loc (a fused K/V store)")
         if out is not None:
             B, HQ, DV = self._plan.out_shape
             self._check("out", out, (q.dtype, torch.Size((B, HQ, DV)), (HQ * DV, DV, 1), q.device))
@@ -647,12 +739,14 @@ class DecodePlan:
             raise ValueError("k_scale and v_scale must be of the planned kinds (a number, or a tensor of the plan's dtype, shape, device)")
         k_scale_f, k_scale_t = split_kv_scale("k_scale", k_scale)
         v_scale_f, v_scale_t = split_kv_scale("v_scale", v_scale)
-        return self._launch(q, k_buffer, v_buffer, out, sinks, k_scale_f, k_scale_t, v_scale_f, v_scale_t)
+        return self._launch(q, k_buffer, v_buffer, out, sinks, k_scale_f, k_scale_t, v_scale_f, v_scale_t, new)
 
-    def _launch(self, q, k_buffer, v_buffer, out, sinks, k_scale_f, k_scale_t, v_scale_f, v_scale_t) -> torch.Tensor:
+    def _launch(self, q, k_buffer, v_buffer, out, sinks, k_scale_f, k_scale_t, v_scale_f, v_scale_t, new=None) -> torch.Tensor:
         """:meth:`run` after its checks (the backend checks a layer's kind once per step): scales split
-        by ``split_kv_scale``; ``out`` None allocates. ``q`` and ``out`` are read by pointer with the
-        planned strides: a ``[B, HQ * D]`` view of a planned ``[B, HQ, D]`` is the same call."""
+        by ``split_kv_scale``; ``out`` None allocates; ``new``: the fused store's ``(k_new, v_new,
+        k_store, v_store)`` (the buffers as ``store_view`` gives them), or None without one. ``q``, ``out``
+        and the new rows are read by pointer with the planned strides: a ``[B, HQ * D]`` view of a
+        planned ``[B, HQ, D]`` is the same call."""
         plan = self._plan
         if out is None:
             out = poison.empty(plan.out_shape, dtype=q.dtype, device=q.device)
@@ -660,7 +754,9 @@ class DecodePlan:
             return out
         if plan.kv_view is not None:
             k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
-        scalars = (self._sm_scale * k_scale_f, v_scale_f, self._cap)
+        scalars = (self._sm_scale * k_scale_f, v_scale_f, self._cap, k_scale_f)
+        if new is None:
+            new = (q, q, q, q)  # stand-ins for the store's pointers (not read)
         bound = False if self._bound is False else plan.bound
         if bound is not False:
             # the compiled kernel, for runs whose own pointers are 16-byte aligned (as the plan's
@@ -669,33 +765,35 @@ class DecodePlan:
             sp = qp if sinks is None else sinks.data_ptr()
             ksp = qp if k_scale_t is None else k_scale_t.data_ptr()
             vsp = qp if v_scale_t is None else v_scale_t.data_ptr()
-            if (qp | kp | vp | op | sp | ksp | vsp) & 15 == 0:
+            nkp, nvp, nksp, nvsp = (t.data_ptr() for t in new)
+            if (qp | kp | vp | op | sp | ksp | vsp | nkp | nvp | nksp | nvsp) & 15 == 0:
                 if bound is None:
-                    bound = self._bind(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars)
+                    bound = self._bind(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars)
                 if bound:
                     main, merge = bound
-                    main((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, *scalars, *plan.ints))
+                    main((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, nkp, nvp, nksp, nvsp, *self._store_ptrs, *scalars, *plan.ints))
                     if merge is not None:
                         part = self._ptrs[0]
                         merge((part, sp, op, part, *plan.merge_ints))
                     return out
-        plan.main(self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars))
+        plan.main(self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars))
         if plan.merge is not None:
             part = self._tensors[0]
             plan.merge((part, q if sinks is None else sinks, out, part, *plan.merge_ints))
         return out
 
-    def _bind(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars):
+    def _bind(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars):
         """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""
         plan, part = self._plan, self._tensors[0]
         merge_args = (part, q if sinks is None else sinks, out, part, *plan.merge_ints)
-        plan.bound = _bind_pair(plan, self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars), merge_args)
+        plan.bound = _bind_pair(plan, self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars), merge_args)
         return plan.bound
 
-    def _args(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, scalars) -> tuple:
+    def _args(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars) -> tuple:
         """The kernel's arguments as tensors (the JIT's launch, and the binding)."""
         pick = lambda t: q if t is None else t
-        return (q, k_buffer, v_buffer, out, *self._tensors, pick(sinks), pick(k_scale_t), pick(v_scale_t), *scalars, *self._plan.ints)
+        tensors = (*self._tensors, pick(sinks), pick(k_scale_t), pick(v_scale_t), *new, *self._store)
+        return (q, k_buffer, v_buffer, out, *tensors, *scalars, *self._plan.ints)
 
 
 @guarded(check_swa_decode)
@@ -718,12 +816,17 @@ def swa_decode_plan(
     max_window: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    store_loc: torch.Tensor | None = None,
+    store_mapping: torch.Tensor | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    in_place_merge: bool | None = None,
 ) -> DecodePlan:
     """Check and plan :func:`swa_decode` once, for the pattern "plan once per step, run per layer".
 
     Takes :func:`swa_decode`'s arguments but ``out`` (the same rules and errors) and returns a
-    :class:`DecodePlan`: ``plan.run(q, k_buffer, v_buffer, out=None, *, sinks=None, k_scale=None,
-    v_scale=None)`` then decodes any ``q`` and buffers of the planned dtypes, shapes and strides over
+    :class:`DecodePlan`: ``plan.run(q, k_buffer, v_buffer, out=None, *, k_new=None, v_new=None,
+    sinks=None, k_scale=None, v_scale=None)`` then decodes any ``q`` and buffers of the planned dtypes, shapes and strides over
     the planned windows, with the checks of that kind alone (O(1)) and the compiled kernels launched
     directly. Its output equals :func:`swa_decode`'s with the same arguments, bit for bit. ``q``'s
     values are not read here, only its kind; ``debug`` checks the windows against the buffers once,
@@ -733,6 +836,22 @@ def swa_decode_plan(
                                seq_lens=lens, page_size=16, sm_scale=scale, max_window=W + 1)
         for layer in range(num_layers):
             out = plan.run(q[layer], k_buffers[layer], v_buffers[layer])
+
+    Two options only a plan has:
+
+    - ``store_loc`` (int32/int64 `[B]` full slots, the step's ``out_cache_loc``), with
+      ``store_mapping`` (``full_to_swa_index_mapping`` for a sliding layer, else None) and the kind of
+      the new rows ``k_new`` `[B, H, D]` / ``v_new`` `[B, H, Dv]` (floating, any strides; their values
+      are not read here): each run then writes its ``k_new`` / ``v_new`` into its buffers at those
+      slots, as :func:`~triton_swa.store_kv` with the same arguments and the run's scales would, bit
+      for bit, inside the decode launch, before the window is read (one launch per layer fewer). The
+      window's last token must be the one written, as it is when the store runs first: request
+      ``b``'s window ends at ``store_loc[b]``'s slot.
+    - ``in_place_merge`` (bool | None): where the window is split, the group's last split merges the
+      partials (one launch per run) instead of the merge kernel (two). None chooses in place for head
+      dims up to 256 when the plan is made outside a CUDA-graph capture (eager runs, bound by their
+      launches; the same GPU time there) and the merge kernel otherwise (in place cost 512-wide heads
+      twice the GPU time on the H200).
 
     Raises:
         TypeError, ValueError: as :func:`swa_decode`, before anything is launched.
@@ -759,9 +878,11 @@ def swa_decode_plan(
         num_splits,
         block_n,
         logit_cap > 0,
-        None,
+        _IN_PLACE if _merges_in_place(in_place_merge, q, k_buffer, v_buffer) else None,
     )
-    plan = _PLANS.get_or_make(_signature, _check_and_plan, args)
+    given = (store_loc, store_mapping, k_new, v_new)
+    new_kv = None if all(t is None for t in given) else given
+    plan = _PLANS.get_or_make(_signature, _check_and_plan, (*args, new_kv))
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
     scale = plan.default_scale if sm_scale is None else sm_scale
-    return DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap))
+    return DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap), new_kv)
