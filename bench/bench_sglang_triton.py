@@ -698,7 +698,7 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    from bench.harness import COLUMNS  # the columns of docs/contract.md §7, as every benchmark writes them
+    from triton_swa.benchmark.runner import SPEC_COLUMNS as COLUMNS  # the columns of docs/contract.md §7
 
     device = "cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda"
     if device == "cpu" and not args.cpu_smoke:

@@ -5,8 +5,11 @@
 #   bash scripts/gpu.sh tests SHA      the GPU suite (-n 14), then the soak
 #   bash scripts/gpu.sh bench SHA      `triton-swa bench` over its default grid against every peer found:
 #                                      decode, then prefill and verify (extra arguments go to both runs)
-#   bash scripts/gpu.sh hostcost SHA   the step path's host cost (bench/host_cost.py) of this tree with
-#                                      FlashInfer's rows, then of .ab/before when it is there (the A/B)
+#   bash scripts/gpu.sh hostcost SHA   the step path's host cost (`triton-swa bench --op step`) of this tree
+#                                      with FlashInfer's rows, then this tree beside .ab/before when it is
+#                                      there (`--compare before=.ab/before`, the A/B)
+#   bash scripts/gpu.sh ab SHA         the ops' same-run A/B: triton_swa of this tree beside .ab/before's
+#                                      (`triton-swa bench --quick --op decode,prefill,verify,indices --compare`)
 #   bash scripts/gpu.sh demo SHA       the demo's gpu preset (needs transformers: .whl/demo)
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
 #
@@ -20,7 +23,7 @@
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|demo|all SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|demo|all SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -71,14 +74,19 @@ bench() {
 }
 
 hostcost() {
+  local step=(python3 -m triton_swa bench --op step --git-sha "$sha" --dirty clean --out "$out")
   echo "== host cost of $sha"
-  timeout "${HOSTCOST_TIMEOUT_S:-300}" python3 bench/host_cost.py --tree . --name "$sha" 2>&1 | tee "$out/host-cost-$sha.log" \
-    | grep -v "^ROW"
+  timeout "${HOSTCOST_TIMEOUT_S:-300}" "${step[@]}" 2>&1 | tee "$out/host-cost-$sha.log" | grep -v "^ROW"
   if [ -f .ab/before/triton_swa/__init__.py ]; then
-    echo "== host cost of .ab/before"
-    timeout "${HOSTCOST_TIMEOUT_S:-300}" python3 bench/host_cost.py --tree .ab/before --name before --no-flashinfer 2>&1 \
-      | tee "$out/host-cost-before.log" | grep -v "^ROW"
+    echo "== host cost of $sha beside .ab/before"
+    timeout "${HOSTCOST_AB_TIMEOUT_S:-480}" "${step[@]}" --compare before=.ab/before --no-flashinfer 2>&1 \
+      | tee "$out/host-cost-ab-$sha.log" | grep -v "^ROW"
   fi
+}
+
+ab() {
+  [ -f .ab/before/triton_swa/__init__.py ] || { echo "no .ab/before (git archive OLD | tar -x -C .ab/before)"; return 2; }
+  bench_run ab "${AB_TIMEOUT_S:-480}" --quick --op decode,prefill,verify,indices --compare before=.ab/before "$@"
 }
 
 demo() {
@@ -88,7 +96,7 @@ demo() {
 }
 
 case "$what" in
-  tests | bench | hostcost | demo) "$what" "$@" ;;
+  tests | bench | hostcost | ab | demo) "$what" "$@" ;;
   all)
     tests
     status=$?
@@ -97,7 +105,7 @@ case "$what" in
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests, bench, hostcost, demo, all)"
+    echo "unknown: $what (tests, bench, hostcost, ab, demo, all)"
     exit 2
     ;;
 esac

@@ -113,7 +113,8 @@ def test_bytes_and_flops_count_the_window_once():
 def test_case_ids_are_unique():
     """Every case of every selection has its own id (decode and prefill of one shape once shared one,
     and the worker ran the prefill twice)."""
-    for cases in (catalog(), catalog(quick=True), catalog(smoke=True)):
+    every = ("decode", "prefill", "verify", "indices")
+    for cases in (catalog(), catalog(quick=True), catalog(smoke=True), catalog(every), catalog(every, grid="heuristics")):
         ids = [c.id for c in cases]
         assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
 
@@ -135,6 +136,9 @@ def test_the_copy_ceiling_counts_read_and_write():
         (["--op", "prefil"], "--op: unknown ['prefil']"),
         (["--providers", "triton_swa,flashinfer"], "--providers: unknown ['flashinfer']"),
         (["--shape", "g5"], "--shape: unknown ['g5']"),
+        (["--op", "step,decode"], "--op step runs alone"),
+        (["--compare", "/nonexistent"], "expected [NAME=]DIR with DIR/triton_swa/__init__.py"),
+        (["--compare", str(ROOT), "--providers", "flex"], "--compare runs provider triton_swa of each tree"),
     ],
 )
 def test_bad_arguments_are_named(args, message, capsys):

@@ -14,6 +14,12 @@ has its id.
     triton-swa bench --op decode --providers triton_swa,flashinfer_decode_tc,flashinfer_decode_cc
     triton-swa bench --smoke            # tiny shapes; on a CPU through Triton's interpreter
     triton-swa bench --replot bench/results/bench-2026-12-01-NVIDIA_H200.csv   # the plots, from the rows
+    triton-swa bench --grid heuristics --op decode --providers triton_swa,copy_same_bytes   # the heuristics' grid
+    triton-swa bench --op indices       # the window index build: fused, two-pass, plain gather
+    triton-swa bench --op decode --providers triton_swa,triton_swa_debug,triton_swa_fp8_bytes
+    triton-swa bench --op step          # a 48-layer step's host cost, eager and graph (:mod:`.step`)
+    triton-swa bench --op step --compare before=.ab/before --no-flashinfer   # two trees side by side
+    triton-swa bench --op decode,verify --compare .ab/before --rounds 3      # (:mod:`.compare`)
 """
 
 from __future__ import annotations
@@ -43,20 +49,70 @@ def _replot(csv_path: Path) -> int:
     return 0
 
 
+def _write(args, table: list[dict], sha, dirty) -> Path | None:
+    """Append the run's rows to ``--out``'s CSV of the day and GPU; None when they lack a dirty flag."""
+    from .runner import write_csv
+
+    if not sha or not dirty:
+        print("no CSV written: --git-sha (or GIT_SHA) was given without --dirty", file=sys.stderr)
+        return None
+    gpu = table[0]["gpu"].replace(" ", "_")
+    csv_path = Path(args.out) / f"bench-{datetime.date.today().isoformat()}-{gpu}.csv"
+    write_csv(csv_path, table)
+    print(f"rows: {csv_path}")
+    return csv_path
+
+
+def _step(args, trees) -> int:
+    """``--op step``: this tree's step (in this process), or every tree's side by side (``--compare``)."""
+    from . import step
+    from .runner import provenance
+
+    sha, dirty = provenance(args.git_sha, args.dirty)
+    run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
+    kw = dict(
+        batches=_ints(args.batch) if args.batch else [1, 8, 64],
+        verify_batches=_ints(args.verify_batch) if args.verify_batch else [1, 8],
+        rounds=args.rounds or 7,
+        flashinfer=not args.no_flashinfer,
+    )
+    if trees:
+        by_tree = compare_step(trees, kw)
+    else:
+        by_tree = {sha or "this": step.measure(sha or "this", **kw)}
+    table = [r for i, (name, rows) in enumerate(by_tree.items()) for r in step.csv_rows(rows, f"{name}:" if i else "", sha, dirty, run_id)]
+    if table and not args.no_csv and _write(args, table, sha, dirty) is None:
+        return 2
+    return 0 if all(by_tree.values()) else 1
+
+
+def compare_step(trees, kw: dict) -> dict:
+    from . import step
+    from .compare import run_step
+
+    by_tree = run_step(trees, kw)
+    print("\n== side by side (us; the other trees' values over this one's)")
+    print(step.compare_table(by_tree))
+    return by_tree
+
+
 def main(argv=None) -> int:
     import torch
 
     from . import providers as P
-    from .cases import OPS, SHAPES, catalog
-    from .runner import load_plugins, plot, provenance, run, summary, to_csv_rows, write_csv
+    from .cases import ATTENTION_OPS, GRIDS, OPS, SHAPES, catalog
+    from .runner import load_plugins, plot, provenance, run, summary, to_csv_rows
 
     parser = argparse.ArgumentParser(prog="triton-swa bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--op", default=",".join(OPS), help=f"comma list of {', '.join(OPS)}")
+    parser.add_argument("--op", default=",".join(ATTENTION_OPS), help=f"comma list of {', '.join(OPS)} (default: the attention ops)")
+    parser.add_argument("--grid", choices=GRIDS, default="default", help="the cases: the default grid, or the heuristics' grids")
     parser.add_argument("--shape", help=f"comma list of {', '.join(s for s in SHAPES if s != 'tiny')} (default: all)")
     parser.add_argument("--batch", help="comma list of batch sizes")
     parser.add_argument("--ctx", help="comma list of context lengths (4k, 32768, ...)")
     parser.add_argument("--pages", help="comma list of page sizes (1, 16)")
-    parser.add_argument("--providers", help=f"comma list of {', '.join(P.PROVIDERS)} and the plugins' (default: all)")
+    parser.add_argument(
+        "--providers", help=f"comma list of {', '.join(P.PROVIDERS)} and the plugins' (default: all but {', '.join(P.OPT_IN)})"
+    )
     parser.add_argument("--quick", action="store_true", help="a subset of the grid, a minute or two")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (also on a CPU, through Triton's interpreter)")
     parser.add_argument("--out", default="bench/results", help="folder of the CSV and the plot")
@@ -67,6 +123,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-csv", action="store_true", help="print the table only")
     parser.add_argument("--plugin", action="append", default=[], help="a module whose PROVIDERS dict adds providers (yours)")
     parser.add_argument("--replot", metavar="CSV", help="only redraw the plot of every run in CSV, beside it")
+    parser.add_argument(
+        "--compare", action="append", default=[], metavar="[NAME=]TREE", help="another source tree's triton_swa beside this one's"
+    )
+    parser.add_argument("--rounds", type=int, help="--compare: rounds alternating the trees (3); --op step: rounds per median (7)")
+    parser.add_argument("--verify-batch", help="--op step: verify batch sizes (default 1,8)")
+    parser.add_argument("--no-flashinfer", action="store_true", help="--op step: leave FlashInfer's rows out")
     args = parser.parse_args(argv)
     if args.replot:
         return _replot(Path(args.replot))
@@ -77,11 +139,27 @@ def main(argv=None) -> int:
         print("triton-swa bench: no CUDA device here; only --smoke runs (through Triton's interpreter)", file=sys.stderr)
         return 2
     ops = args.op.split(",")
-    providers = args.providers.split(",") if args.providers else list(P.PROVIDERS)
+    default = [p for p in P.PROVIDERS if p not in P.OPT_IN and ("indices" in ops or p not in P.INDICES_ONLY)]
+    providers = args.providers.split(",") if args.providers else default
     for name, values, allowed in (("--op", ops, OPS), ("--providers", providers, P.PROVIDERS)):
         unknown = [v for v in values if v not in allowed]
         if unknown:
             parser.error(f"{name}: unknown {unknown}; choose from {', '.join(allowed)}")
+    if args.compare and args.providers:
+        parser.error("--compare runs provider triton_swa of each tree: leave --providers out")
+    try:
+        from .compare import parse_trees
+
+        trees = parse_trees(args.compare) if args.compare else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    if "step" in ops:
+        if ops != ["step"]:
+            parser.error("--op step runs alone")
+        if device != "cuda":
+            print("triton-swa bench --op step: needs a CUDA device", file=sys.stderr)
+            return 2
+        return _step(args, trees)
     shapes = args.shape.split(",") if args.shape else None
     if shapes and any(s not in SHAPES for s in shapes):
         parser.error(f"--shape: unknown {[s for s in shapes if s not in SHAPES]}")
@@ -93,24 +171,27 @@ def main(argv=None) -> int:
         _ints(args.pages) if args.pages else None,
         quick=args.quick,
         smoke=args.smoke,
+        grid=args.grid,
     )
     if not cases:
         parser.error("no case selected")
     sha, dirty = provenance(args.git_sha, args.dirty)
     run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
-    print(f"{len(cases)} cases x {len(providers)} providers on {device}, run {run_id}", flush=True)
-    rows = run(cases, providers, device, args.plugin)
+    if trees:
+        from .compare import run_cases
+
+        print(f"{len(cases)} cases x {len(trees)} trees x {args.rounds or 3} rounds on {device}, run {run_id}", flush=True)
+        rows = run_cases(cases, trees, device, args.rounds or 3)
+    else:
+        print(f"{len(cases)} cases x {len(providers)} providers on {device}, run {run_id}", flush=True)
+        rows = run(cases, providers, device, args.plugin)
     table = to_csv_rows(cases, rows, sha, dirty, run_id)
     print(summary(table))
     bad = [r for r in table if r["status"].split(" ")[0] in ("WRONG", "ERROR", "CRASHED", "CRASHED:")]
     if not args.no_csv:
-        if not sha or not dirty:
-            print("no CSV written: --git-sha (or GIT_SHA) was given without --dirty", file=sys.stderr)
+        csv_path = _write(args, table, sha, dirty)
+        if csv_path is None:
             return 2
-        gpu = table[0]["gpu"].replace(" ", "_")
-        csv_path = Path(args.out) / f"bench-{datetime.date.today().isoformat()}-{gpu}.csv"
-        write_csv(csv_path, table)
-        print(f"rows: {csv_path}")
         png = csv_path.with_name(f"bench-{run_id}.png")
         print(f"plot: {png}" if plot(csv_path, png) else "plot: matplotlib is not installed (pip install 'triton-swa[bench]')")
     for r in bad:

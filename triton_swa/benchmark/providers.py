@@ -7,7 +7,15 @@ shows up in the check. Inputs are seeded by the case id: every process builds th
 
 Providers (a provider that cannot run a case says why, and is not timed):
 
-- ``triton_swa``: ``swa_decode`` / ``swa_extend`` (public API).
+- ``triton_swa``: ``swa_decode`` / ``swa_extend`` (public API); ``build_window_indices`` /
+  ``build_window_page_table`` for op ``indices`` (:mod:`.indices`, with its ``two_pass`` and
+  ``plain_gather``).
+- ``triton_swa_debug``: the same with ``debug=True``: the guard reads every index back and checks it
+  before the launch (it synchronises: timed eagerly, never captured); its cost is the difference.
+- ``triton_swa_fp8_bytes`` / ``triton_swa_fp8nuz`` (fp8 cases): the fp8 pool read as bytes and
+  decoded in the kernel, as on targets without Triton's fp8 conversion (sm_80/86), and the same values
+  as float8_e4m3fnuz (MI300's format, decoded from its bytes elsewhere); against ``triton_swa``'s
+  native e4m3fn loads and the bf16 case of the same shape.
 - ``flex``: PyTorch's FlexAttention, compiled, over the window gathered into contiguous tensors
   beforehand (the gather is not timed: flex reads the same bytes triton-swa reads); decode and
   prefill without a cached prefix; no sinks, no fp8.
@@ -47,7 +55,16 @@ import torch
 
 from .cases import Case
 
-__all__ = ["PROVIDERS", "build", "check", "flashinfer_build_keys", "prepare", "start_flashinfer_build", "stop_flashinfer_build"]
+__all__ = [
+    "EAGER_ONLY",
+    "PROVIDERS",
+    "build",
+    "check",
+    "flashinfer_build_keys",
+    "prepare",
+    "start_flashinfer_build",
+    "stop_flashinfer_build",
+]
 
 FP8_SCALE = 0.5
 TOLERANCE = 2e-2  # bf16 outputs of magnitude ~1
@@ -61,6 +78,10 @@ def _seed(case: Case, index: int) -> int:
 def build(case: Case, index: int, device: str) -> dict:
     """Input set ``index`` of ``case`` (seeded: the same in every process)."""
     gen = torch.Generator(device=device).manual_seed(_seed(case, index))
+    if case.op == "indices":
+        from . import indices
+
+        return indices.build(case, gen, device)
     s, B = case.shape, case.batch
     bf16 = torch.bfloat16
     n, ps = case.window, case.page_size
@@ -110,10 +131,12 @@ def _scales(case: Case) -> dict:
 # ---- providers: prepare(case, inputs) -> a call, or a string saying why the case is not theirs ----
 
 
-def _triton_swa(case: Case, x: dict):
+def _triton_swa(case: Case, x: dict, **extra):
+    """``extra``: ``debug=True`` (the guard on), or the fp8 variants' own pools."""
     import triton_swa
 
     s, sm_scale = case.shape, 1.0 / math.sqrt(case.shape.d)
+    k_pool, v_pool = extra.pop("pools", (x["k_pool"], x["v_pool"]))
     if case.page_size == 1:
         where = dict(kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"])
     else:
@@ -121,11 +144,38 @@ def _triton_swa(case: Case, x: dict):
     if case.op == "decode":
         if case.page_size > 1:
             where["seq_lens"] = x["seq_lens"]
-        kw = dict(sm_scale=sm_scale, sinks=x["sinks"], out=x["out"], max_window=case.window, **_scales(case))
-        return lambda: triton_swa.swa_decode(x["q"], x["k_pool"], x["v_pool"], **where, **kw)
-    kw = dict(window_left=s.window_left, sm_scale=sm_scale, sinks=x["sinks"], out=x["out"], max_extend_len=case.new, **_scales(case))
-    args = (x["q"], x["k"], x["v"], x["k_pool"], x["v_pool"], x["qo_indptr"], x["prefix_lens"])
+        kw = dict(sm_scale=sm_scale, sinks=x["sinks"], out=x["out"], max_window=case.window, **_scales(case), **extra)
+        return lambda: triton_swa.swa_decode(x["q"], k_pool, v_pool, **where, **kw)
+    kw = dict(
+        window_left=s.window_left, sm_scale=sm_scale, sinks=x["sinks"], out=x["out"], max_extend_len=case.new, **_scales(case), **extra
+    )
+    args = (x["q"], x["k"], x["v"], k_pool, v_pool, x["qo_indptr"], x["prefix_lens"])
     return lambda: triton_swa.swa_extend(*args, **where, **kw)
+
+
+def _fp8_bytes(case: Case, x: dict):
+    """``triton_swa`` planned as for a target without Triton's fp8 conversion (the pool read as bytes)."""
+    if not case.fp8:
+        return "fp8 cases only"
+    from ..testing import without_native_fp8
+
+    call, device = _triton_swa(case, x), x["q"].device
+
+    def run():
+        with without_native_fp8(device):
+            call()
+
+    return run
+
+
+def _fp8nuz(case: Case, x: dict):
+    """``triton_swa`` over a float8_e4m3fnuz copy of the pool (the same values: e4m3fn and e4m3fnuz share
+    their 3 mantissa bits, and the pool's values are far below fnuz's 240), made before timing."""
+    if not case.fp8:
+        return "fp8 cases only"
+    if "fp8nuz_pools" not in x:
+        x["fp8nuz_pools"] = tuple(p.float().to(torch.float8_e4m3fnuz) for p in (x["k_pool"], x["v_pool"]))
+    return _triton_swa(case, x, pools=x["fp8nuz_pools"])
 
 
 _FLEX = {}
@@ -534,12 +584,13 @@ def flashinfer_build_keys(cases, providers) -> list:
     return keys
 
 
-def start_flashinfer_build(keys: list, env: dict | None = None, log=subprocess.DEVNULL):
+def start_flashinfer_build(keys: list, env: dict | None = None, log=subprocess.DEVNULL, errors=None):
     """Build FlashInfer's JIT modules ``keys`` in a child process (no GPU; the cores but two; under
     FlashInfer's own file locks, on which a later ``plan()`` of the same module waits), so that the
     builds (15-45 s each) overlap other work. Set ``FLASHINFER_CUDA_ARCH_LIST`` alike in ``env`` and
     in the processes that plan. Returns the child (None: nothing to build), in a process group of its
-    own with its compilers (:func:`stop_flashinfer_build` ends them all)."""
+    own with its compilers (:func:`stop_flashinfer_build` ends them all). Its output goes to ``log``, its
+    errors there too unless ``errors`` says where."""
     if not keys:
         return None
     env = dict(os.environ if env is None else env, CUDA_VISIBLE_DEVICES="")
@@ -548,7 +599,7 @@ def start_flashinfer_build(keys: list, env: dict | None = None, log=subprocess.D
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "triton_swa.benchmark.providers", "--flashinfer-build", json.dumps(keys)]
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=log if errors is None else errors, start_new_session=True)
 
 
 def stop_flashinfer_build(child) -> None:
@@ -583,8 +634,8 @@ def _flashinfer_build(keys: list) -> int:
 
 def _ceiling_buffers(case: Case, x: dict):
     if "ceiling" not in x:
-        n = max(case.nbytes() // 2, 1)
-        x["ceiling"] = (torch.randn(n, device=x["q"].device).to(torch.bfloat16), torch.empty(n, dtype=torch.bfloat16, device=x["q"].device))
+        n, device = max(case.nbytes() // 2, 1), x["seq_lens"].device
+        x["ceiling"] = (torch.randn(n, device=device).to(torch.bfloat16), torch.empty(n, dtype=torch.bfloat16, device=device))
     return x["ceiling"]
 
 
@@ -598,8 +649,15 @@ def _read(case: Case, x: dict):
     return lambda: torch.amax(src, dim=0, out=dst[:1].view(()))
 
 
+def _indices_only(case: Case, x: dict):
+    return "op indices only"
+
+
 PROVIDERS = {
     "triton_swa": _triton_swa,
+    "triton_swa_debug": lambda case, x: _triton_swa(case, x, debug=True),
+    "triton_swa_fp8_bytes": _fp8_bytes,
+    "triton_swa_fp8nuz": _fp8nuz,
     "flex": _flex,
     "gather_sdpa": _gather_sdpa,
     "sglang_triton": _sglang_triton,
@@ -610,11 +668,22 @@ PROVIDERS = {
     "flashinfer_prefill": _flashinfer_prefill,
     "copy_same_bytes": _copy,
     "read_same_bytes": _read,
+    "two_pass": _indices_only,
+    "plain_gather": _indices_only,
 }
 CEILINGS = ("copy_same_bytes", "read_same_bytes")
+EAGER_ONLY = ("triton_swa_debug",)  # it synchronises: a capture would fail, or time nothing
+# left out unless named in --providers: triton_swa's own variants; the index builds' peers unless op indices runs
+OPT_IN = ("triton_swa_debug", "triton_swa_fp8_bytes", "triton_swa_fp8nuz")
+INDICES_ONLY = ("two_pass", "plain_gather")
 
 
 def prepare(provider: str, case: Case, x: dict):
+    if case.op == "indices" and provider not in CEILINGS:
+        from . import indices
+
+        fn = indices.PROVIDERS.get(provider)
+        return fn(case, x) if fn else "attention ops only"
     return PROVIDERS[provider](case, x)
 
 
@@ -659,14 +728,24 @@ def _extend_rows_reference(case: Case, x: dict) -> tuple[torch.Tensor, torch.Ten
 
 
 def reference(case: Case, x: dict):
-    """``(rows, expected)``: the rows of ``out`` to check (None: all) and their float64 values."""
+    """``(rows, expected)``: the rows of ``out`` to check (None: all) and their float64 values (op
+    ``indices``: the exact outputs)."""
+    if case.op == "indices":
+        from . import indices
+
+        return indices.reference(case, x)
     if case.op == "decode":
         return None, _decode_reference(case, x)
     return _extend_rows_reference(case, x)
 
 
 def check(case: Case, x: dict, call, expected) -> float:
-    """Max abs error of ``call``'s output against the reference, infinite when any output is NaN."""
+    """Max abs error of ``call``'s output against the reference, infinite when any output is NaN (op
+    ``indices``: the count of entries that differ)."""
+    if case.op == "indices":
+        from . import indices
+
+        return indices.check(case, x, call, expected)
     x["out"].fill_(float("nan"))
     call()
     rows, want = expected

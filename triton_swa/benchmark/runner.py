@@ -9,7 +9,8 @@ run on the same input sets (docs/contract.md §7).
 Per case: N input sets (together over 4x the L2 when memory allows) are built; each provider is
 checked on set 0 against the float64 reference (``providers.check``) and reported WRONG, untimed,
 when it disagrees or leaves a NaN; then one rep calls it on every set, captured in a CUDA graph and
-replayed (eager when the capture fails, marked in the status), 30 reps, p20 / p50 / p80 of a call;
+replayed (eager when the capture fails, or for a provider that synchronises, ``providers.EAGER_ONLY``;
+marked in the status), 30 reps, p20 / p50 / p80 of a call;
 then the same rep eagerly, back to back (``eager_us_p50``: wall time per call, the host's launch
 cost wherever it exceeds the GPU's time), 10 reps. On a machine without CUDA (Triton's interpreter)
 the calls are timed eagerly: a test of the tool, not a measurement.
@@ -72,7 +73,7 @@ def _set_bytes(x: dict) -> int:
     return sum(t.numel() * t.element_size() for t in x.values() if isinstance(t, torch.Tensor))
 
 
-def _time(fns, device: str) -> tuple[tuple[float, float, float], str]:
+def _time(fns, device: str, graph: bool = True) -> tuple[tuple[float, float, float], str]:
     if device != "cuda":
         times = []
         for _ in range(2):
@@ -87,16 +88,16 @@ def _time(fns, device: str) -> tuple[tuple[float, float, float], str]:
         for f in fns:
             f()
     torch.cuda.current_stream().wait_stream(side)
-    how = "graph"
+    how, run = "eager", lambda: [f() for f in fns]
     try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for f in fns:
-                f()
-        run = graph.replay
+        if graph:
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph):
+                for f in fns:
+                    f()
+            how, run = "graph", cuda_graph.replay
     except Exception:  # noqa: BLE001 - a provider that cannot be captured is timed eagerly
         torch.cuda.synchronize()
-        how, run = "eager", lambda: [f() for f in fns]
     for _ in range(3):
         run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -158,7 +159,7 @@ def worker(case_ids: list[str], providers: list[str], skip: set, device: str, al
                         if not err <= P.TOLERANCE:
                             row["status"] = "WRONG"
                     if row["status"] == "ok":
-                        row["us"], how = _time(calls, device)
+                        row["us"], how = _time(calls, device, graph=provider not in P.EAGER_ONLY)
                         if how != "graph":
                             row["status"] = f"ok ({how})"
                         if device == "cuda":
@@ -241,13 +242,19 @@ def load_plugins(modules: list[str]) -> None:
         P.PROVIDERS.update(importlib.import_module(name).PROVIDERS)
 
 
-def run(cases: list[Case], providers: list[str], device: str, plugins: list[str] = (), timeout_s: float = 900.0) -> list[dict]:
-    """All (case, provider) rows, through worker subprocesses (a crash costs only its own row)."""
-    ids = [c.id for c in cases]
+def worker_env(cases: list[Case], device: str, plugins: list[str] = ()) -> dict:
+    """The environment of the workers: the cases, the plugins, Triton's interpreter on a CPU."""
     env = dict(os.environ, TRITON_SWA_BENCH_CASES=json.dumps([case_to_dict(c) for c in cases]))
     env["TRITON_SWA_BENCH_PLUGINS"] = ",".join(plugins)
     if device != "cuda":
         env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def run(cases: list[Case], providers: list[str], device: str, plugins: list[str] = (), timeout_s: float = 900.0) -> list[dict]:
+    """All (case, provider) rows, through worker subprocesses (a crash costs only its own row)."""
+    ids = [c.id for c in cases]
+    env = worker_env(cases, device, plugins)
     builder = None
     keys = P.flashinfer_build_keys(cases, providers) if device == "cuda" else []
     if keys and not isinstance(P._flashinfer_modules(), str):
@@ -270,17 +277,18 @@ def run(cases: list[Case], providers: list[str], device: str, plugins: list[str]
     return rows
 
 
-def _drive(ids: list[str], providers: list[str], device: str, env: dict, timeout_s: float) -> list[dict]:
-    """The workers of :func:`run`, one after another until every (case, provider) has its row."""
+def _drive(ids: list[str], providers: list[str], device: str, env: dict, timeout_s: float, worker=None, cwd=None) -> list[dict]:
+    """The workers of :func:`run`, one after another until every (case, provider) has its row
+    (``worker``: the command that starts one, before its arguments; ``cwd``: where it runs)."""
     total, rows, skip = len(ids) * len(providers), [], set()
     while True:
         done = {(r["case"], r["provider"]) for r in rows} | skip
         left = [cid for cid in ids if any((cid, p) not in done for p in providers)]
         if not left:
             break
-        cmd = [sys.executable, "-m", "triton_swa.benchmark.runner", "--worker", "--device", device]
+        cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--device", device]
         cmd += ["--cases", ",".join(left), "--providers", ",".join(providers), "--skip", json.dumps(sorted(done))]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
         current = None
         deadline = time.time() + timeout_s
         for line in proc.stdout:
@@ -290,9 +298,11 @@ def _drive(ids: list[str], providers: list[str], device: str, env: dict, timeout
             if rec["event"] == "start":
                 current = (rec["case"], rec["provider"])
                 _progress(len(rows) + len(skip), total, f"{rec['case']} {rec['provider']}")
-            else:
+            elif rec["event"] == "row":
                 rows.append(rec)
                 current = None
+            elif rec["event"] == "tree":  # a comparison's worker: where its package came from
+                print(f"worker: triton_swa {rec['triton_swa']}, reference {rec['reference']}", file=sys.stderr, flush=True)
             if time.time() > deadline:
                 proc.kill()
                 break
@@ -314,17 +324,22 @@ def _last_line(text: str) -> str:
     return lines[-1][:160] if lines else "no message"
 
 
-def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_id: str) -> list[dict]:
-    """docs/contract.md §7 rows (plus dirty, run id, status and error), ``pct_copy`` against the case's own
-    same-bytes copy measured in this run."""
-    by_case = {c.id: c for c in cases}
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+def environment() -> dict:
+    """The ``gpu``, ``torch`` and ``triton`` columns of this process's rows."""
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError:
         triton_version = "none"
+    return dict(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", torch=torch.__version__, triton=triton_version)
+
+
+def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_id: str) -> list[dict]:
+    """docs/contract.md §7 rows (plus dirty, run id, status and error), ``pct_copy`` against the case's own
+    same-bytes copy measured in this run."""
+    by_case = {c.id: c for c in cases}
+    env = environment()
     # the copy reads and writes the case's bytes: its bandwidth counts both (docs/contract.md §7's copy ceiling)
     copy = {r["case"]: tbps(2 * by_case[r["case"]].nbytes(), r["us"][1]) for r in rows if r["provider"] == "copy_same_bytes" and r["us"]}
     out = []
@@ -351,9 +366,7 @@ def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_i
                 tflops=round(flops / (us[1] * 1e-6) / 1e12, 3) if math.isfinite(us[1]) else math.nan,
                 pct_copy=round(100 * achieved / ceiling, 1) if math.isfinite(ceiling) else math.nan,
                 copy_tbps=round(ceiling, 3),
-                gpu=gpu,
-                torch=torch.__version__,
-                triton=triton_version,
+                **env,
                 git_sha=sha,
                 date=datetime.date.today().isoformat(),
                 dirty=dirty,
@@ -443,7 +456,7 @@ def _summary_table(rows: list[dict], key: str, unit: str, bandwidth: bool) -> st
                 vals.append(f"{r[key]:.2f}")
             else:
                 vals.append(f"{r[key]:.2f} ({r[key] / mine_us:.2f}x)")
-        peers = [cell[(cid, p)][key] for p in providers if p not in ("triton_swa", *P.CEILINGS) and (cid, p) in cell]
+        peers = [cell[(cid, p)][key] for p in providers if not p.startswith("triton_swa") and p not in P.CEILINGS and (cid, p) in cell]
         peers = [u for u in peers if math.isfinite(u)]
         ratio = f"{min(peers) / mine[key]:.2f}x" if mine and peers and math.isfinite(mine[key]) else "-"
         extra = ""
@@ -457,7 +470,7 @@ def _summary_table(rows: list[dict], key: str, unit: str, bandwidth: bool) -> st
 
 def plot(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
     """One run of the CSV (the last unless ``run_id``) as bars per case and provider: achieved TB/s
-    for decode beside the same-bytes copy and read ceilings, TFLOP/s for prefill and verify (compute
+    for decode and index builds beside the same-bytes copy and read ceilings, TFLOP/s for prefill and verify (compute
     bound). Regenerated from the CSV alone. False when matplotlib is missing."""
     try:
         import matplotlib
@@ -468,12 +481,12 @@ def plot(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
         return False
     rows = [r for r in read_csv(csv_path, run_id) if r["status"].startswith("ok")]
     panels = [
-        ("decode", "tbps", "TB/s (fewest bytes / p50; copy: read + write)", True),
-        ("prefill / verify", "tflops", "TFLOP/s (attended pairs only)", False),
+        ("decode / indices", "tbps", "TB/s (fewest bytes / p50; copy: read + write)", ("decode", "indices")),
+        ("prefill / verify", "tflops", "TFLOP/s (attended pairs only)", ("prefill", "verify")),
     ]
     panels = [
-        (title, key, label, [r for r in rows if (r["op"] == "decode") == is_decode and (key == "tbps" or r["provider"] not in P.CEILINGS)])
-        for title, key, label, is_decode in panels
+        (title, key, label, [r for r in rows if r["op"] in ops and (key == "tbps" or r["provider"] not in P.CEILINGS)])
+        for title, key, label, ops in panels
     ]
     panels = [p for p in panels if p[3]]
     if not panels:
@@ -498,7 +511,9 @@ def plot(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
     return True
 
 
-def main_worker(argv: list[str]) -> int:
+def main_worker(argv: list[str], interpreter: bool = True) -> int:
+    """A worker of :func:`_drive` (``interpreter``: set Triton's interpreter up on a CPU here; a
+    comparison's worker has it from its environment)."""
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -508,7 +523,7 @@ def main_worker(argv: list[str]) -> int:
     parser.add_argument("--providers", required=True)
     parser.add_argument("--skip", default="[]")
     args = parser.parse_args(argv)
-    if args.device != "cuda":
+    if args.device != "cuda" and interpreter:
         from ..testing import use_interpreter
 
         use_interpreter()

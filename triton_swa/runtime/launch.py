@@ -3,7 +3,7 @@
 - :class:`Launcher`: one kernel with fixed constexprs and options. The first call per device and
   specialisation key goes through Triton's JIT (which compiles, or finds the compiled kernel); later
   calls launch that compiled kernel directly, skipping the JIT's per-call argument binding (about
-  half of a short call's host time on the H200's host: ``bench/probe_extend_launch.py``). The direct
+  half of a short call's host time on the H200's host: ``bench/results/probe-extend-launch-*``). The direct
   call uses the launcher signature of Triton 3.6's compiled kernels (CUDA and HIP alike); other Triton
   versions, the interpreter, or ``TRITON_SWA_FAST_LAUNCH=0`` (read at import; or
   :func:`set_fast_launch`) take the JIT every time.

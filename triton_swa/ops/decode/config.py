@@ -56,7 +56,7 @@ def decode_block_config(
     - ``num_warps``: 4 at every width. At 512-wide heads 4 warps carry the `[16, 512]` accumulator in 64
       registers per thread without spills, and stream at the copy ceiling where 8 warps did not (H200,
       B 64, L 4k, 32-token tiles, CSR list: 497 against 707 us; page table: 498 against 537 us;
-      ``bench/probe_decode.py d512``).
+      the d512 probe, in git history).
     - ``num_stages``: 3. Triton's pipeliner gives the slot loads and the K/V gathers they feed
       ``(num_stages - 1) // 2`` iterations of lead each: one here, two K/V buffers. 2 would leave the
       slot loads unpipelined (565 against 548 us at D 512, B 8, L 32k on the H200); 5 (two iterations of
@@ -104,7 +104,7 @@ def decode_min_split_tokens(group: int, head_dim: int, v_head_dim: int, kv_items
 
 def decode_shared_bytes(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int) -> int:
     """Shared memory of one split-kernel program, as fitted to what Triton 3.6 compiles for sm_90
-    (``bench/probe_decode.py stats``): one K plus V tile, and a layout-conversion scratch that grows
+    (the stats probe, in git history): one K plus V tile, and a layout-conversion scratch that grows
     with the head width, ``block_n * (D + Dv) * itemsize + 4 KB + 32 * width`` (D 128 at 64 keys:
     39 KB; D 256 at 64: 76 KB; D 512 at 32: 83 KB). The compile tier checks it against what each
     target's compiler reports."""

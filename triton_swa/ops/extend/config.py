@@ -13,7 +13,7 @@ from .._common.merge import MAX_SPLITS
 __all__ = ["ExtendConfig", "extend_config", "extend_grid", "extend_num_splits", "extend_resident_programs", "extend_shared_bytes"]
 
 # Split-KV (extend_num_splits): fewest cached-prefix key tiles per split, and most programs counted as
-# running at once on one SM. Estimates to tune on the GPU (bench_extend.py --verify-splits).
+# running at once on one SM. Estimates to tune on the GPU (``triton-swa bench --grid heuristics``).
 SPLIT_MIN_TILES = 1
 SPLIT_MIN_WINDOW_TILES = 2
 SPLIT_RESIDENT = 2
@@ -55,7 +55,7 @@ def extend_config(
 
     Why these numbers (Hopper-class budget: 227 KB shared memory, 255 registers per thread; every
     default below compiles for sm_90 without register spills and with asynchronous wgmma, checked
-    with ptxas; ``bench/bench_extend.py --sweep`` times the alternatives):
+    with ptxas; the sweep of ``bench/bench_extend.py``, in git history, timed the alternatives):
 
     - ``pack``: all query heads of a KV head that a power of two can hold share one tile, so a K/V
       tile loaded from the pool serves the whole group (decode's GQA packing) and a tile spans fewer
@@ -158,7 +158,7 @@ def extend_num_splits(
     - ``one_tile_per_request`` (every request's new tokens fit one query tile: verify): split while
       the programs fit one wave (``programs <= num_sms``), where the partials stay small. H200, B 8,
       8 drafts, W 1023, 32/16 heads (128 programs), 2 splits against none: D 128 32.3 against 37.1
-      us, D 256 53.8 against 70.9 (``bench/verify_splits_plugin.py``).
+      us, D 256 53.8 against 70.9 (a probe plugin, in git history).
     - Windows of at most ``SPLIT_MIN_WINDOW_TILES`` key tiles are never split: the merge costs more
       than the tile it saves (gpt-oss-like W 127, 64/8 heads, D 64, 8 drafts: B 1 6.2 us unsplit
       against 7.5 in 2 splits, B 8 8.8 against 12.1).
@@ -167,7 +167,7 @@ def extend_num_splits(
       split, at most ``MAX_SPLITS``. On 132 SMs, W 1023, D 128 (1024 keys, 16 tiles of 64): 16
       splits at B 1 (8 programs), 4 at B 8 (64 programs), none at B 64.
 
-    Measured on the H200 (``bench/bench_extend.py --verify-splits 1,2,4,8,16 --quick``; B 1 and 8,
+    Measured on the H200 (the since-deleted ``bench/bench_extend.py --verify-splits 1,2,4,8,16 --quick``; B 1 and 8,
     8 drafts, W 1023, 32/8 heads, D 128, CSR): B 1 takes 37.8 us unsplit, 25.0 / 17.4 / 14.2 / 12.3
     us in 2 / 4 / 8 / 16 splits (one tile each is best: the call is latency bound); B 8 takes 40.2
     us unsplit, 25.5 in 4 splits, 32.0 and 44.0 in 8 and 16 (two and four waves). A prefix-less

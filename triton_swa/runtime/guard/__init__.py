@@ -21,8 +21,8 @@ Turning it on:
 
 Off, the guard costs one keyword and one flag test per call: about 0.4 us on a busy 2-core AMD EPYC
 host (a bare function: 0.12 us undecorated, 0.52 us wrapped), about 1 us (8%) of ``swa_decode``'s
-host path there (``python bench/bench_guard.py --host``); ``bench/bench_guard.py`` on a GPU writes
-the off/on/undecorated rows.
+host path there (measured by ``bench/bench_guard.py --host``, in git history); ``triton-swa bench
+--providers triton_swa,triton_swa_debug`` times the guard on against off on a GPU.
 While a CUDA graph is being captured the checks are skipped (they synchronise, which capture
 forbids); a captured graph replays with metadata refreshed outside the capture, which
 :func:`check_forward_metadata` validates.

@@ -1,8 +1,10 @@
-"""Host cost of the step path, eager and under CUDA-graph replay, for one source tree (issue 24's table).
+"""Op ``step`` of ``triton-swa bench``: a model step's cost, eager and under CUDA-graph replay (issue 24's table).
 
-    python3 bench/host_cost.py --tree PATH [--name N] [--batch 1 8 64] [--verify-batch 1 8] [--no-flashinfer]
+    triton-swa bench --op step [--batch 1,8,64] [--verify-batch 1,8] [--rounds 7] [--no-flashinfer]
+    triton-swa bench --op step --compare before=.ab/before      # two source trees side by side
 
-On a 48-layer Gemma-4-like stack (``bench/bench_step.py``'s ``build`` of that tree: 40 sliding layers of
+On a 48-layer Gemma-4-like stack (:func:`build`, through the measured tree's public pools and engine
+classes: 40 sliding layers of
 32 / 16 heads, head dim 256, W = 1023, and 8 full layers of 32 / 4 heads, head dim 512; page size 1,
 bf16, 4k context), in microseconds:
 
@@ -33,30 +35,79 @@ bf16, 4k context), in microseconds:
 Eager rows are wall time per call over back-to-back calls (the host's cost wherever it exceeds the
 GPU's); graph rows are GPU time per call of the same calls captured in one CUDA graph and replayed.
 Medians of ``--rounds`` rounds. Prints one ``ROW tree metric batch value`` line each (``n/a`` where the
-tree or the machine lacks what a row needs: an older tree, ``--tree .ab/before``, gets ``n/a`` for the
-newer APIs), then a table of them.
+tree or the machine lacks what a row needs: an older tree, ``--compare before=.ab/before``, gets ``n/a``
+for the newer APIs), then a table of them; the rows go to the run's CSV as op ``step`` (case
+``<stack>-B<batch>``, provider the metric; ``max_abs_diff`` rows in ``max_abs_err``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 CONTEXT, WINDOW_LEFT, SLIDING, FULL = 4096, 1023, 40, 8
 DRAFTS = 8
 CHUNK, CHUNK_PREFIX = 256, 1023
 FLASHINFER_WORKSPACE_BYTES = 256 * 2**20
 NA = math.nan
+STACK = f"g4-{SLIDING}s{FULL}f-L{CONTEXT // 1024}k-W{WINDOW_LEFT}"
+# FlashInfer's modules this op uses (bf16, head dim 256, sliding), in the order it uses them: the fa2
+# prefill module (tensor-core decode's too), then CUDA-core decode
+FLASHINFER_KEYS = [["prefill", "bfloat16", 256, True], ["decode", "bfloat16", 256, True]]
+
+
+def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: int, dtype=None):
+    """The stack: SWA pools of the batch's requests (full slots for every token, SWA slots for the last
+    ``W + 1``, both shuffled), the engine's runner, the layers and a decode batch."""
+    from triton_swa import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator
+    from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner
+
+    dtype = dtype or torch.bfloat16
+    dev = "cuda"
+    swa_ids = [i for i in range(n_sliding + n_full) if (i + 1) % 6 != 0][:n_sliding]
+    full_ids = [i for i in range(n_sliding + n_full) if i not in swa_ids]
+    size = batch * (context + 1)
+    size_swa = batch * (window_left + 2)
+    pool = SWAKVPool(
+        size,
+        size_swa,
+        1,
+        dtype,
+        swa_attention_layer_ids=swa_ids,
+        full_attention_layer_ids=full_ids,
+        device=dev,
+        swa_head_num=16,
+        swa_head_dim=256,
+        full_head_num=4,
+        full_head_dim=512,
+    )
+    alloc = SWATokenToKVPoolAllocator(size, size_swa, 1, dtype, dev, pool)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    alloc.full_attn_allocator.shuffle_free_list(g)
+    alloc.swa_attn_allocator.shuffle_free_list(g)
+    rtp = ReqToTokenPool(batch, context + 1, dev)
+    rows = torch.tensor(rtp.alloc(batch), device=dev)
+    # Full slots for every token; SWA slots only for the window (older tokens evicted).
+    full = alloc.full_attn_allocator.alloc(batch * context).view(batch, context)
+    rtp.req_to_token[rows, :context] = full.int()
+    keep = full[:, context - (window_left + 1) :].reshape(-1)
+    alloc.full_to_swa_index_mapping[keep] = alloc.swa_attn_allocator.alloc(keep.numel())
+    for sub in (pool.swa_kv_pool, pool.full_kv_pool):
+        for buf in sub.k_buffer + sub.v_buffer:
+            buf.normal_()
+    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=window_left, device=dev)
+    layers = [
+        AttentionLayer(i, 32, 16, 256, sliding_window_size=window_left) if i in swa_ids else AttentionLayer(i, 32, 4, 512)
+        for i in range(n_sliding + n_full)
+    ]
+    seq = torch.full((batch,), context, dtype=torch.int64, device=dev)
+    out_loc = full[:, -1].contiguous()
+    fb = ForwardBatch(ForwardMode.DECODE, batch, rows, seq, out_loc, seq_lens_cpu=seq.cpu())
+    return runner, layers, fb
 
 
 def _wall(fn, reps: int) -> float:
@@ -111,7 +162,6 @@ class Bench:
 
     def __init__(self, name: str, rounds: int):
         import triton_swa
-        from bench.bench_step import build
         from triton_swa.backend import TritonSWAAttnBackend
         from triton_swa.engine import ForwardBatch, SpecInfo
 
@@ -376,48 +426,6 @@ def _fmt(metric: str, value: float) -> str:
     return f"{value:.1f}" if metric.endswith("_us") else f"{value:.3g}"
 
 
-# ---- FlashInfer: import, and the background build of its JIT modules ----
-
-
-def _flashinfer_folder() -> str | None:
-    folder = os.path.join(os.environ.get("TRITON_SWA_PEERS") or str(ROOT / ".peers"), "flashinfer_site")
-    return folder if os.path.isdir(folder) else None
-
-
-def _flashinfer_modules():
-    """``(flashinfer.decode, flashinfer.prefill)``, or why not."""
-    folder = _flashinfer_folder()
-    if folder is not None and folder not in sys.path:
-        sys.path.insert(0, folder)
-    try:
-        import flashinfer.decode
-        import flashinfer.prefill
-    except Exception as exc:  # noqa: BLE001 - ImportError, or its compiled parts failing to load
-        where = "" if folder else "no .peers/flashinfer_site (bash scripts/fetch_peers.sh); "
-        return f"not importable ({where}{type(exc).__name__}: {str(exc)[:100]})"
-    return flashinfer.decode, flashinfer.prefill
-
-
-def _start_flashinfer_build():
-    """This checkout's ``triton_swa.benchmark.providers`` builds the two modules used here (bf16, head
-    dim 256, sliding), in the order they are used: the fa2 prefill module (tensor-core decode's too),
-    then CUDA-core decode. In a process group of its own (with its compilers), which ``_stop`` ends."""
-    keys = [["prefill", "bfloat16", 256, True], ["decode", "bfloat16", 256, True]]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "triton_swa.benchmark.providers", "--flashinfer-build", json.dumps(keys)]
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
-
-
-def _stop(child) -> None:
-    if child is not None and child.poll() is None:
-        try:
-            os.killpg(child.pid, 9)
-        except ProcessLookupError:
-            pass
-        child.wait()
-
-
 def table(rows: list) -> str:
     """Markdown: a line per metric, a column per batch."""
     batches = sorted({b for _, b, _ in rows})
@@ -429,48 +437,95 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tree", required=True, help="the source tree measured (its triton_swa and bench/bench_step.py)")
-    p.add_argument("--name", default=None, help="its name in the ROW lines (default: --tree)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64], help="decode batch sizes")
-    p.add_argument("--verify-batch", type=int, nargs="+", default=[1, 8], help="verify batch sizes (8 drafts each)")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer's rows out")
-    a = p.parse_args()
+def measure(name: str, batches=(1, 8, 64), verify_batches=(1, 8), rounds: int = 7, flashinfer: bool = True) -> list:
+    """Every row of one tree (the ``triton_swa`` this process imports), ``(metric, batch, value)``;
+    FlashInfer's modules are built (in a child process) before anything is timed."""
+    import os
+
+    from . import providers as P
+
     t0 = time.perf_counter()
-    sys.path.insert(0, a.tree)
     modules, child = None, None
-    if not a.no_flashinfer:
+    if flashinfer:
         # the background build and this process must build for the same architectures (the modules' names)
         os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
-        modules = _flashinfer_modules()
+        modules = P._flashinfer_modules()
         if not isinstance(modules, str):
-            child = _start_flashinfer_build()
+            child = P.start_flashinfer_build(FLASHINFER_KEYS, errors=sys.stderr)
             # host-bound rows measured beside a compiler are not the host's cost: wait for the build
             t = time.perf_counter()
             child.wait()
             print(f"# FlashInfer's modules built in {time.perf_counter() - t:.0f} s, before any timing", flush=True)
     try:
-        bench = Bench(a.name or a.tree, a.rounds)
+        bench = Bench(name, rounds)
         bench.floor()
-        for batch in a.batch:
+        for batch in batches:
             bench.decode(batch)
             torch.cuda.empty_cache()
-        for batch in a.verify_batch:
+        for batch in verify_batches:
             bench.verify(batch)
             torch.cuda.empty_cache()
         bench.extend_chunk()
         torch.cuda.empty_cache()
         bench.extend_op()
-        if not a.no_flashinfer:
+        if flashinfer:
             bench.flashinfer(modules)
     finally:
-        _stop(child)
+        P.stop_flashinfer_build(child)
     print(f"\n== host cost of {bench.name} (us; max_abs_diff: FlashInfer's output against the tree's), {time.perf_counter() - t0:.0f} s")
     print(table(bench.rows))
-    return 0
+    return bench.rows
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def compare_table(rows: dict) -> str:
+    """Markdown: a line per (metric, batch), a column per tree, then each tree's value over the first's."""
+    names = list(rows)
+    value = {(n, m, b): v for n in names for m, b, v in rows[n]}
+    keys = list(dict.fromkeys((m, b) for n in names for m, b, _ in rows[n]))
+    head = "| metric | B | " + " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |"
+    lines = [head, "|" + " --- |" * (2 * len(names) + 1)]
+    for m, b in keys:
+        vals = [value.get((n, m, b), NA) for n in names]
+        cells = [_fmt(m, v) for v in vals]
+        ratios = [f"{v / vals[0]:.2f}x" if vals[0] and not (math.isnan(v) or math.isnan(vals[0])) else "-" for v in vals[1:]]
+        lines.append(f"| {m} | {b} | " + " | ".join(cells + ratios) + " |")
+    return "\n".join(lines)
+
+
+def csv_rows(rows: list, provider_prefix: str, sha: str, dirty: str, run_id: str) -> list[dict]:
+    """The rows as docs/contract.md §7 rows of op ``step``: case ``<stack>-B<batch>``, provider the
+    metric (prefixed by the tree's name in a comparison), the value in ``us_p50`` (a ``max_abs_diff``
+    in ``max_abs_err``)."""
+    import datetime
+
+    from .runner import environment
+
+    env, out = environment(), []
+    for metric, batch, value in rows:
+        diff = not metric.endswith("_us")
+        us = NA if diff else round(value, 3)
+        out.append(
+            dict(
+                op="step",
+                case=f"{STACK}-B{batch}",
+                provider=provider_prefix + metric,
+                us_p50=us,
+                us_p20=NA,
+                us_p80=NA,
+                bytes=0,
+                flops=0,
+                tbps=NA,
+                tflops=NA,
+                pct_copy=NA,
+                copy_tbps=NA,
+                **env,
+                git_sha=sha,
+                date=datetime.date.today().isoformat(),
+                dirty=dirty,
+                run_id=run_id,
+                status="n/a" if math.isnan(value) else "ok",
+                max_abs_err=value if diff else None,
+                eager_us_p50=NA,
+            )
+        )
+    return out
