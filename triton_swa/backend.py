@@ -1032,11 +1032,12 @@ class TritonSWAAttnBackend:
         run = _LayerRun(lp, loc, q.dtype)
         k_new, v_new = (k.view(run.k_shape), v.view(run.v_shape)) if writes else (None, None)
         run.store = self._store_plan(lp, k_buf, v_buf, loc, k_new, v_new) if writes else None
-        # the decode kernel writes the new K/V itself (one launch fewer) where this backend stores them
+        # the decode kernel writes the new K/V itself (one launch fewer) where that writes what the store would
         store = {}
-        if self.fuse_kv_store and run.store not in (None, _ENGINE_STORE):
+        target = self._fused_store_target(lp, loc, k_new, v_new) if self.fuse_kv_store and run.store is not None else None
+        if target is not None:
             run.store, run.fused_store = None, True
-            store = dict(store_loc=loc, store_mapping=lp.write_mapping, k_new=k_new, v_new=v_new)
+            store = dict(store_loc=target[0], store_mapping=target[1], k_new=k_new, v_new=v_new)
         meta = self.forward_metadata
         idx = meta.sliding if lp.sliding else meta.full
         run.attend = swa_decode_plan(
@@ -1053,6 +1054,14 @@ class TritonSWAAttnBackend:
             **store,
         )
         return run
+
+    def _fused_store_target(self, lp, loc, k, v):
+        """``(slots, mapping)`` at which the decode kernel may write a layer's new K/V itself (the same
+        bytes as the layer's store), or None to keep the store: this backend's own store always; an
+        engine's (a subclass's ``_save``) when the subclass says so by overriding this."""
+        if type(self)._save is not TritonSWAAttnBackend._save:
+            return None
+        return loc, lp.write_mapping
 
     def _store_plan(self, lp, k_buf, v_buf, loc, k, v):
         """The K/V store of a kind of layer call: planned here, or the engine's (a subclass's ``_save``)."""

@@ -290,6 +290,9 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
     lens = step(SGLMode.EXTEND, [7, 5], [0, 0])
     alloc.free_swa(torch.cat([rtp.req_to_token[r, : n - w - 1].long() for r, n in zip(rows, lens)]))  # eviction
     lens = step(SGLMode.DECODE, [1, 1], lens)
+    # SGLang's stock float pools: the decode kernel wrote the sliding and the full layer's K/V itself
+    # (at the SWA write ids and out_cache_loc), which the outputs above and the KV-shared read checked
+    assert sum(run.fused_store for run in backend.core.forward_metadata.runs.values()) == 2
     lens = step(SGLMode.EXTEND, [3, 4], lens)  # chunked prefill over the cached window
 
 

@@ -44,7 +44,8 @@ import operator
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from ..backend import TritonSWAAttnBackend
 
@@ -214,6 +215,31 @@ class _Core(TritonSWAAttnBackend):
             getattr(radix, "k_scale", None),
             getattr(radix, "v_scale", None),
         )
+
+    def _fused_store_target(self, lp, loc, k, v):
+        """The decode kernel writes the new K/V itself where SGLang's own write is a plain row copy:
+        the pool's ``set_kv_buffer`` is SGLang's stock MHA one (or the stock SWA pool's over stock MHA
+        sub-pools), unquantized, and the rows already have the buffer's dtype (no scale, no cast). Then
+        the slots are the SWA write ids for a layer of the SWA sub-pool, ``out_cache_loc`` for the others."""
+        if lp.k_buf.dtype != k.dtype or lp.v_buf.dtype != v.dtype or not _stock_row_writes(self.kv_pool):
+            return None
+        if lp.write_mapping is None:
+            return loc, None
+        return None if self.swa_loc is None else (self.swa_loc, None)  # None: _save names what is missing
+
+
+def _stock_row_writes(pool) -> bool:
+    """Whether ``pool.set_kv_buffer`` is SGLang's own row copy (``MHATokenToKVPool``'s, unquantized,
+    token-major; or ``SWAKVPool``'s over two such pools), so that writing the same rows elsewhere
+    writes the same bytes."""
+    if type(pool).set_kv_buffer is SWAKVPool.set_kv_buffer:
+        return all(_stock_row_writes(getattr(pool, name, None)) for name in ("full_kv_pool", "swa_kv_pool"))
+    return (
+        type(pool).set_kv_buffer is MHATokenToKVPool.set_kv_buffer
+        and not getattr(pool, "is_quantized_kv_cache", True)
+        and not getattr(pool, "use_hnd", True)
+        and getattr(pool, "store_dtype", None) == getattr(pool, "dtype", False)
+    )
 
 
 def _check_layout(pool) -> None:
