@@ -1031,13 +1031,14 @@ class TritonSWAAttnBackend:
         _, _, _, _, _, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
         run = _LayerRun(lp, loc, q.dtype)
         k_new, v_new = (k.view(run.k_shape), v.view(run.v_shape)) if writes else (None, None)
-        run.store = self._store_plan(lp, k_buf, v_buf, loc, k_new, v_new) if writes else None
         # the decode kernel writes the new K/V itself (one launch fewer) where that writes what the store would
         store = {}
-        target = self._fused_store_target(lp, loc, k_new, v_new) if self.fuse_kv_store and run.store is not None else None
+        target = self._fused_store_target(lp, loc, k_new, v_new) if writes and self.fuse_kv_store else None
         if target is not None:
-            run.store, run.fused_store = None, True
+            run.fused_store = True
             store = dict(store_loc=target[0], store_mapping=target[1], k_new=k_new, v_new=v_new)
+        elif writes:
+            run.store = self._store_plan(lp, k_buf, v_buf, loc, k_new, v_new)
         meta = self.forward_metadata
         idx = meta.sliding if lp.sliding else meta.full
         run.attend = swa_decode_plan(

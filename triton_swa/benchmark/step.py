@@ -529,3 +529,39 @@ def csv_rows(rows: list, provider_prefix: str, sha: str, dirty: str, run_id: str
             )
         )
     return out
+
+
+def profile(batch: int = 1, steps: int = 200, top: int = 30) -> str:
+    """Where one eager decode step's host time goes: ``steps`` steps (``init_forward_metadata``, then
+    the 48 layers' ``forward_decode``) of the stack at ``batch`` under cProfile, after a warm step;
+    returns the ``top`` functions by own time, in microseconds per step."""
+    import cProfile
+    import pstats
+
+    bench = Bench("profile", 1)
+    runner, layers, fb, backend = bench.stack(batch, CONTEXT)
+    qkv = bench.inputs(layers, batch)
+
+    def step():
+        backend.init_forward_metadata(fb)
+        for lay, (q, k, v) in zip(layers, qkv):
+            backend.forward_decode(q, k, v, lay, fb)
+
+    step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    wall = (time.perf_counter() - t0) / steps * 1e6
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    head = f"== one eager B{batch} step under cProfile: {wall:.0f} us of wall per step (profiled)"
+    lines = [head, "own us / cumulative us / calls, per step"]
+    entries = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (path, line, name), (_, calls, own, cum, _) in entries:
+        where = "/".join(path.split("/")[-2:])
+        lines.append(f"{own / steps * 1e6:9.1f} {cum / steps * 1e6:9.1f} {calls / steps:7.1f}  {name} ({where}:{line})")
+    return "\n".join(lines)
