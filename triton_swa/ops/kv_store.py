@@ -142,7 +142,9 @@ def store_rows(
         tl.store(p_dst, b_x.to(buf.dtype.element_ty), mask=m_hd)
 
 
-@triton.jit(do_not_specialize=["n_mapping", "num_slots_k", "num_slots_v"])
+# slots and mapping are read one entry per program: no specialisation on their alignment (an engine's
+# out_cache_loc is often a slice at any 8-byte offset)
+@triton.jit(do_not_specialize=["n_mapping", "num_slots_k", "num_slots_v"], do_not_specialize_on_alignment=["loc", "mapping"])
 def _swa_store_kv_kernel(
     k_buffer,
     stride_kb_s,
@@ -414,13 +416,11 @@ class KVStorePlan:
         )
         self._launcher = launcher_for(_swa_store_kv_kernel, constexprs)
         # what the compiled kernel depends on beside the runs' own pointers (whose alignment each run
-        # checks): the launcher (constexprs), the integers, the dtypes; None: this plan's slots are not
-        # aligned, so its runs take the JIT
-        fixed_aligned = all(p & 15 == 0 for p in self._ptrs)
+        # checks): the launcher (constexprs), the integers, the dtypes
         dtypes = (kb.dtype, vb.dtype, k.dtype, v.dtype, loc.dtype, None if mapping is None else mapping.dtype)
         scales = (self._scale_kinds, kb.dtype, vb.dtype)
         ints = (self._strides, loc.stride(0), self._ints, self._heads, self._grid)
-        self._key = (self._launcher, ints, dtypes, scales) if fixed_aligned else None
+        self._key = (self._launcher, ints, dtypes, scales)
 
     def run(self, k_buffer, v_buffer, k, v, *, k_scale=None, v_scale=None) -> None:
         """Write ``k``/``v`` (rows of the planned kind) into ``k_buffer``/``v_buffer`` (buffers of the
@@ -455,7 +455,7 @@ class KVStorePlan:
         D]`` view of planned ``[n, H, D]`` rows is the same call)."""
         kb_s, vb_s, k_s, v_s = self._strides
         n_mapping, rows_k, rows_v = self._ints
-        bound = _BOUND.get(self._key) if self._key is not None else False
+        bound = _BOUND.get(self._key)
         if bound is not False:
             # the compiled kernel, for runs whose own pointers are 16-byte aligned (as the plan's stay),
             # launched with addresses: the checks vouch for their devices

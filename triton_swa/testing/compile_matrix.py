@@ -83,7 +83,7 @@ def _specialise(fn, args: tuple, constexprs: dict, backend):
             consts[(i,)] = constexprs[param.name]
             continue
         arg = next(values)
-        kind, attr = native_specialize_impl(backend, arg, False, not param.do_not_specialize, True)
+        kind, attr = native_specialize_impl(backend, arg, False, not param.do_not_specialize, not param.do_not_specialize_on_alignment)
         signature[param.name] = kind
         if kind == "constexpr":
             consts[(i,)] = arg

@@ -19,7 +19,9 @@ from .._common.softmax import LOG2E, fold_sink, soft_cap
 from ..kv_store import store_rows, store_slot
 
 
-@triton.jit(do_not_specialize=["n_mapping", "rows_k", "rows_v"])
+# the fused store's slots and mapping are read one entry per program: their alignment does not matter,
+# and an engine's out_cache_loc is often a slice at any 8-byte offset
+@triton.jit(do_not_specialize=["n_mapping", "rows_k", "rows_v"], do_not_specialize_on_alignment=["loc", "mapping"])
 def _swa_decode_kernel(
     q,
     k_buffer,

@@ -684,8 +684,9 @@ class DecodePlan:
         self._store = (loc, mapping)
         self._store_ptrs = (loc.data_ptr(), mapping.data_ptr())
         # runs launch the compiled kernels that the plan's signature shares (bound once, at the first
-        # aligned run of any plan of it), when this plan's own pointers are aligned too
-        aligned = all(p & 15 == 0 for p in self._ptrs + self._store_ptrs)
+        # aligned run of any plan of it), when this plan's own pointers are aligned too (the store's
+        # slots and mapping at any alignment: the kernel does not specialise on theirs)
+        aligned = all(p & 15 == 0 for p in self._ptrs)
         self._bound = None if aligned else False
 
     @property
