@@ -10,11 +10,13 @@
 #                                      there (`--compare before=.ab/before`, the A/B)
 #   bash scripts/gpu.sh ab SHA         the ops' same-run A/B: triton_swa of this tree beside .ab/before's
 #                                      (`triton-swa bench --quick --op decode,prefill,verify,indices --compare`)
+#   bash scripts/gpu.sh sglang SHA     SGLang's whole Triton backend beside ours on SGLang's pools
+#                                      (`triton-swa bench --op sglang_backend`; needs .whl/sglang)
 #   bash scripts/gpu.sh demo SHA       the demo's gpu preset (needs transformers: .whl/demo)
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
 #
 # Carry what a mode needs (the device copies the tree, not git-ignored folders): .whl (SGLang's wheels
-# from scripts/carry_sglang_wheels.sh, transformers in .whl/demo) for tests, bench and demo; .peers
+# from scripts/carry_sglang_wheels.sh, transformers in .whl/demo) for tests, bench, sglang and demo; .peers
 # (scripts/fetch_peers.sh: vLLM's Triton attention, FlashInfer) for bench and hostcost; .ab (an old
 # tree in .ab/before: git archive OLD | tar -x -C .ab/before) for the A/B. .whl and .peers together
 # exceed the carry limit: run bench and hostcost in one call, tests in another.
@@ -23,7 +25,7 @@
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|demo|all SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|all SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -89,6 +91,11 @@ ab() {
   bench_run ab "${AB_TIMEOUT_S:-480}" --quick --op decode,prefill,verify,indices --compare before=.ab/before "$@"
 }
 
+sglang() {
+  install_wheels || echo "the carried wheels did not all install (the op needs SGLang: .whl/sglang)"
+  bench_run sglang "${SGLANG_TIMEOUT_S:-540}" --op sglang_backend "$@"
+}
+
 demo() {
   install_wheels || echo "the carried wheels did not all install (the demo needs transformers: .whl/demo)"
   timeout "${DEMO_TIMEOUT_S:-420}" python3 -m triton_swa demo --preset gpu --device cuda --plot "$out/demo-$sha.png" "$@" \
@@ -96,7 +103,7 @@ demo() {
 }
 
 case "$what" in
-  tests | bench | hostcost | ab | demo) "$what" "$@" ;;
+  tests | bench | hostcost | ab | sglang | demo) "$what" "$@" ;;
   all)
     tests
     status=$?
@@ -105,7 +112,7 @@ case "$what" in
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests, bench, hostcost, ab, demo, all)"
+    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, all)"
     exit 2
     ;;
 esac

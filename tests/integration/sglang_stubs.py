@@ -6,8 +6,10 @@
   wheel, several hundred MiB) is not installed; SGLang's layer modules import its names at module
   level on CUDA, and its Triton attention backend asks it whether the GPU supports PDL.
 
-Used by ``conftest.py`` and by ``bench/bench_sglang_triton.py`` (loaded by path, as tests/ is no
-package). A working real package always wins: a stub is added only when the real one is missing.
+Used by ``conftest.py`` and by ``triton-swa bench --op sglang_backend``
+(``triton_swa/benchmark/sglang_backend.py``), both loading it by path as tests/ is no package; the
+benchmark runs from a checkout with them and without them elsewhere. A working real package always
+wins: a stub is added only when the real one is missing.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ has its id.
     triton-swa bench --op step          # a 48-layer step's host cost, eager and graph (:mod:`.step`)
     triton-swa bench --op step --compare before=.ab/before --no-flashinfer   # two trees side by side
     triton-swa bench --op decode,verify --compare .ab/before --rounds 3      # (:mod:`.compare`)
+    triton-swa bench --op sglang_backend    # SGLang's whole Triton backend beside ours on SGLang's pools (:mod:`.sglang_backend`)
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ __all__ = ["main"]
 
 def _ints(text: str) -> list[int]:
     return [int(x.replace("k", "")) * (1024 if x.endswith("k") else 1) for x in text.split(",")]
+
+
+def _narrowed(args) -> tuple:
+    """``--batch``, ``--ctx`` and ``--pages`` as lists of ints (None where not given)."""
+    return tuple(_ints(text) if text else None for text in (args.batch, args.ctx, args.pages))
 
 
 def _replot(csv_path: Path) -> int:
@@ -63,13 +69,64 @@ def _write(args, table: list[dict], sha, dirty) -> Path | None:
     return csv_path
 
 
+def _new_run_id() -> str:
+    return datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def _report(args, table: list[dict], sha, dirty, run_id: str, plots: bool = True) -> int:
+    """Print the summary, write the rows (and the plot) unless ``--no-csv``, name every row that failed;
+    1 when one did, 2 when the rows could not be written."""
+    from .runner import plot, summary
+
+    print(summary(table))
+    bad = [r for r in table if r["status"].split(" ")[0] in ("WRONG", "ERROR", "CRASHED", "CRASHED:")]
+    if not args.no_csv:
+        csv_path = _write(args, table, sha, dirty)
+        if csv_path is None:
+            return 2
+        if plots:
+            png = csv_path.with_name(f"bench-{run_id}.png")
+            print(f"plot: {png}" if plot(csv_path, png) else "plot: matplotlib is not installed (pip install 'triton-swa[bench]')")
+    for r in bad:
+        print(f"{r['status'].split(':')[0]}: {r['case']} {r['provider']}: {r['status']}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _sglang_backend(args, parser, device: str) -> int:
+    """``--op sglang_backend``: SGLang's whole Triton backend beside ours on SGLang's pools, in this
+    process (:mod:`.sglang_backend`); without SGLang it says so and exits cleanly."""
+    from . import sglang_backend as S
+    from .runner import provenance, to_csv_rows
+
+    providers = args.providers.split(",") if args.providers else list(S.PROVIDERS)
+    shapes = args.shape.split(",") if args.shape else None
+    for name, values, allowed in (("--providers", providers, S.PROVIDERS), ("--shape", shapes or [], S.SLIDING_SHAPES)):
+        unknown = [v for v in values if v not in allowed]
+        if unknown:
+            parser.error(f"{name}: {unknown} not of --op sglang_backend; choose from {', '.join(allowed)}")
+    if device != "cuda":
+        from ..testing import use_interpreter
+
+        use_interpreter()  # before SGLang imports triton
+    ready, note = S.sglang_status()
+    print(f"triton-swa bench --op sglang_backend: {note}", flush=True)
+    if not ready:
+        return 0
+    cases = S.catalog(shapes, *_narrowed(args), quick=args.quick, smoke=args.smoke, device=device)
+    sha, dirty = provenance(args.git_sha, args.dirty)
+    run_id = _new_run_id()
+    print(f"{len(cases)} cases x {len(providers)} providers on {device}, run {run_id}", flush=True)
+    rows = S.run(cases, providers, device)
+    return _report(args, to_csv_rows(cases, rows, sha, dirty, run_id), sha, dirty, run_id, plots=False)
+
+
 def _step(args, trees) -> int:
     """``--op step``: this tree's step (in this process), or every tree's side by side (``--compare``)."""
     from . import step
     from .runner import provenance
 
     sha, dirty = provenance(args.git_sha, args.dirty)
-    run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
+    run_id = _new_run_id()
     kw = dict(
         batches=_ints(args.batch) if args.batch else [1, 8, 64],
         verify_batches=_ints(args.verify_batch) if args.verify_batch else [1, 8],
@@ -101,12 +158,16 @@ def main(argv=None) -> int:
 
     from . import providers as P
     from .cases import ATTENTION_OPS, GRIDS, OPS, SHAPES, catalog
-    from .runner import load_plugins, plot, provenance, run, summary, to_csv_rows
+    from .runner import load_plugins, provenance, run, to_csv_rows
 
     parser = argparse.ArgumentParser(prog="triton-swa bench", description=__doc__.split("\n")[0])
     parser.add_argument("--op", default=",".join(ATTENTION_OPS), help=f"comma list of {', '.join(OPS)} (default: the attention ops)")
     parser.add_argument("--grid", choices=GRIDS, default="default", help="the cases: the default grid, or the heuristics' grids")
-    parser.add_argument("--shape", help=f"comma list of {', '.join(s for s in SHAPES if s != 'tiny')} (default: all)")
+    parser.add_argument(
+        "--shape",
+        help=f"comma list of {', '.join(s for s in SHAPES if s != 'tiny')} (default: all; --op sglang_backend: also d128-w1023, "
+        "d256-w1023, d128-w4095, d256-w4095, its default)",
+    )
     parser.add_argument("--batch", help="comma list of batch sizes")
     parser.add_argument("--ctx", help="comma list of context lengths (4k, 32768, ...)")
     parser.add_argument("--pages", help="comma list of page sizes (1, 16)")
@@ -160,23 +221,18 @@ def main(argv=None) -> int:
             print("triton-swa bench --op step: needs a CUDA device", file=sys.stderr)
             return 2
         return _step(args, trees)
+    if "sglang_backend" in ops:
+        if ops != ["sglang_backend"] or trees:
+            parser.error("--op sglang_backend runs alone, without --compare")
+        return _sglang_backend(args, parser, device)
     shapes = args.shape.split(",") if args.shape else None
     if shapes and any(s not in SHAPES for s in shapes):
         parser.error(f"--shape: unknown {[s for s in shapes if s not in SHAPES]}")
-    cases = catalog(
-        ops,
-        shapes,
-        _ints(args.batch) if args.batch else None,
-        _ints(args.ctx) if args.ctx else None,
-        _ints(args.pages) if args.pages else None,
-        quick=args.quick,
-        smoke=args.smoke,
-        grid=args.grid,
-    )
+    cases = catalog(ops, shapes, *_narrowed(args), quick=args.quick, smoke=args.smoke, grid=args.grid)
     if not cases:
         parser.error("no case selected")
     sha, dirty = provenance(args.git_sha, args.dirty)
-    run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
+    run_id = _new_run_id()
     if trees:
         from .compare import run_cases
 
@@ -185,15 +241,4 @@ def main(argv=None) -> int:
     else:
         print(f"{len(cases)} cases x {len(providers)} providers on {device}, run {run_id}", flush=True)
         rows = run(cases, providers, device, args.plugin)
-    table = to_csv_rows(cases, rows, sha, dirty, run_id)
-    print(summary(table))
-    bad = [r for r in table if r["status"].split(" ")[0] in ("WRONG", "ERROR", "CRASHED", "CRASHED:")]
-    if not args.no_csv:
-        csv_path = _write(args, table, sha, dirty)
-        if csv_path is None:
-            return 2
-        png = csv_path.with_name(f"bench-{run_id}.png")
-        print(f"plot: {png}" if plot(csv_path, png) else "plot: matplotlib is not installed (pip install 'triton-swa[bench]')")
-    for r in bad:
-        print(f"{r['status'].split(':')[0]}: {r['case']} {r['provider']}: {r['status']}", file=sys.stderr)
-    return 1 if bad else 0
+    return _report(args, to_csv_rows(cases, rows, sha, dirty, run_id), sha, dirty, run_id)

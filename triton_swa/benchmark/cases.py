@@ -33,8 +33,10 @@ SHAPES = {
 }
 ATTENTION_OPS = ("decode", "prefill", "verify")
 # ``indices``: the decode window's index build (``build_window_indices`` / ``build_window_page_table``
-# with the SWA mapping), ``step``: a whole model step and its host cost (:mod:`.step`, no cases)
-OPS = (*ATTENTION_OPS, "indices", "step")
+# with the SWA mapping), ``step``: a whole model step and its host cost (:mod:`.step`, no cases),
+# ``sglang_backend``: SGLang's whole Triton backend beside ours on SGLang's pools (:mod:`.sglang_backend`,
+# its own cases; needs SGLang)
+OPS = (*ATTENTION_OPS, "indices", "step", "sglang_backend")
 # ``heuristics``: the grids the launch heuristics were chosen on (decode at B 1-256, L 4k / 32k;
 # prefill of 2k-32k tokens with and without a 32k prefix; verify with 4-16 drafts; index builds up to B 1024)
 GRIDS = ("default", "heuristics")

@@ -129,6 +129,23 @@ def _time_eager(fns) -> tuple[float, float, float]:
     return _quantiles(times)
 
 
+def input_set_count(set_bytes: int, device: str) -> int:
+    """Input sets of a case: on a GPU together over 4x the L2 (no call reads what the previous one left
+    there), at least 2, at most 64 and ``SET_MEMORY``; one on a CPU."""
+    count = max(2, math.ceil(4 * L2_BYTES / max(set_bytes, 1))) if device == "cuda" else 1
+    return max(1, min(count, 64, SET_MEMORY // max(set_bytes, 1)))
+
+
+def time_row(row: dict, calls, device: str, graph: bool = True) -> str:
+    """Time ``calls`` (one per input set) into ``row``: ``us`` (p20, p50, p80 of a call), and on a GPU
+    ``eager_us`` too. Returns how they were timed: ``graph``, ``eager`` (the capture failed) or
+    ``eager-cpu``."""
+    row["us"], how = _time(calls, device, graph=graph)
+    if device == "cuda":
+        row["eager_us"] = _time_eager(calls)
+    return how
+
+
 def _emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
@@ -142,9 +159,7 @@ def worker(case_ids: list[str], providers: list[str], skip: set, device: str, al
             continue
         sets = [P.build(case, 0, device)]
         expected = P.reference(case, sets[0])
-        count = max(2, math.ceil(4 * L2_BYTES / max(_set_bytes(sets[0]), 1))) if device == "cuda" else 1
-        count = max(1, min(count, 64, SET_MEMORY // max(_set_bytes(sets[0]), 1)))
-        sets += [P.build(case, i, device) for i in range(1, count)]
+        sets += [P.build(case, i, device) for i in range(1, input_set_count(_set_bytes(sets[0]), device))]
         for provider in todo:
             _emit(dict(event="start", case=cid, provider=provider))
             row = dict(event="row", case=cid, provider=provider, status="ok", max_abs_err=None, us=None)
@@ -159,11 +174,9 @@ def worker(case_ids: list[str], providers: list[str], skip: set, device: str, al
                         if not err <= P.TOLERANCE:
                             row["status"] = "WRONG"
                     if row["status"] == "ok":
-                        row["us"], how = _time(calls, device, graph=provider not in P.EAGER_ONLY)
+                        how = time_row(row, calls, device, graph=provider not in P.EAGER_ONLY)
                         if how != "graph":
                             row["status"] = f"ok ({how})"
-                        if device == "cuda":
-                            row["eager_us"] = _time_eager(calls)
             except Exception as exc:  # noqa: BLE001 - the provider's error is its result for this case
                 row["status"] = f"ERROR {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:120]}"
             _emit(row)
