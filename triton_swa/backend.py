@@ -33,6 +33,7 @@ from .runtime.checks import (
     split_kv_scale,
 )
 from .runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
+from .runtime.launch import current_stream
 from .runtime.plans import tensor_key
 from .runtime.window import window_keys
 
@@ -335,6 +336,9 @@ class TritonSWAAttnBackend:
         self.forward_metadata: ForwardMetadata | None = None
         self.cuda_graph: dict | None = None
         self._layer_plans: dict = {}  # id(layer) -> _LayerPlan
+        # the latest run of each kind of decode call (its key but the step's slots) per stream: the next
+        # step's plan of that kind on that stream takes over its workspace (runs in stream order)
+        self._last_decode_runs: dict = {}
         self._checked_batches: dict = {}  # kind of DECODE / TARGET_VERIFY batch -> (tokens, drafts)
 
     def use_kv_pool(self, pool) -> None:
@@ -1013,8 +1017,15 @@ class TritonSWAAttnBackend:
             return None
         run = meta.runs.get(key)
         if run is None:
-            plan = self._plan_extend if extend else self._plan_decode
-            run = meta.runs[key] = plan(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
+            if extend:
+                run = self._plan_extend(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
+            else:
+                # the same kind's previous run on this stream (another stream's may still be running)
+                kind = (key[:-1], current_stream(self.device.index) if self.device.type == "cuda" else None)
+                last = self._last_decode_runs.get(kind)
+                run = self._plan_decode(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache, last)
+                self._last_decode_runs[kind] = run
+            meta.runs[key] = run
         if run.store is _ENGINE_STORE:
             # as the checked paths hand it over: decode's rows as given, extend's viewed per head
             kv = (k.view(run.k_shape), v.view(run.v_shape)) if extend else (k, v)
@@ -1025,8 +1036,9 @@ class TritonSWAAttnBackend:
         out = poison.empty(q.shape[0], run.out_cols, dtype=run.dtype, device=self.device)
         return lp, k_buf, v_buf, run, out
 
-    def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
-        """Check a decode layer call in full and plan the step's launches for its kind."""
+    def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache, last=None) -> _LayerRun:
+        """Check a decode layer call in full and plan the step's launches for its kind (taking over the
+        workspace of ``last``, the previous step's run of the kind, where the plans match)."""
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False)
         _, _, _, _, _, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
         run = _LayerRun(lp, loc, q.dtype)
@@ -1052,6 +1064,7 @@ class TritonSWAAttnBackend:
             k_scale=k_scale,
             v_scale=v_scale,
             max_window=max(idx.max_window, 1),
+            reuse=None if last is None else last.attend,
             **store,
         )
         return run

@@ -692,6 +692,29 @@ def test_decode_plan_fused_store(case, device):
 
 
 @pytest.mark.interpreter
+def test_decode_plan_reuses_a_finished_plans_workspace(device):
+    """``reuse=``: a plan of the same signature takes over the finished plan's split workspace and
+    counters (no allocation) and gives the same output; the finished plan then refuses to run; a plan
+    of another signature allocates its own and leaves ``reuse`` alone."""
+    from triton_swa import swa_decode_plan
+
+    case = Case((45, 2, 30), 29, 8, 2, 16, dtype=torch.float16, softcap=2.0, sinks=True, num_splits=3, block_n=16)
+    b = build(case, device)
+    kw = dict(kv_indptr=b.kv_indptr, kv_indices=b.kv_indices, sm_scale=0.6 / case.d**0.5, logit_cap=2.0, sinks=b.sinks)
+    first = swa_decode_plan(b.q, b.k, b.v, **kw, num_splits=3, block_n=16)
+    want = first.run(b.q, b.k, b.v)
+    second = swa_decode_plan(b.q, b.k, b.v, **kw, num_splits=3, block_n=16, reuse=first)
+    assert second._tensors[0] is first._tensors[0] and second._tensors[1] is first._tensors[1]
+    assert torch.equal(second.run(b.q, b.k, b.v), want)
+    with pytest.raises(ValueError, match="workspace went to a later plan"):
+        first.run(b.q, b.k, b.v)
+    other = swa_decode_plan(b.q, b.k, b.v, **kw, num_splits=2, block_n=16, reuse=second)
+    assert other._tensors[0] is not second._tensors[0]
+    assert torch.equal(second.run(b.q, b.k, b.v), want)
+    assert_close(other.run(b.q, b.k, b.v), expected(case, b), name="a plan of another signature")
+
+
+@pytest.mark.interpreter
 def test_decode_plan_refuses_another_kind(device):
     """A run whose tensors or scales are not what the plan was made for raises, naming them, before any launch."""
     from triton_swa import swa_decode_plan

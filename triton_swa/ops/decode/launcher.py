@@ -510,6 +510,15 @@ def _swa_decode_impl(
 
 
 _IN_PLACE = _Tune(fused_merge=True)
+_DUMMIES: dict = {}
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """A zeroed word on ``device`` that stands in for the pointers a kernel does not read (shared)."""
+    dummy = _DUMMIES.get(device)
+    if dummy is None:
+        dummy = _DUMMIES[device] = torch.zeros(4, dtype=torch.int32, device=device)
+    return dummy
 
 
 def _merges_in_place(in_place_merge: bool | None, q, k_buffer, v_buffer) -> bool:
@@ -657,11 +666,24 @@ class DecodePlan:
         "_store",
         "_store_ptrs",
         "_bound",
+        "_retired",
         "__weakref__",
     )
 
     def __init__(
-        self, plan: _Plan, q, k_buffer, v_buffer, windows: tuple, sinks, k_scale, v_scale, sm_scale: float, cap: float, new_kv=None
+        self,
+        plan: _Plan,
+        q,
+        k_buffer,
+        v_buffer,
+        windows: tuple,
+        sinks,
+        k_scale,
+        v_scale,
+        sm_scale: float,
+        cap: float,
+        new_kv=None,
+        reuse: DecodePlan | None = None,
     ):
         self._plan = plan
         self._keys = (tensor_key(q), tensor_key(k_buffer), tensor_key(v_buffer))
@@ -672,11 +694,16 @@ class DecodePlan:
         self._scales = (k_scale, v_scale)
         self._sm_scale, self._cap = sm_scale, cap
         device = q.device
-        # a word standing in for the pointers the kernel does not read
-        dummy = torch.zeros(4, dtype=torch.int32, device=device)
-        part = poison.empty(plan.part_numel, dtype=torch.float32, device=device) if plan.split else dummy
-        # the in-place merge's counters, zero between runs (each run's last splits put them back)
-        counters = torch.zeros(plan.programs, dtype=torch.int32, device=device) if plan.fused else dummy
+        dummy = _dummy(device)
+        if isinstance(reuse, DecodePlan) and reuse._plan is plan:
+            # the workspace of a finished plan of the same signature: no allocation
+            part, counters = reuse._tensors[:2]
+            reuse._retired = True
+        else:
+            part = poison.empty(plan.part_numel, dtype=torch.float32, device=device) if plan.split else dummy
+            # the in-place merge's counters, zero between runs (each run's last splits put them back)
+            counters = torch.zeros(plan.programs, dtype=torch.int32, device=device) if plan.fused else dummy
+        self._retired = False
         windows = tuple(dummy if w is q else w for w in windows)
         self._tensors = (part, counters, *windows)  # the plan's own pointers, in the kernel's order
         self._ptrs = tuple(t.data_ptr() for t in self._tensors)
@@ -716,6 +743,8 @@ class DecodePlan:
         Raises:
             TypeError, ValueError: a tensor or scale not of the planned kind, before any launch.
         """
+        if self._retired:
+            raise ValueError("this plan's workspace went to a later plan (swa_decode_plan(..., reuse=this)): run that one")
         q_key, k_key, v_key = self._keys
         self._check("q", q, q_key)
         self._check("k_buffer", k_buffer, k_key)
@@ -822,6 +851,7 @@ def swa_decode_plan(
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
     in_place_merge: bool | None = None,
+    reuse: DecodePlan | None = None,
 ) -> DecodePlan:
     """Check and plan :func:`swa_decode` once, for the pattern "plan once per step, run per layer".
 
@@ -853,6 +883,10 @@ def swa_decode_plan(
       dims up to 256 when the plan is made outside a CUDA-graph capture (eager runs, bound by their
       launches; the same GPU time there) and the merge kernel otherwise (in place cost 512-wide heads
       twice the GPU time on the H200).
+    - ``reuse`` (DecodePlan | None): a plan whose runs are done, typically the previous step's on the
+      same stream. Where the new plan has its signature (same kinds, sizes and options), the new plan
+      takes over its split workspace and counters instead of allocating them, and ``reuse`` can no
+      longer run (ValueError).
 
     Raises:
         TypeError, ValueError: as :func:`swa_decode`, before anything is launched.
@@ -886,4 +920,4 @@ def swa_decode_plan(
     plan = _PLANS.get_or_make(_signature, _check_and_plan, (*args, new_kv))
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
     scale = plan.default_scale if sm_scale is None else sm_scale
-    return DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap), new_kv)
+    return DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap), new_kv, reuse)
