@@ -37,7 +37,7 @@ import triton_swa_reference, triton_swa
 for name, module in list(sys.modules.items()):
     file = getattr(module, "__file__", None)
     if name.split(".")[0] in ("triton_swa", "triton_swa_reference") and file and not Path(file).resolve().is_relative_to(tree):
-        sys.exit(f"{{name}} was imported from {{file}}, outside the tree {{tree}}")
+        sys.exit(f"{{name}} was imported from outside the tree {{tree}}: {{file}}")
 print(json.dumps(dict(event="tree", triton_swa=triton_swa.__file__, reference=triton_swa_reference.__file__)), flush=True)
 spec = importlib.util.spec_from_file_location("{ALIAS}", harness + "/__init__.py", submodule_search_locations=[harness])
 sys.modules["{ALIAS}"] = module = importlib.util.module_from_spec(spec)

@@ -64,8 +64,8 @@ _GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def current_stream(device_index: int | None):
-    """The driver's current stream handle on ``device_index``."""
-    return _driver_fns()[1](device_index)
+    """The driver's current stream handle on ``device_index`` (None: the current device)."""
+    return _driver_fns()[1](_current_device() if device_index is None else device_index)
 
 
 class Bound:
