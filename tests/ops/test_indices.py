@@ -362,6 +362,33 @@ def test_store_kv_python_negative_slot(device):
     assert_close(vb, exp_v, atol=0, rtol=0, name="v_buffer")
 
 
+@pytest.mark.parametrize("sliding", [False, True])
+def test_store_kv_skip_negative_writes_nothing_for_padding(sliding, device):
+    """``skip_negative=True`` (vLLM's -1 padding): negative locs write nothing, the others as without
+    it; the plan reads its loc at every run (refilled in place); a bad flag is refused before any write."""
+    from triton_swa import store_kv_plan
+
+    mapping = torch.tensor([0, 4, 2, 5, 0, 0, -1], device=device) if sliding else None
+    kb = torch.full((6, 1, 4), float("nan"), device=device)
+    vb = torch.full((6, 2, 3), float("nan"), device=device)
+    loc = torch.tensor([1, -1, 3, -2], device=device)
+    k, v = torch.randn(4, 1, 4, device=device), torch.randn(4, 2, 3, device=device)
+    keep = loc >= 0
+    exp_k, exp_v = kb.cpu().clone(), vb.cpu().clone()
+    ref.store_kv(exp_k, exp_v, loc[keep].cpu(), k[keep].cpu(), v[keep].cpu(), mapping=None if mapping is None else mapping.cpu())
+    store_kv(kb, vb, loc, k, v, mapping=mapping, skip_negative=True)
+    assert_close(kb, exp_k, atol=0, rtol=0, name="k_buffer")
+    assert_close(vb, exp_v, atol=0, rtol=0, name="v_buffer")
+    plan = store_kv_plan(kb, vb, loc, k, v, mapping=mapping, skip_negative=True)
+    loc.copy_(torch.tensor([-1, 2, -1, 1], device=device))  # the next step's slots, in place
+    plan.run(kb, vb, k, v)
+    keep = loc >= 0
+    ref.store_kv(exp_k, exp_v, loc[keep].cpu(), k[keep].cpu(), v[keep].cpu(), mapping=None if mapping is None else mapping.cpu())
+    assert_close(kb, exp_k, atol=0, rtol=0, name="k_buffer after the plan's run")
+    with pytest.raises(TypeError, match="skip_negative must be a bool"):
+        store_kv(kb, vb, loc, k, v, skip_negative=1)
+
+
 def test_negative_slots_follow_torch_indexing(device):
     """-1 in req_to_token translates through mapping[-1] = -1 and floors to page -1, as torch does."""
     ps = 4

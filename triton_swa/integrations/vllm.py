@@ -38,8 +38,9 @@ What the classes do (vLLM's names):
   window are never read. CUDA graphs: ``UNIFORM_SINGLE_TOKEN_DECODE`` (the decode path reads only
   persistent buffers and host values fixed by the batch shape; mixed and prefill batches run eager).
 - ``TritonSWAImpl`` (``AttentionImpl``): ``do_kv_cache_update`` writes K/V with
-  :func:`triton_swa.store_kv` (fp8: ``value / layer._k_scale``, saturating; ``slot_mapping`` entries
-  ``-1`` are padding and are skipped); ``forward`` runs :func:`triton_swa.swa_decode` (decode-only
+  :func:`triton_swa.store_kv_plan` (planned once per kind of call and slot mapping, which vLLM refills
+  in place; fp8: ``value / layer._k_scale``, saturating; ``slot_mapping`` entries ``-1`` are padding
+  and are skipped, ``skip_negative``); ``forward`` runs :func:`triton_swa.swa_decode` (decode-only
   steps) or :func:`triton_swa.swa_extend` (every other step, the step's new K/V taken from
   ``key``/``value``; a KV-shared layer, called with ``key = value = None``, gathers them from the
   shared cache by ``slot_mapping``), planned once per step and kind of layer
@@ -143,8 +144,20 @@ def _define() -> dict:
     from ..ops.decode import swa_decode_plan
     from ..ops.extend import swa_extend_plan
     from ..ops.indices import WindowPageTable, max_window_pages, window_page_table_from_block_table
-    from ..ops.kv_store import store_kv
-    from ..runtime.plans import scale_key, tensor_key
+    from ..ops.kv_store import store_kv, store_kv_plan
+    from ..runtime.guard import debug_enabled
+    from ..runtime.plans import PlanCache, scale_key, tensor_key
+
+    # K/V-update plans by the kinds of the call and the slot mapping's address: vLLM refills its
+    # persistent slot_mapping in place step after step, and a plan reads it at every run
+    kv_update_plans = PlanCache(max_size=64)
+
+    def kv_update_signature(k_buffer, v_buffer, slot_mapping, key, value, k_scale, v_scale):
+        keys = (tensor_key(k_buffer), tensor_key(v_buffer), tensor_key(slot_mapping), tensor_key(key), tensor_key(value))
+        return (*keys, slot_mapping.data_ptr(), scale_key(k_scale), scale_key(v_scale))
+
+    def kv_update_plan(k_buffer, v_buffer, slot_mapping, key, value, k_scale, v_scale):
+        return store_kv_plan(k_buffer, v_buffer, slot_mapping, key, value, k_scale=k_scale, v_scale=v_scale, skip_negative=True)
 
     def window_left_of(sliding_window) -> int:
         """vLLM's ``sliding_window = S`` (S keys including the query's own) as ``window_left = S - 1``;
@@ -391,11 +404,16 @@ def _define() -> dict:
                 return
             k_buffer, v_buffer = self._kv_buffers(kv_cache)
             n = slot_mapping.shape[0]
-            # store_kv indexes negative slots from the end, like torch; send padding past the buffer
-            # (dropped there) instead.
-            loc = torch.where(slot_mapping >= 0, slot_mapping, k_buffer.shape[0])
+            key, value = key[:n], value[:n]
             k_scale, v_scale = self._scales(layer)
-            store_kv(k_buffer, v_buffer, loc, key[:n], value[:n], k_scale=k_scale, v_scale=v_scale)
+            if debug_enabled(None):  # every call's slots checked (a plan checks its slots when made)
+                store_kv(k_buffer, v_buffer, slot_mapping, key, value, k_scale=k_scale, v_scale=v_scale, skip_negative=True)
+                return
+            # planned once per kind and slot mapping (the step's layers share it); -1 is padding
+            args = (k_buffer, v_buffer, slot_mapping, key, value, k_scale, v_scale)
+            plan = kv_update_plans.get_or_make(kv_update_signature, kv_update_plan, args)
+            if plan is not None:
+                plan.run(k_buffer, v_buffer, key, value, k_scale=k_scale, v_scale=v_scale)
 
         def fused_rope_kvcache_supported(self):
             return False

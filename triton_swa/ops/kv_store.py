@@ -77,11 +77,14 @@ def _bf16_bits(x):
 
 
 @triton.jit
-def store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING: tl.constexpr):
+def store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING: tl.constexpr, SKIP_NEGATIVE: tl.constexpr):
     """The slot (int64) that token ``i_n``'s K/V go to: ``loc[i_n]``, through ``mapping`` for a sliding
     layer (a ``loc`` wrapped from the end like torch; one outside the mapping reads nothing and gives
-    ``-(2**62)``, which lies outside every buffer after the caller's wrap)."""
+    ``-(2**62)``, which lies outside every buffer after the caller's wrap). ``SKIP_NEGATIVE``: a
+    negative ``loc`` is padding and gives ``-(2**62)`` too, instead of indexing from the end."""
     slot = tl.load(loc + i_n * stride_loc).to(tl.int64)
+    if SKIP_NEGATIVE:
+        slot = tl.where(slot < 0, -4611686018427387904, slot)
     if HAS_MAPPING:
         slot = tl.where(slot < 0, slot + n_mapping, slot)
         m_map = (slot >= 0) & (slot < n_mapping)
@@ -177,6 +180,7 @@ def _swa_store_kv_kernel(
     HV,
     DV,
     HAS_MAPPING: tl.constexpr,
+    SKIP_NEGATIVE: tl.constexpr,
     K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr,
     K_ENC: tl.constexpr,
@@ -194,7 +198,7 @@ def _swa_store_kv_kernel(
     """
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
-    slot = store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING)
+    slot = store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING, SKIP_NEGATIVE)
     slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
     slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
     store_rows(
@@ -294,6 +298,7 @@ def store_kv(
     mapping: torch.Tensor | None = None,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
+    skip_negative: bool = False,
 ) -> None:
     """Write a layer's new K/V rows at full slots ``loc``, translated to SWA slots in the same kernel.
 
@@ -311,6 +316,8 @@ def store_kv(
         k_scale, v_scale (float | torch.Tensor | None): per-tensor scales: a finite number > 0, or a
             one-element float tensor on the buffers' device (read in the kernel, so CUDA-graph replays
             see its current value; its value is checked only by the debug guard).
+        skip_negative (bool): a negative ``loc`` is padding (vLLM's ``-1``): nothing is written for it,
+            instead of indexing from the end.
         debug (bool | None): check every index this call reads or writes before launching (a host
             sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
             (see :mod:`triton_swa.runtime.guard`).
@@ -332,17 +339,19 @@ def store_kv(
     Raises:
         TypeError, ValueError: on a wrong dtype, device, shape or scale, before any launch.
     """
-    plan = _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale)
+    plan = _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, skip_negative)
     if plan is not None:
         plan.run(k_buffer, v_buffer, k, v, k_scale=k_scale, v_scale=v_scale)
 
 
-def _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale) -> KVStorePlan | None:
+def _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, skip_negative=False) -> KVStorePlan | None:
     """Check a store (raising TypeError/ValueError naming the argument) and plan it; None: no rows."""
     k_mode, v_mode = check_store_kv_args(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale)
+    if not isinstance(skip_negative, bool):
+        raise TypeError(f"skip_negative must be a bool, got {type(skip_negative).__name__}")
     if loc.shape[0] == 0:
         return None
-    return KVStorePlan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode, v_mode)
+    return KVStorePlan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode, v_mode, skip_negative)
 
 
 def check_store_kv_args(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, names=("loc", "k", "v", "mapping")) -> tuple[int, int]:
@@ -390,7 +399,7 @@ class KVStorePlan:
         "_key",
     )
 
-    def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode: int, v_mode: int):
+    def __init__(self, k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, k_mode: int, v_mode: int, skip_negative: bool = False):
         kb, k_enc = store_view(k_buffer)
         vb, v_enc = store_view(v_buffer)
         _, H, D = k_buffer.shape
@@ -406,6 +415,7 @@ class KVStorePlan:
         self._grid = (loc.shape[0], triton.cdiv(max(H, HV), block_h), 1)
         constexprs = dict(
             HAS_MAPPING=mapping is not None,
+            SKIP_NEGATIVE=skip_negative,
             K_SCALE=k_mode,
             V_SCALE=v_mode,
             K_ENC=k_enc,
@@ -536,13 +546,15 @@ def store_kv_plan(
     mapping: torch.Tensor | None = None,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
+    skip_negative: bool = False,
 ) -> KVStorePlan | None:
     """Check and plan :func:`store_kv` once for a step's slots (``loc``, ``mapping``); returns a
     :class:`KVStorePlan` whose ``run(k_buffer, v_buffer, k, v, *, k_scale=None, v_scale=None)`` then
     writes any layer's rows of the planned kind, or None when ``loc`` is empty (nothing to write).
-    ``debug`` checks the slots against the buffers once, here.
+    ``debug`` checks the slots against the buffers once, here. ``loc`` (and ``mapping``) are read at
+    each run: refill them in place between runs if you like.
 
     Raises:
         TypeError, ValueError: as :func:`store_kv`, before anything is launched.
     """
-    return _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale)
+    return _check_and_plan(k_buffer, v_buffer, loc, k, v, mapping, k_scale, v_scale, skip_negative)

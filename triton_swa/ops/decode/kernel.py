@@ -150,7 +150,7 @@ def _swa_decode_kernel(
         # the store kernel would.
         last = kv_len - 1
         mine = ((last >= n_lo) & (last < n_hi)) | ((kv_len == 0) & (i_s == 0))
-        slot_new = store_slot(loc, i_b, stride_loc, mapping, n_mapping, STORE_MAPPING)
+        slot_new = store_slot(loc, i_b, stride_loc, mapping, n_mapping, STORE_MAPPING, False)
         slot_new = tl.where(mine, slot_new, -4611686018427387904)
         slot_k = tl.where(slot_new < 0, slot_new + rows_k, slot_new)
         slot_v = tl.where(slot_new < 0, slot_new + rows_v, slot_new)

@@ -59,7 +59,7 @@ def check_swa_out_cache_loc(out_cache_loc, mapping, *, out=None, **extra) -> Non
     _check_write_slots("swa_out_cache_loc", out_cache_loc, mapping, None, "")
 
 
-def check_store_kv(k_buffer, v_buffer, loc, k, v, *, mapping=None, k_scale=None, v_scale=None, **extra) -> None:
+def check_store_kv(k_buffer, v_buffer, loc, k, v, *, mapping=None, k_scale=None, v_scale=None, skip_negative=False, **extra) -> None:
     """The debug check of :func:`~triton_swa.store_kv` (module docstring); raises ValueError."""
     rows_k, rows_v = _buffer_rows("k_buffer", k_buffer), _buffer_rows("v_buffer", v_buffer)
     n = _tensor("loc", loc, 1).numel()
@@ -70,4 +70,6 @@ def check_store_kv(k_buffer, v_buffer, loc, k, v, *, mapping=None, k_scale=None,
         if isinstance(scale, torch.Tensor) and scale.numel() != 1:
             _defer("a scale tensor must hold one value")
     rows, name = (rows_k, "k_buffer") if rows_k <= rows_v else (rows_v, "v_buffer")
+    if skip_negative is True:
+        loc = loc[loc >= 0]  # padding: written nowhere, so nothing to check
     _check_write_slots("store_kv", loc, mapping, rows, name)
