@@ -13,19 +13,22 @@
 #   bash scripts/gpu.sh sglang SHA     SGLang's whole Triton backend beside ours on SGLang's pools
 #                                      (`triton-swa bench --op sglang_backend`; needs .whl/sglang)
 #   bash scripts/gpu.sh demo SHA       the demo's gpu preset (needs transformers: .whl/demo)
+#   bash scripts/gpu.sh vllm SHA       the vLLM tier (tests/integration/test_vllm.py, -n 4) on vLLM 0.32's
+#                                      own classes (needs .vllm_slim: scripts/carry_vllm.sh)
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
 #
 # Carry what a mode needs (the device copies the tree, not git-ignored folders): .whl (SGLang's wheels
 # from scripts/carry_sglang_wheels.sh, transformers in .whl/demo) for tests, bench, sglang and demo; .peers
 # (scripts/fetch_peers.sh: vLLM's Triton attention, FlashInfer) for bench and hostcost; .ab (an old
 # tree in .ab/before: git archive OLD | tar -x -C .ab/before) for the A/B. .whl and .peers together
-# exceed the carry limit: run bench and hostcost in one call, tests in another.
+# exceed the carry limit: run bench and hostcost in one call, tests in another. .vllm_slim (vLLM's
+# import closure, about 26 MB) for vllm.
 # Left to CI (CPU): the compile tier (tests/compile) and the real-engine tier (tests/engine).
 #
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|all SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|vllm|all SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -102,8 +105,31 @@ demo() {
     2>&1 | tee "$out/demo-$sha.log" | tail -40
 }
 
+vllm() {
+  if [ ! -d .vllm_slim/vllm ] || ! compgen -G ".vllm_slim/wheels/*.whl" >/dev/null; then
+    echo "no .vllm_slim (bash scripts/carry_vllm.sh, then carry .vllm_slim)"
+    return 2
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vllm_site .vllm_slim/wheels/*.whl \
+    || { echo "unpacking .vllm_slim/wheels failed (made for another python? see .vllm_slim/CARRY_VLLM.txt)"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/triton_swa_meta . \
+    >/dev/null 2>&1 || echo "no triton-swa metadata (the entry-point test will fail)"
+  # no vLLM metadata is carried, so vLLM's platform detection would find none: CpuPlatform, as on the
+  # CPU tier (CudaPlatform imports the compiled vllm._C_stable_libtorch; scripts/carry_vllm.sh says more)
+  export PYTHONPATH="$PYTHONPATH:$PWD/.vllm_slim:/tmp/vllm_site:/tmp/triton_swa_meta" VLLM_TARGET_DEVICE=cpu
+  python3 -c 'import torch, triton, vllm, transformers; print("torch", torch.__version__, "triton", triton.__version__, "vllm", vllm.__version__, vllm.__file__, "transformers", transformers.__version__)'
+  local t0=$SECONDS status
+  echo "git_sha $sha" > "$out/gpu-vllm.log"
+  timeout "${VLLM_TIMEOUT_S:-420}" python3 -m pytest tests/integration/test_vllm.py -q -p no:cacheprovider -n 4 -rfEs \
+    --durations=5 "$@" >> "$out/gpu-vllm.log" 2>&1
+  status=$?
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$out/gpu-vllm.log" | cut -c1-300 | head -30
+  echo "== vllm tier: $(tail -1 "$out/gpu-vllm.log") ($(( SECONDS - t0 )) s, exit $status)"
+  return $status
+}
+
 case "$what" in
-  tests | bench | hostcost | ab | sglang | demo) "$what" "$@" ;;
+  tests | bench | hostcost | ab | sglang | demo | vllm) "$what" "$@" ;;
   all)
     tests
     status=$?
@@ -112,7 +138,7 @@ case "$what" in
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, all)"
+    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, vllm, all)"
     exit 2
     ;;
 esac

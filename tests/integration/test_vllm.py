@@ -415,6 +415,7 @@ def test_attention_layer_writes_kv_and_attends(config):
             attn_backend=backend,
         )
     assert isinstance(layer.impl, integration.TritonSWAImpl) and layer.impl.window_left == W and layer.impl.fp8
+    layer.to(DEVICE)  # its scale buffers, as a model's .to(device) moves them (they start on the CPU)
     layer._k_scale.fill_(step.scale)
     layer._v_scale.fill_(step.scale)
     layer.kv_cache = step.caches["sliding"]
