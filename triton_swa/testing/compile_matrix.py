@@ -186,8 +186,10 @@ def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[
 # ---- the cases: every kernel, each feature combination that matters ----------------------------------
 
 
-def _decode_call(hq, h, d, dv=None, *, batch, window, page=1, dtype=torch.bfloat16, kv=None, softcap=0.0, sinks=False):
-    from ..ops.decode import swa_decode
+def _decode_call(hq, h, d, dv=None, *, batch, window, page=1, dtype=torch.bfloat16, kv=None, softcap=0.0, sinks=False, fused_store=False):
+    """``swa_decode``; with ``fused_store``, a plan that writes the step's K/V in its launch (through a
+    mapping, with the default merge: in place up to head dim 256) and its run."""
+    from ..ops.decode import swa_decode, swa_decode_plan
 
     dv = dv or d
     kv = kv or dtype
@@ -213,6 +215,15 @@ def _decode_call(hq, h, d, dv=None, *, batch, window, page=1, dtype=torch.bfloat
             seq_lens=torch.full((batch,), window, dtype=torch.int32),
             page_size=page,
         )
+    if fused_store:
+        store = dict(
+            store_loc=torch.arange(batch, dtype=torch.int64) * window + page,
+            store_mapping=torch.arange(slots, dtype=torch.int64),
+            k_new=torch.randn(batch, h, d, generator=g).to(dtype),
+            v_new=torch.randn(batch, h, dv, generator=g).to(dtype),
+        )
+        new = dict(k_new=store["k_new"], v_new=store["v_new"])
+        return lambda: swa_decode_plan(q, k, v, **index, **extra, max_window=window, **store, debug=False).run(q, k, v, **new)
     return lambda: swa_decode(q, k, v, **index, **extra, max_window=window, debug=False)
 
 
@@ -301,6 +312,10 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "decode-d128-fp8": lambda: _decode_call(32, 16, 128, batch=64, window=1024, kv=torch.float8_e4m3fn),
     "decode-d256-fp8nuz-pages": lambda: _decode_call(32, 16, 256, batch=64, window=1024, page=16, kv=torch.float8_e4m3fnuz),
     "decode-d256-fp16": lambda: _decode_call(32, 16, 256, batch=8, window=1024, dtype=torch.float16),
+    "decode-d256-split-fused-store": lambda: _decode_call(32, 16, 256, batch=1, window=1024, fused_store=True),
+    "decode-d128-pages-fp8-fused-store": lambda: _decode_call(
+        32, 8, 128, batch=8, window=1024, page=16, kv=torch.float8_e4m3fn, fused_store=True
+    ),
     "extend-prefill-d128": lambda: _extend_call(32, 16, 128, batch=1, new=2048, prefix=0, window_left=1023),
     "extend-prefill-d256": lambda: _extend_call(32, 16, 256, batch=1, new=2048, prefix=0, window_left=1023),
     "extend-prefill-d512": lambda: _extend_call(32, 4, 512, batch=1, new=512, prefix=0, window_left=-1),
