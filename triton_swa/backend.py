@@ -336,8 +336,8 @@ class TritonSWAAttnBackend:
         self.forward_metadata: ForwardMetadata | None = None
         self.cuda_graph: dict | None = None
         self._layer_plans: dict = {}  # id(layer) -> _LayerPlan
-        # the latest run of each kind of decode call (its key but the step's slots) per stream: the next
-        # step's plan of that kind on that stream takes over its workspace (runs in stream order)
+        # the latest eager run of each kind of decode call (its key but the step's slots) per stream: the
+        # next eager step's plan of that kind on that stream takes over its workspace (stream order)
         self._last_decode_runs: dict = {}
         self._checked_batches: dict = {}  # kind of DECODE / TARGET_VERIFY batch -> (tokens, drafts)
 
@@ -1020,11 +1020,15 @@ class TritonSWAAttnBackend:
             if extend:
                 run = self._plan_extend(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache)
             else:
-                # the same kind's previous run on this stream (another stream's may still be running)
-                kind = (key[:-1], current_stream(self.device.index) if self.device.type == "cuda" else None)
-                last = self._last_decode_runs.get(kind)
+                # the same kind's previous run on this stream (another stream's may still be running);
+                # a graph being captured keeps a workspace of its own, as its replays outlive the step
+                cuda = self.device.type == "cuda"
+                kind = (key[:-1], current_stream(self.device.index) if cuda else None)
+                eager = not (cuda and torch.cuda.is_current_stream_capturing())
+                last = self._last_decode_runs.get(kind) if eager else None
                 run = self._plan_decode(q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache, last)
-                self._last_decode_runs[kind] = run
+                if eager:
+                    self._last_decode_runs[kind] = run
             meta.runs[key] = run
         if run.store is _ENGINE_STORE:
             # as the checked paths hand it over: decode's rows as given, extend's viewed per head
