@@ -116,13 +116,14 @@ def store_rows(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``,
-    unless ``slot`` lies outside ``[0, num_slots)`` (then nothing is written: no store can land past
-    the buffer, whatever the indices hold).
+    """Write heads ``[i_h * BLOCK_H, ...)`` of token ``i_n`` of ``x`` into row ``slot`` of ``buf``:
+    a negative ``slot`` is wrapped (``+ num_slots``, like torch), and a slot then outside ``[0,
+    num_slots)`` writes nothing (no store can land past the buffer, whatever the indices hold).
 
     ``ENC``: 0 a plain cast to ``buf``'s dtype; 1 ``buf`` is int16 storage of bfloat16; 2 ``buf`` is
     uint8 storage of float8 e4m3fn; 3 of float8 e4m3fnuz (all rounded by hand, exactly as torch rounds).
     """
+    slot = tl.where(slot < 0, slot + num_slots, slot)
     o_h = i_h * BLOCK_H + tl.arange(0, BLOCK_H)
     o_d = tl.arange(0, BLOCK_D)
     m_hd = (o_h < H)[:, None] & (o_d < D)[None, :] & ((slot >= 0) & (slot < num_slots))
@@ -199,14 +200,12 @@ def _swa_store_kv_kernel(
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     slot = store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING, SKIP_NEGATIVE)
-    slot_k = tl.where(slot < 0, slot + num_slots_k, slot)
-    slot_v = tl.where(slot < 0, slot + num_slots_v, slot)
     store_rows(
         k_buffer,
         stride_kb_s,
         stride_kb_h,
         stride_kb_d,
-        slot_k,
+        slot,
         num_slots_k,
         k,
         stride_k_n,
@@ -228,7 +227,7 @@ def _swa_store_kv_kernel(
         stride_vb_s,
         stride_vb_h,
         stride_vb_d,
-        slot_v,
+        slot,
         num_slots_v,
         v,
         stride_v_n,

@@ -152,14 +152,12 @@ def _swa_decode_kernel(
         mine = ((last >= n_lo) & (last < n_hi)) | ((kv_len == 0) & (i_s == 0))
         slot_new = store_slot(loc, i_b, stride_loc, mapping, n_mapping, STORE_MAPPING, False)
         slot_new = tl.where(mine, slot_new, -4611686018427387904)
-        slot_k = tl.where(slot_new < 0, slot_new + rows_k, slot_new)
-        slot_v = tl.where(slot_new < 0, slot_new + rows_v, slot_new)
         store_rows(
             k_store,
             stride_kn,
             stride_kh,
             1,
-            slot_k,
+            slot_new,
             rows_k,
             k_new,
             stride_knb,
@@ -181,7 +179,7 @@ def _swa_decode_kernel(
             stride_vn,
             stride_vh,
             1,
-            slot_v,
+            slot_new,
             rows_v,
             v_new,
             stride_vnb,

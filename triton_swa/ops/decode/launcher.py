@@ -785,8 +785,6 @@ class DecodePlan:
         if plan.kv_view is not None:
             k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
         scalars = (self._sm_scale * k_scale_f, v_scale_f, self._cap, k_scale_f)
-        if new is None:
-            new = (q, q, q, q)  # stand-ins for the store's pointers (not read)
         bound = False if self._bound is False else plan.bound
         if bound is not False:
             # the compiled kernel, for runs whose own pointers are 16-byte aligned (as the plan's
@@ -795,7 +793,10 @@ class DecodePlan:
             sp = qp if sinks is None else sinks.data_ptr()
             ksp = qp if k_scale_t is None else k_scale_t.data_ptr()
             vsp = qp if v_scale_t is None else v_scale_t.data_ptr()
-            nkp, nvp, nksp, nvsp = (t.data_ptr() for t in new)
+            if new is None:  # no fused store: q stands in for its four pointers
+                nkp = nvp = nksp = nvsp = qp
+            else:
+                nkp, nvp, nksp, nvsp = new[0].data_ptr(), new[1].data_ptr(), new[2].data_ptr(), new[3].data_ptr()
             if (qp | kp | vp | op | sp | ksp | vsp | nkp | nvp | nksp | nvsp) & 15 == 0:
                 if bound is None:
                     bound = self._bind(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars)
@@ -822,6 +823,7 @@ class DecodePlan:
     def _args(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars) -> tuple:
         """The kernel's arguments as tensors (the JIT's launch, and the binding)."""
         pick = lambda t: q if t is None else t
+        new = (q, q, q, q) if new is None else new  # no fused store: q stands in for its pointers
         tensors = (*self._tensors, pick(sinks), pick(k_scale_t), pick(v_scale_t), *new, *self._store)
         return (q, k_buffer, v_buffer, out, *tensors, *scalars, *self._plan.ints)
 
