@@ -23,7 +23,7 @@ CPU_ONLY = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="t
 
 
 def _bench(*args, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("TRITON_INTERPRET", None)
     done = subprocess.run(
         [sys.executable, "-m", "triton_swa", "bench", "--smoke", "--out", str(tmp_path), "--git-sha", "abc", "--dirty", "clean", *args],

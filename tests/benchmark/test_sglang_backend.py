@@ -25,7 +25,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.sglang
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed (bash scripts/setup_sglang.sh installs it)")
 def test_smoke_checks_both_providers_then_times_them(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("TRITON_INTERPRET", None)  # the command turns the interpreter on by itself
     done = subprocess.run(
         [sys.executable, "-m", "triton_swa", "bench", "--op", "sglang_backend", "--smoke", "--out", str(tmp_path)]
@@ -37,6 +37,7 @@ def test_smoke_checks_both_providers_then_times_them(tmp_path):
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "n/a:" not in done.stdout, done.stdout[-3000:]  # the op ran, not just said why it could not
     (path,) = tmp_path.glob("bench-*.csv")
     rows = {(r["case"], r["provider"]): r for r in csv.DictReader(path.open())}
     cases = S.catalog(smoke=True, device=DEVICE)

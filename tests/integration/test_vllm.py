@@ -400,6 +400,7 @@ def test_decode_metadata_reads_only_persistent_buffers(config):
 def test_attention_layer_writes_kv_and_attends(config):
     """vLLM's ``Attention`` layer with this backend: K/V written by ``unified_kv_cache_update`` through
     the impl, attention through ``unified_attention_with_output``, metadata from the forward context."""
+    integration.register()  # this worker may not have run a test that registers it
     step = Step([(40, 1), (18, 1), (9, 9), (47, 12)], fp8=True, seed=5)
     backend = AttentionBackendEnum["TRITON_SWA"].get_class()
     cfg = VllmConfig(cache_config=CacheConfig(block_size=BS, cache_dtype="fp8"))
