@@ -5,6 +5,8 @@ bad one before anything is written."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -76,3 +78,58 @@ def test_a_bad_attribute_after_the_first_call_raises_before_writing(device, monk
         run_step(sim, backend, [first, second], ForwardMode.DECODE, [1, 1, 1])
     for got, want in zip((pool.k_buffer[1], pool.v_buffer[1]), before):
         assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), "a refused layer wrote K/V"
+
+
+def _record(calls: list, name: str, args: tuple) -> None:
+    calls.append((name, args))
+
+
+@pytest.mark.interpreter
+def test_a_layers_direct_launch_passes_what_the_plans_launch_passes(device, monkeypatch):
+    """``forward_decode``'s direct launch (the layer's pointers kept by its plan) hands the bound
+    kernels the arguments the decode plan's own bound launch would, position by position; only the
+    stand-ins for absent tensors (sinks, scales, a store's buffers) may differ, and they stay valid
+    16-byte-aligned addresses. Layers with and without sinks and tensor scales, fused store on."""
+    window_left = 5
+    sim, _, layers = _stack(window_left, 1, device)
+    backend = TritonSWAAttnBackend(ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left, device=device))
+    one = torch.ones((), device=device)
+    layers = layers[:3] + [
+        AttentionLayer(0, HQ, 2, 16, sliding_window_size=window_left, sinks=torch.randn(HQ, device=device), k_scale=one, v_scale=one)
+    ]
+    run_step(sim, backend, layers[:3], ForwardMode.EXTEND, [4, 2, 3])
+    sim.evict()
+    run_step(sim, backend, layers[:3], ForwardMode.DECODE, [1, 1, 1])  # the step the calls below plan in
+    fb_loc = sim.allocate([1, 1, 1])  # a further step's slots, for the calls below
+    fb = type("Batch", (), {"out_cache_loc": fb_loc})()
+    checked = 0
+    for layer in layers:
+        T, H = 3, layer.tp_k_head_num
+        q = torch.randn(T, HQ * layer.head_dim, device=device)
+        k, v = torch.randn(T, H * layer.head_dim, device=device), torch.randn(T, H * layer.v_head_dim, device=device)
+        lp, k_buf, v_buf, run, out = backend._planned_call(q, k, v, layer, fb, True, extend=False)
+        attend = run.attend
+        assert lp.decode_ptrs is not None and run.fused_store
+        calls = []
+        main = functools.partial(_record, calls, "main")
+        merge = None if attend._plan.merge is None else functools.partial(_record, calls, "merge")
+        monkeypatch.setattr(attend._plan, "bound", (main, merge))
+        (k_f, k_t), (v_f, v_t) = lp.scales
+        attend._launch(q, k_buf, v_buf, out, layer.sinks, k_f, k_t, v_f, v_t, (k, v, *lp.store_views))
+        want, calls[:] = list(calls), []
+        assert attend._run_layer(q, out, lp.decode_ptrs, k_f, v_f, k, v)
+        assert [c[0] for c in calls] == [c[0] for c in want] and want[0][0] == "main"
+        (_, got), (_, ref) = calls[0], want[0]
+        assert len(got) == len(ref)
+        n = 4 + len(attend._ptrs)  # q, k, v, out, the plan's own: then sinks, k_scale, v_scale
+        stand_ins = {n + i for i, t in enumerate((layer.sinks, k_t, v_t)) if t is None}
+        for i, (a, b) in enumerate(zip(got, ref)):
+            if i in stand_ins:
+                assert a == lp.buffers[0] and b == q.data_ptr(), i
+            else:
+                assert a == b, f"layer {layer.layer_id}: argument {i}: {a} != {b}"
+        for (_, a), (_, b) in zip(calls[1:], want[1:]):  # the merge: its sinks may be a stand-in
+            assert a[0] == b[0] and a[2:] == b[2:] and (a[1] == b[1] or layer.sinks is None)
+        checked += 1
+        monkeypatch.undo()
+    assert checked == len(layers)

@@ -125,7 +125,8 @@ class _LayerPlan:
     """What a layer's calls share from step to step: its buffers, window kind and checked attributes.
 
     Valid while the layer's attributes are the same objects (``values``), the pool is the same and the
-    pool hands out the same buffers (``buffers``).
+    pool hands out the same buffers (``buffers``); checked on the layer's first call of a step
+    (``step``: the metadata it was last checked for).
     """
 
     __slots__ = (
@@ -141,12 +142,15 @@ class _LayerPlan:
         "write_mapping",
         "kind",
         "scales",
+        "decode_ptrs",
+        "step",
     )
 
     def __init__(self, layer, values, pool, kv_layer, k_buf, v_buf, sliding, write_mapping):
         self.layer, self.values, self.pool, self.kv_layer = layer, values, pool, kv_layer
         self.k_buf, self.v_buf, self.sliding, self.write_mapping = k_buf, v_buf, sliding, write_mapping
         self.buffers = (k_buf.data_ptr(), v_buf.data_ptr())
+        self.step = None
         self.store_views = KVStorePlan.views(k_buf, v_buf)  # the buffers as the store kernel writes them
         # what a step's launch plan depends on, beside q, k and v: layers of one kind share a plan
         _, hq, h, d, dv, scaling, _, shared, cap, sinks, k_scale, v_scale, causal = values
@@ -169,6 +173,12 @@ class _LayerPlan:
         )
         # (host factor, tensor) of each scale, as the decode and store kernels take them
         self.scales = (split_kv_scale("k_scale", k_scale), split_kv_scale("v_scale", v_scale))
+        # the layer's own pointers as a decode plan's direct launch takes them (the K buffer standing
+        # in for an absent tensor), or None where one is not 16-byte aligned
+        kp, vp = self.buffers
+        own = (sinks, self.scales[0][1], self.scales[1][1])
+        ptrs = (kp, vp, *(kp if t is None else t.data_ptr() for t in own), *(t.data_ptr() for t in self.store_views))
+        self.decode_ptrs = ptrs if all(p & 15 == 0 for p in ptrs) else None
 
 
 _KINDS: dict = {}  # kinds of layer seen by this process -> small ints (cheap to hash in a step's keys)
@@ -952,19 +962,25 @@ class TritonSWAAttnBackend:
 
     def _layer_plan(self, layer):
         """``(plan, k_buffer, v_buffer)`` of a layer: its checked setup, made on its first call (and
-        again when an attribute, the pool or the pool's buffers change)."""
-        values = _layer_values(layer)
+        again when an attribute, the pool or the pool's buffers change). Checked once per step: a
+        layer's later calls in the step (the same metadata) take the plan as it is."""
         lp = self._layer_plans.get(id(layer))
+        meta = self.forward_metadata
+        if lp is not None and lp.step is meta and lp.layer is layer:
+            return lp, lp.k_buf, lp.v_buf
+        values = _layer_values(layer)
         pool = self.kv_pool
         if lp is not None and lp.pool is pool and lp.layer is layer and all(map(operator.is_, values, lp.values)):
             k_buf, v_buf = pool.get_kv_buffer(lp.kv_layer)
             if (k_buf.data_ptr(), v_buf.data_ptr()) == lp.buffers:
+                lp.step, lp.k_buf, lp.v_buf = meta, k_buf, v_buf
                 return lp, k_buf, v_buf
         k_buf, v_buf, _, write_mapping = self._layer_setup(layer)
         self._check_layer(layer, k_buf, v_buf)
         shared = values[7]
         kv_layer = values[0] if shared is None else shared
         lp = _LayerPlan(layer, values, pool, kv_layer, k_buf, v_buf, values[6] >= 0, write_mapping)
+        lp.step = meta
         self._layer_plans[id(layer)] = lp
         return lp, k_buf, v_buf
 
@@ -996,7 +1012,10 @@ class TritonSWAAttnBackend:
             return self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
         lp, k_buf, v_buf, run, out = planned
         (k_f, k_t), (v_f, v_t) = lp.scales
-        new = (k, v, *lp.store_views) if run.fused_store else None
+        fused = run.fused_store
+        if lp.decode_ptrs is not None and run.attend._run_layer(q, out, lp.decode_ptrs, k_f, v_f, *((k, v) if fused else ())):
+            return out
+        new = (k, v, *lp.store_views) if fused else None
         return run.attend._launch(q, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t, new)
 
     def _planned_call(self, q, k, v, layer, forward_batch, save_kv_cache, *, extend: bool):

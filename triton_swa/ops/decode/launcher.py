@@ -813,6 +813,30 @@ class DecodePlan:
             plan.merge((part, q if sinks is None else sinks, out, part, *plan.merge_ints))
         return out
 
+    def _run_layer(self, q, out, ptrs: tuple, k_scale_f, v_scale_f, k_new=None, v_new=None) -> bool:
+        """The backend's launch of a layer whose own pointers it keeps: ``ptrs`` is ``(k_buffer,
+        v_buffer, sinks, k_scale, v_scale, k_store, v_store)`` as 16-byte-aligned addresses (a valid
+        address such as the K buffer's standing in for an absent tensor), ``k_new``/``v_new`` the
+        fused store's rows (or None). Launches the bound kernels and returns True, or returns False
+        having done nothing where :meth:`_launch` must take the call (nothing bound yet, or a pointer
+        of this call not aligned)."""
+        plan = self._plan
+        bound = plan.bound
+        if not bound or self._bound is False:
+            return False
+        qp, op = q.data_ptr(), out.data_ptr()
+        nkp, nvp = (qp, qp) if k_new is None else (k_new.data_ptr(), v_new.data_ptr())
+        if (qp | op | nkp | nvp) & 15 or plan.out_shape[0] == 0:
+            return False
+        kp, vp, sp, ksp, vsp, nksp, nvsp = ptrs
+        main, merge = bound
+        scalars = (self._sm_scale * k_scale_f, v_scale_f, self._cap, k_scale_f)
+        main((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, nkp, nvp, nksp, nvsp, *self._store_ptrs, *scalars, *plan.ints))
+        if merge is not None:
+            part = self._ptrs[0]
+            merge((part, sp, op, part, *plan.merge_ints))
+        return True
+
     def _bind(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars):
         """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""
         plan, part = self._plan, self._tensors[0]
