@@ -531,10 +531,11 @@ def csv_rows(rows: list, provider_prefix: str, sha: str, dirty: str, run_id: str
     return out
 
 
-def profile(batch: int = 1, steps: int = 200, top: int = 30) -> str:
+def profile(batch: int = 1, steps: int = 200, top: int = 30, metadata_only: bool = False) -> str:
     """Where one eager decode step's host time goes: ``steps`` steps (``init_forward_metadata``, then
-    the 48 layers' ``forward_decode``) of the stack at ``batch`` under cProfile, after a warm step;
-    returns the ``top`` functions by own time, in microseconds per step."""
+    the 48 layers' ``forward_decode``; only the former with ``metadata_only``) of the stack at
+    ``batch`` under cProfile, after a warm step; returns the ``top`` functions by own time, in
+    microseconds per step."""
     import cProfile
     import pstats
 
@@ -544,7 +545,7 @@ def profile(batch: int = 1, steps: int = 200, top: int = 30) -> str:
 
     def step():
         backend.init_forward_metadata(fb)
-        for lay, (q, k, v) in zip(layers, qkv):
+        for lay, (q, k, v) in zip(layers, qkv if not metadata_only else ()):
             backend.forward_decode(q, k, v, lay, fb)
 
     step()
@@ -558,7 +559,7 @@ def profile(batch: int = 1, steps: int = 200, top: int = 30) -> str:
     wall = (time.perf_counter() - t0) / steps * 1e6
     torch.cuda.synchronize()
     stats = pstats.Stats(prof).stats
-    head = f"== one eager B{batch} step under cProfile: {wall:.0f} us of wall per step (profiled)"
+    head = f"== one eager B{batch} {'init_forward_metadata' if metadata_only else 'step'} under cProfile: {wall:.0f} us of wall per step (profiled)"
     lines = [head, "own us / cumulative us / calls, per step"]
     entries = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     for (path, line, name), (_, calls, own, cum, _) in entries:
