@@ -559,7 +559,8 @@ def profile(batch: int = 1, steps: int = 200, top: int = 30, metadata_only: bool
     wall = (time.perf_counter() - t0) / steps * 1e6
     torch.cuda.synchronize()
     stats = pstats.Stats(prof).stats
-    head = f"== one eager B{batch} {'init_forward_metadata' if metadata_only else 'step'} under cProfile: {wall:.0f} us of wall per step (profiled)"
+    what = "init_forward_metadata" if metadata_only else "step"
+    head = f"== one eager B{batch} {what} under cProfile: {wall:.0f} us of wall per step (profiled)"
     lines = [head, "own us / cumulative us / calls, per step"]
     entries = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     for (path, line, name), (_, calls, own, cum, _) in entries:
