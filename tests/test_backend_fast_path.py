@@ -19,6 +19,12 @@ class _BothPaths(TritonSWAAttnBackend):
     """Each layer call runs the checked path, then the planned one, and asserts the same bits."""
 
     calls = 0
+    followed = 0
+
+    def _follow_decode(self, *args):
+        run = super()._follow_decode(*args)
+        type(self).followed += run is not None
+        return run
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         want = self._forward_decode_checked(q, k, v, layer, forward_batch, save_kv_cache)
@@ -45,7 +51,7 @@ def _stack(window_left, page_size, device):
 def test_planned_path_equals_checked_path(page_size, device):
     window_left = 5
     sim, backend, layers = _stack(window_left, page_size, device)
-    _BothPaths.calls = 0
+    _BothPaths.calls = _BothPaths.followed = 0
     run_step(sim, backend, layers, ForwardMode.EXTEND, [7, 3, 12])
     runs = len(backend.forward_metadata.runs)
     # layers 0 and 2 differ in their cap, 1 is full, 3 reads 2's K/V (the checked path): three kinds
@@ -53,9 +59,14 @@ def test_planned_path_equals_checked_path(page_size, device):
     sim.evict()
     run_step(sim, backend, layers, ForwardMode.DECODE, [1, 1, 1])
     sim.evict()
+    # a second decode step: each kind follows the first's plans to this step's windows and slots
+    assert _BothPaths.followed == 0
+    run_step(sim, backend, layers, ForwardMode.DECODE, [1, 1, 1])
+    assert _BothPaths.followed == 3  # the writing kinds (layer 3 writes none)
+    sim.evict()
     layers[0].scaling = 0.3  # a new attribute: the layer's plan is made again, with it
     run_step(sim, backend, layers, ForwardMode.TARGET_VERIFY, [3, 3, 3], draft_num=3)
-    assert _BothPaths.calls == 3 * len(layers)
+    assert _BothPaths.calls == 4 * len(layers)
 
 
 @pytest.mark.interpreter

@@ -1062,6 +1062,10 @@ class TritonSWAAttnBackend:
     def _plan_decode(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache, last=None) -> _LayerRun:
         """Check a decode layer call in full and plan the step's launches for its kind (taking over the
         workspace of ``last``, the previous step's run of the kind, where the plans match)."""
+        if last is not None and last.fused_store:
+            run = self._follow_decode(q, k, v, lp, loc, last)
+            if run is not None:
+                return run
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=False)
         _, _, _, _, _, scaling, _, _, cap, sinks, k_scale, v_scale, _ = lp.values
         run = _LayerRun(lp, loc, q.dtype)
@@ -1090,6 +1094,30 @@ class TritonSWAAttnBackend:
             reuse=None if last is None else last.attend,
             **store,
         )
+        return run
+
+    def _follow_decode(self, q, k, v, lp, loc, last: _LayerRun) -> _LayerRun | None:
+        """The step's run of a kind of decode call whose previous step's run ``last`` (same kind key:
+        layer kind, q/k/v layouts, writing) fused its store: the same plans over this step's windows
+        and slots (``DecodePlan._next_step``). What the kind key does not vouch for is checked here:
+        the step's token count and ``out_cache_loc``. None (nothing changed) where a full plan is
+        needed: the store target or a window or slot tensor of another kind."""
+        meta = self.forward_metadata
+        T = meta.num_tokens
+        if q.shape[0] != T or k is None or k.shape[0] != T:
+            return None  # the checks name it
+        _check_index("forward_batch.out_cache_loc", loc, self.device, T)
+        run = _LayerRun(lp, loc, q.dtype)
+        target = self._fused_store_target(lp, loc, k.view(run.k_shape), v.view(run.v_shape))
+        if target is None:
+            return None
+        idx = meta.sliding if lp.sliding else meta.full
+        attend = last.attend._next_step(
+            **idx.kernel_args(decode=True), max_window=max(idx.max_window, 1), store_loc=target[0], store_mapping=target[1]
+        )
+        if attend is None:
+            return None
+        run.attend, run.fused_store = attend, True
         return run
 
     def _fused_store_target(self, lp, loc, k, v):

@@ -717,6 +717,39 @@ def test_decode_plan_reuses_a_finished_plans_workspace(device):
 
 
 @pytest.mark.interpreter
+def test_decode_plan_next_step_follows_windows_of_its_kinds(device):
+    """``DecodePlan._next_step`` (the backend's later steps of a kind): the same plan over other
+    windows of the planned kinds gives what a fresh plan over them gives, taking over the workspace;
+    windows (or a max_window, or store slots) of another kind get None and change nothing."""
+    from triton_swa import swa_decode_plan
+
+    case = Case((45, 2, 30), 29, 8, 2, 16, dtype=torch.float16, num_splits=3, block_n=16)
+    b = build(case, device)
+    # the next step's windows: each request's last 1, 7 and 20 keys of this one's
+    ptr = b.kv_indptr.tolist()
+    lists = [b.kv_indices[ptr[i + 1] - n : ptr[i + 1]] for i, n in enumerate((1, 7, 20))]
+    b2 = type("Next", (), {})()
+    b2.kv_indices = torch.cat(lists)
+    b2.kv_indptr = torch.tensor([0, 1, 8, 28], dtype=b.kv_indptr.dtype, device=device)
+    b2.q, b2.k, b2.v = torch.randn_like(b.q), b.k, b.v
+    kw = dict(sm_scale=0.4, num_splits=3, block_n=16)
+    first = swa_decode_plan(b.q, b.k, b.v, kv_indptr=b.kv_indptr, kv_indices=b.kv_indices, max_window=64, **kw)
+    first.run(b.q, b.k, b.v)
+    for bad in (
+        dict(kv_indptr=b2.kv_indptr.long(), kv_indices=b2.kv_indices),  # another dtype
+        dict(kv_indptr=b2.kv_indptr, kv_indices=b2.kv_indices, max_window=32),
+        dict(kv_indptr=b2.kv_indptr, kv_indices=b2.kv_indices, store_loc=b2.kv_indices[:3]),
+    ):
+        assert first._next_step(**{"max_window": 64, **bad}) is None and not first._retired
+    nxt = first._next_step(kv_indptr=b2.kv_indptr, kv_indices=b2.kv_indices, max_window=64)
+    assert nxt is not None and first._retired and nxt._tensors[0] is first._tensors[0]
+    fresh = swa_decode_plan(b2.q, b2.k, b2.v, kv_indptr=b2.kv_indptr, kv_indices=b2.kv_indices, max_window=64, **kw)
+    want = fresh.run(b2.q, b2.k, b2.v)
+    assert torch.equal(nxt.run(b2.q, b2.k, b2.v), want)
+    assert first._next_step(kv_indptr=b2.kv_indptr, kv_indices=b2.kv_indices, max_window=64) is None  # retired
+
+
+@pytest.mark.interpreter
 def test_decode_plan_refuses_another_kind(device):
     """A run whose tensors or scales are not what the plan was made for raises, naming them, before any launch."""
     from triton_swa import swa_decode_plan

@@ -196,6 +196,8 @@ class MHATokenToKVPool:
         self.v_buffer = [torch.zeros(rows, head_num, v_head_dim, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
 
     def _index(self, layer_id: int) -> int:
+        if type(layer_id) is int and 0 <= layer_id - self.start_layer < self.layer_num:
+            return layer_id - self.start_layer  # a layer step's lookup: an int in range
         check_int("layer_id", layer_id)
         i = layer_id - self.start_layer
         if not 0 <= i < self.layer_num:
@@ -213,7 +215,8 @@ class MHATokenToKVPool:
         return self._view(self.v_buffer[self._index(layer_id)])
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+        i = self._index(layer_id)
+        return self._view(self.k_buffer[i]), self._view(self.v_buffer[i])
 
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None, layer_id_override=None):
         """Write ``cache_k``/``cache_v`` `[n, H, D]` at slots ``loc`` `[n]` of a layer.
@@ -436,6 +439,9 @@ class SWAKVPool(BaseSWAKVPool):
 
     def route(self, layer_id: int) -> tuple[MHATokenToKVPool, int, bool]:
         """(sub-pool, layer id inside it, is_swa) of a model layer."""
+        hit = self.layers_mapping.get(layer_id) if type(layer_id) is int else None
+        if hit is not None:  # a layer step's lookup: a known int id
+            return (self.swa_kv_pool if hit[1] else self.full_kv_pool), hit[0], hit[1]
         check_int("layer_id", layer_id)
         if layer_id not in self.layers_mapping:
             raise ValueError(f"layer_id {layer_id} is not in layers_mapping (known: {sorted(self.layers_mapping)})")

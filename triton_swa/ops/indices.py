@@ -475,6 +475,17 @@ def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window
     return launcher_for(_swa_window_indices_kernel, constexprs), (B, num_splits, 1), {}
 
 
+def _int32_parts(sizes: tuple, device) -> list:
+    """Contiguous int32 tensors of ``sizes``, views of one allocation (one allocator call per build
+    instead of one per tensor), each starting 16-byte aligned as the kernels' direct launches want."""
+    starts, total = [], 0
+    for n in sizes:
+        starts.append(total)
+        total += -(-n // 4) * 4
+    buf = poison.empty(max(total, 1), dtype=torch.int32, device=device)
+    return [buf[a : a + n] for a, n in zip(starts, sizes)]
+
+
 def _mode(seq_lens, prefix_lens, window_left):
     """(lens the window ends at, shift, has_window) of decode or extend/verify."""
     extend = prefix_lens is not None
@@ -544,11 +555,7 @@ def build_window_indices(
         if num_indices is None:
             num_indices = window_index_count(seq_lens, window_left, prefix_lens)
         check_int("num_indices", num_indices, minimum=0)
-        out = WindowIndices(
-            poison.empty(B + 1, dtype=torch.int32, device=device),
-            poison.empty(num_indices, dtype=torch.int32, device=device),
-            poison.empty(B, dtype=torch.int32, device=device),
-        )
+        out = WindowIndices(*_int32_parts((B + 1, num_indices, B), device))
     else:
         if num_indices is not None:
             raise ValueError("give num_indices or out, not both (out's kv_indices length is the capacity)")
@@ -649,9 +656,8 @@ def build_window_page_table(
             spans = torch.where(ends > starts, (ends - 1) // page_size + 1 - first, 0)
             max_pages = int(spans.max()) if B else 0
         check_int("max_pages", max_pages, minimum=0)
-        out = WindowPageTable(
-            poison.empty(B, max_pages, dtype=torch.int32, device=device), poison.empty(B, dtype=torch.int32, device=device)
-        )
+        table, starts = _int32_parts((B * max_pages, B), device)
+        out = WindowPageTable(table.view(B, max_pages), starts)
     else:
         if max_pages is not None:
             raise ValueError("give max_pages or out, not both (out's page_table width is max_pages)")

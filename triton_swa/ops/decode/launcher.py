@@ -667,6 +667,7 @@ class DecodePlan:
         "_store_ptrs",
         "_bound",
         "_retired",
+        "_step",
         "__weakref__",
     )
 
@@ -693,6 +694,7 @@ class DecodePlan:
         self._scale_kinds = (scale_key(k_scale), scale_key(v_scale))
         self._scales = (k_scale, v_scale)
         self._sm_scale, self._cap = sm_scale, cap
+        self._step = None  # what _next_step compares (set by swa_decode_plan)
         device = q.device
         dummy = _dummy(device)
         if isinstance(reuse, DecodePlan) and reuse._plan is plan:
@@ -703,8 +705,11 @@ class DecodePlan:
             part = poison.empty(plan.part_numel, dtype=torch.float32, device=device) if plan.split else dummy
             # the in-place merge's counters, zero between runs (each run's last splits put them back)
             counters = torch.zeros(plan.programs, dtype=torch.int32, device=device) if plan.fused else dummy
+        self._own(part, counters, tuple(dummy if w is q else w for w in windows), new_kv, dummy)
+
+    def _own(self, part, counters, windows: tuple, new_kv, dummy) -> None:
+        """Take the workspace, the windows and the store's slots (and mapping) that runs point at."""
         self._retired = False
-        windows = tuple(dummy if w is q else w for w in windows)
         self._tensors = (part, counters, *windows)  # the plan's own pointers, in the kernel's order
         self._ptrs = tuple(t.data_ptr() for t in self._tensors)
         loc, mapping = (dummy, dummy) if new_kv is None else (new_kv[0], dummy if new_kv[1] is None else new_kv[1])
@@ -715,6 +720,40 @@ class DecodePlan:
         # slots and mapping at any alignment: the kernel does not specialise on theirs)
         aligned = all(p & 15 == 0 for p in self._ptrs)
         self._bound = None if aligned else False
+
+    def _next_step(
+        self,
+        *,
+        kv_indptr=None,
+        kv_indices=None,
+        page_table=None,
+        window_starts=None,
+        seq_lens=None,
+        page_size=1,
+        max_window=None,
+        store_loc=None,
+        store_mapping=None,
+    ) -> DecodePlan | None:
+        """This plan for the next step: the same plan over other windows (and store slots) of exactly
+        the kinds it was made for, with the rest of :func:`swa_decode_plan`'s arguments unchanged.
+        Returns a new plan that takes over this one's workspace (this one retires, as with
+        ``reuse``), or None, having changed nothing, where any of them is of another kind or this
+        plan retired. The backend's steps after the first of a kind: no checks or plan beside these
+        keys (the window tensors' contents are not read on the host either way)."""
+        if self._retired:
+            return None
+        step = _step_key(kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, max_window, store_loc, store_mapping)
+        if step != self._step:
+            return None
+        nxt = DecodePlan.__new__(DecodePlan)
+        for name in ("_plan", "_keys", "_new_keys", "_sinks", "_scales", "_scale_kinds", "_sm_scale", "_cap", "_step"):
+            setattr(nxt, name, getattr(self, name))
+        part, counters = self._tensors[:2]
+        self._retired = True
+        dummy = _dummy(part.device)
+        windows = _window_args(dummy, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
+        nxt._own(part, counters, windows, None if store_loc is None else (store_loc, store_mapping), dummy)
+        return nxt
 
     @property
     def out_shape(self) -> tuple:
@@ -946,4 +985,29 @@ def swa_decode_plan(
     plan = _PLANS.get_or_make(_signature, _check_and_plan, (*args, new_kv))
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
     scale = plan.default_scale if sm_scale is None else sm_scale
-    return DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap), new_kv, reuse)
+    made = DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap), new_kv, reuse)
+    made._step = _step_key(kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, max_window, store_loc, store_mapping)
+    return made
+
+
+def _step_key(kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, max_window, store_loc, store_mapping) -> tuple:
+    """What of a decode plan's arguments changes from step to step, by kind: the windows (CSR
+    indices by dtype, device and contiguity when ``max_window`` is given, as the plan's signature
+    keys them) and the fused store's slots and mapping."""
+    if kv_indices is None or max_window is None:
+        indices = tensor_key(kv_indices)
+    else:
+        indices = (kv_indices.dtype, kv_indices.dim(), kv_indices.is_contiguous(), kv_indices.device)
+    return (
+        tensor_key(kv_indptr),
+        indices,
+        tensor_key(page_table),
+        tensor_key(window_starts),
+        tensor_key(seq_lens),
+        type(page_size),
+        page_size,
+        type(max_window),
+        max_window,
+        tensor_key(store_loc),
+        tensor_key(store_mapping),
+    )
