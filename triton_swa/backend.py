@@ -1169,17 +1169,26 @@ class TritonSWAAttnBackend:
             return self._forward_extend_checked(q, k, v, layer, forward_batch, save_kv_cache)
         lp, k_buf, v_buf, run, out = planned
         (k_f, k_t), (v_f, v_t) = lp.scales
-        return run.attend._launch(q, k, v, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t)
+        stores = lp.store_views if run.fused_store else None
+        return run.attend._launch(q, k, v, k_buf, v_buf, out, lp.values[9], k_f, k_t, v_f, v_t, stores)
 
     def _plan_extend(self, q, k, v, layer, lp, k_buf, v_buf, loc, forward_batch, save_kv_cache) -> _LayerRun:
         """Check an extend layer call in full and plan the step's launches for its kind."""
         writes = self._check_forward(q, k, v, layer, forward_batch, save_kv_cache, k_buf, v_buf, extend=True)
         run = _LayerRun(lp, loc, q.dtype)
         kv = (k.view(run.k_shape), v.view(run.v_shape))
-        run.store = self._store_plan(lp, k_buf, v_buf, loc, *kv) if writes else None
+        # the extend kernel writes the new K/V itself (one launch fewer) where that writes what the store
+        # would, into [slots, H, D] buffers
+        store = {}
+        target = self._fused_store_target(lp, loc, *kv) if writes and self.fuse_kv_store and k_buf.dim() == 3 else None
+        if target is not None:
+            run.fused_store = True
+            store = dict(store_loc=target[0], store_mapping=target[1])
+        elif writes:
+            run.store = self._store_plan(lp, k_buf, v_buf, loc, *kv)
         meta = self.forward_metadata
         idx = meta.sliding if lp.sliding else meta.full
-        run.attend = swa_extend_plan(q.view(run.q_shape), *kv, k_buf, v_buf, **self._extend_kwargs(layer, idx, meta))
+        run.attend = swa_extend_plan(q.view(run.q_shape), *kv, k_buf, v_buf, **self._extend_kwargs(layer, idx, meta), **store)
         return run
 
     def _extend_kwargs(self, layer, idx: LayerIndices, meta: ForwardMetadata) -> dict:

@@ -934,3 +934,44 @@ def test_extend_plan_runs_layers(case, num_splits, device):
         plan.run(args["q"], args["k"][:-1], args["v"], args["k_buffer"], args["v_buffer"])
     with pytest.raises(ValueError, match="out must be a contiguous"):
         plan.run(args["q"], args["k"], args["v"], args["k_buffer"], args["v_buffer"], nan_out()[:, :1])
+
+
+FUSED_STORE_CASES = [
+    (Case(**_mix(*MIX), W=11, HQ=8, H=2), None),
+    (Case(**_mix(*MIX), W=11, paged=True, ps=4, sinks=True, dtype=torch.bfloat16), None),
+    (Case(**VERIFY, W=40, fp8="tensor", paged=True, ps=4, dtype=torch.float16, HQ=8), 2),
+    (Case(**VERIFY, W=40, fp8="float", dtype=torch.float16, mode="tree"), 3),
+]
+
+
+@pytest.mark.parametrize("case, num_splits", [pytest.param(c, n, id=f"{c.id}-S{n}") for c, n in FUSED_STORE_CASES])
+def test_extend_plan_fused_store(case, num_splits, device):
+    """A plan with ``store_loc`` writes the run's K/V in the extend launch: the pools equal
+    ``store_kv`` then the plan without a store, byte for byte (sliding layers through the mapping,
+    fp8 pools with a number and a tensor scale, bf16 as its bits, splits, GQA packs), and so does
+    the output (bit for bit in the interpreter, to float rounding compiled), layer after layer."""
+    from triton_swa import store_kv, swa_extend_plan
+
+    built = build(case, device)
+    args, kw, state = built["args"], built["kw"], built["state"]
+    loc, mapping = state.new_slots().to(device), state.mapping
+    opts = dict(block_m=case.bm, block_n=case.bn, pack=case.pack, num_splits=num_splits, max_extend_len=max(case.new))
+    plain = swa_extend_plan(*args.values(), **built["index"], **kw, **opts)
+    fused = swa_extend_plan(*args.values(), **built["index"], **kw, **opts, store_loc=loc, store_mapping=mapping)
+    scales = {key: kw[key] for key in ("sinks", "k_scale", "v_scale") if key in kw}
+    k_ref, v_ref = args["k_buffer"], args["v_buffer"]
+    k_fused, v_fused = k_ref.clone(), v_ref.clone()
+    g = torch.Generator().manual_seed(3)
+    for layer in range(2):
+        q, k, v = (torch.randn(args[n].shape, generator=g).to(case.dtype).to(device) * 2 for n in ("q", "k", "v"))
+        store_kv(k_ref, v_ref, loc, k, v, mapping=mapping, k_scale=kw.get("k_scale"), v_scale=kw.get("v_scale"))
+        want = plain.run(q, k, v, k_ref, v_ref, **scales)
+        got = fused.run(q, k, v, k_fused, v_fused, torch.full_like(want, NAN), **scales)
+        for name, x, y in (("k pool", k_fused, k_ref), ("v pool", v_fused, v_ref)):
+            assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), f"{case.id} layer {layer}: {name}"
+        exact = dict(atol=0.0, rtol=0.0) if not HAS_CUDA else {}
+        assert_close(got, want, **exact, name=f"{case.id} layer {layer}: fused against store_kv + plan")
+    with pytest.raises(ValueError, match="store_loc must hold one slot per new token"):
+        swa_extend_plan(*args.values(), **built["index"], **kw, **opts, store_loc=loc[:-1], store_mapping=mapping)
+    with pytest.raises(ValueError, match="store_mapping needs store_loc"):
+        swa_extend_plan(*args.values(), **built["index"], **kw, **opts, store_mapping=mapping)

@@ -228,9 +228,12 @@ def _decode_call(hq, h, d, dv=None, *, batch, window, page=1, dtype=torch.bfloat
 
 
 def _extend_call(
-    hq, h, d, *, batch, new, prefix, window_left, dtype=torch.bfloat16, kv=None, page=1, mode="causal", softcap=0.0, sinks=False
-):
-    from ..ops.extend import swa_extend
+    hq, h, d, *, batch, new, prefix, window_left, dtype=torch.bfloat16, kv=None, page=1, mode="causal", softcap=0.0, sinks=False,
+    fused_store=False,
+):  # fmt: skip
+    """``swa_extend``; with ``fused_store``, a plan that writes the step's K/V in its launch (through a
+    mapping) and its run."""
+    from ..ops.extend import swa_extend, swa_extend_plan
 
     kv = kv or dtype
     g = torch.Generator().manual_seed(0)
@@ -263,6 +266,10 @@ def _extend_call(
             page_size=page,
         )
     args = (q, k, k, kb, kb, torch.arange(batch + 1, dtype=torch.int32) * new, torch.full((batch,), prefix, dtype=torch.int32))
+    if fused_store:
+        store = dict(store_loc=torch.arange(T, dtype=torch.int64), store_mapping=torch.arange(slots, dtype=torch.int64))
+        plan = lambda: swa_extend_plan(*args, window_left=window_left, **index, **extra, max_extend_len=new, **store, debug=False)  # noqa: E731
+        return lambda: plan().run(*args[:5])
     return lambda: swa_extend(*args, window_left=window_left, **index, **extra, max_extend_len=new, debug=False)
 
 
@@ -331,6 +338,12 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "extend-chunk-d128-fp8": lambda: _extend_call(32, 16, 128, batch=2, new=512, prefix=2048, window_left=1023, kv=torch.float8_e4m3fn),
     "extend-chunk-d256-fp8nuz-pages": lambda: _extend_call(
         32, 16, 256, batch=2, new=256, prefix=2048, window_left=1023, page=16, kv=torch.float8_e4m3fnuz
+    ),
+    "extend-verify-d128-split-fused-store": lambda: _extend_call(
+        32, 8, 128, batch=1, new=8, prefix=4096, window_left=1023, fused_store=True
+    ),
+    "extend-chunk-d128-pages-fp8-fused-store": lambda: _extend_call(
+        32, 16, 128, batch=2, new=64, prefix=512, window_left=1023, page=16, kv=torch.float8_e4m3fn, fused_store=True
     ),
     "indices-csr": lambda: _indices_call("csr"),
     "indices-pages": lambda: _indices_call("pages", page=16),

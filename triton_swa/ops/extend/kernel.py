@@ -15,6 +15,7 @@ import triton.language as tl
 
 from .._common.fp8 import fp8_decode, fp8_rescale
 from .._common.softmax import LOG2E, fold_sink, soft_cap
+from ..kv_store import store_rows, store_slot
 
 
 @triton.jit
@@ -214,7 +215,8 @@ def _swa_extend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["num_rows"])
+# the fused store's slots and mapping are read one entry per token: their alignment does not matter
+@triton.jit(do_not_specialize=["num_rows", "n_mapping", "rows_k", "rows_v"], do_not_specialize_on_alignment=["loc", "mapping"])
 def _swa_extend_kernel(
     q,
     k,
@@ -255,6 +257,14 @@ def _swa_extend_kernel(
     stride_ot,
     stride_oh,
     stride_pt,
+    k_store,
+    v_store,
+    loc,
+    mapping,
+    stride_loc,
+    n_mapping,
+    rows_k,
+    rows_v,
     G: tl.constexpr,
     GP: tl.constexpr,
     D: tl.constexpr,
@@ -279,6 +289,12 @@ def _swa_extend_kernel(
     SPLIT: tl.constexpr,
     EDGE_IN_LOOP: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    STORE: tl.constexpr,
+    STORE_MAPPING: tl.constexpr,
+    STORE_K_SCALE: tl.constexpr,
+    STORE_V_SCALE: tl.constexpr,
+    K_ENC: tl.constexpr,
+    V_ENC: tl.constexpr,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
 
@@ -293,6 +309,12 @@ def _swa_extend_kernel(
     bounds every token row a program touches: request ``b``'s rows ``[qo_indptr[b], qo_indptr[b + 1])``
     are clipped to ``[0, T)`` (an identity for a valid ``qo_indptr``), so that no ``qo_indptr``
     (device contents, unchecked outside debug mode) makes it read or write past those tensors.
+
+    ``STORE``: the step's new K/V (``store_kv``'s job, fused) are written too, each token and KV head
+    once: by the program of the token's tile that holds the first query-head group of the KV head
+    (and split 0). The tiles read new keys from ``k``/``v``, never from the buffers, so no program
+    waits for these writes; they go to ``k_store``/``v_store`` (the buffers as ``store_view`` gives
+    them, the buffers' strides) at ``loc[row]`` (through ``mapping`` for a sliding layer).
     """
     TOK: tl.constexpr = BLOCK_M // GP
     EVEN_D: tl.constexpr = D == BLOCK_D
@@ -314,10 +336,10 @@ def _swa_extend_kernel(
     P = tl.load(prefix_lens + i_b).to(tl.int32)
     m_last = tl.minimum(m0 + TOK, E) - 1
 
+    i_kvh = (i_hg * GP) // G
     o_m = tl.arange(0, BLOCK_M)
     o_i = m0 + o_m // GP
     o_h = i_hg * GP + o_m % GP
-    i_kvh = (i_hg * GP) // G
     m_row = (o_i < E) & (o_m < TOK * GP)
     o_n = tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
@@ -536,3 +558,23 @@ def _swa_extend_kernel(
         # [BLOCK_M, BLOCK_DV]
         p_o = out + o_qt[:, None] * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
         tl.store(p_o, b_o.to(out.dtype.element_ty), mask=m_row[:, None] & m_dv[None, :])
+
+    # the fused store, last: its registers do not add to the tile loops' (255 against 194 on sm_90
+    # for a D128 verify when it came first)
+    if STORE:
+        writes = (i_hg * GP) % G == 0
+        if SPLIT:
+            writes = writes & (i_s == 0)
+        if writes:
+            H = HQ // G
+            for t in range(m0, m_last + 1):
+                row = (q_start + t).to(tl.int64)
+                slot = store_slot(loc, row, stride_loc, mapping, n_mapping, STORE_MAPPING, False)
+                store_rows(
+                    k_store, stride_bkt, stride_bkh, 1, slot, rows_k, k, stride_kt, stride_kh, 1, row,
+                    k_scale, k_scale, H, D, i_kvh, STORE_K_SCALE, K_ENC, 1, BLOCK_D,
+                )  # fmt: skip
+                store_rows(
+                    v_store, stride_bvt, stride_bvh, 1, slot, rows_v, v, stride_vt, stride_vh, 1, row,
+                    v_scale, v_scale, H, DV, i_kvh, STORE_V_SCALE, V_ENC, 1, BLOCK_DV,
+                )  # fmt: skip

@@ -67,6 +67,7 @@ from ...runtime.guard import check_swa_extend, guarded
 from ...runtime.launch import launcher_for
 from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
+from ..kv_store import check_store_kv_args, store_view
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
 
@@ -124,7 +125,19 @@ class _Plan:
         "kv_view",
         "bound",
         "direct",
+        "constexprs",
+        "config",
+        "stores",
     )
+
+
+class _StoreVariant:
+    """A plan's kernel with the fused K/V store of one kind (its constexprs): launcher and binding."""
+
+    __slots__ = ("launch", "bound")
+
+    def __init__(self, launch):
+        self.launch, self.bound = launch, None
 
 
 _CHECKED = PlanCache()
@@ -399,8 +412,16 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         SPLIT=plan.split,
         EDGE_IN_LOOP=edge_in_loop and plain_causal,
         UPCAST_DOT=upcast,
+        # the fused K/V store: off here (a plan with store_loc launches a variant, _store_variant)
+        STORE=False,
+        STORE_MAPPING=False,
+        STORE_K_SCALE=0,
+        STORE_V_SCALE=0,
+        K_ENC=0,
+        V_ENC=0,
     )
     plan.launch = launcher_for(_swa_extend_kernel, constexprs, warps, stages)
+    plan.constexprs, plan.config, plan.stores = constexprs, (warps, stages), {}
     plan.default_scale = 1.0 / math.sqrt(D)
     plan.kv_view = kv_view
     plan.merge = merge_launcher(None, HQ, DV, num_splits, inputs.has_sink, skip_padding=True) if plan.split else None
@@ -602,7 +623,8 @@ def swa_extend(
     if direct is None:
         direct = plan.direct = _bind_pair(plan, args, merge_args)
     if direct:
-        direct[0]((*ptrs, *args[n_ptr:]))
+        qp = ptrs[0]
+        direct[0]((*ptrs, *args[n_ptr:-8], qp, qp, qp, qp, *args[-4:]))
         if merge_args is not None:
             direct[1]((ptrs[6], ptrs[16], ptrs[5], ptrs[7], *merge_args[4:]))
         return out
@@ -670,9 +692,46 @@ def _strides(q, k, v, k_buffer, v_buffer, out) -> tuple:
     return (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *k_buffer.stride()[:2], *v_buffer.stride()[:2], *out.stride()[:2])
 
 
+def _no_store(q) -> tuple:
+    """The fused store's arguments of a launch without one: ``q`` standing in for its pointers."""
+    return (q, q, q, q, 0, 0, 0, 0)
+
+
+def _store_variant(plan: _Plan, constexprs: dict) -> _StoreVariant:
+    key = tuple(sorted(constexprs.items()))
+    variant = plan.stores.get(key)
+    if variant is None:
+        variant = plan.stores[key] = _StoreVariant(launcher_for(_swa_extend_kernel, {**plan.constexprs, **constexprs}, *plan.config))
+    return variant
+
+
+def _plan_store(inputs: _Inputs, k, v, k_buffer, v_buffer, store_loc, store_mapping, k_scale, v_scale) -> tuple:
+    """Check a fused K/V store of an extend plan (``store_loc``: one slot per new token, ``k``/``v`` the
+    rows written) as :func:`store_kv` checks its arguments; returns ``(constexprs, stride_loc,
+    n_mapping)``."""
+    if inputs.flatten_pages:
+        raise ValueError("store_loc needs [slots, H, D] KV buffers (a fused store does not write paged [pages, page, H, D] ones)")
+    if isinstance(store_loc, torch.Tensor) and store_loc.dim() == 1 and store_loc.shape[0] != inputs.T:
+        raise ValueError(f"store_loc must hold one slot per new token ({inputs.T}), got {store_loc.shape[0]}")
+    names = ("store_loc", "k", "v", "store_mapping")
+    check_store_kv_args(k_buffer, v_buffer, store_loc, k, v, store_mapping, k_scale, v_scale, names=names)
+    # the kernel takes both scales as numbers or both through pointers (scale_ptr)
+    modes = tuple(0 if x is None else 2 if inputs.scale_ptr else 1 for x in (k_scale, v_scale))
+    constexprs = dict(
+        STORE=True,
+        STORE_MAPPING=store_mapping is not None,
+        STORE_K_SCALE=modes[0],
+        STORE_V_SCALE=modes[1],
+        K_ENC=store_view(k_buffer)[1],
+        V_ENC=store_view(v_buffer)[1],
+    )
+    return constexprs, store_loc.stride(0), 0 if store_mapping is None else store_mapping.numel()
+
+
 def _kernel_args(
-    inputs: _Inputs, plan: _Plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, cap, window_left, strides
-):
+    inputs: _Inputs, plan: _Plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, cap, window_left, strides,
+    store=None,
+):  # fmt: skip
     return (
         q,
         k,
@@ -694,6 +753,7 @@ def _kernel_args(
         inputs.T,
         *strides,
         inputs.stride_pt,
+        *(_no_store(q) if store is None else store),
     )
 
 
@@ -725,11 +785,18 @@ class ExtendPlan:
         "_part_ptr",
         "_index_ptrs",
         "_bound",
+        "_store",
         "__weakref__",
     )
 
-    def __init__(self, inputs: _Inputs, plan: _Plan, tensors: tuple, indices: tuple, sinks, k_scale, v_scale, floats: tuple):
+    def __init__(self, inputs: _Inputs, plan: _Plan, tensors: tuple, indices: tuple, sinks, k_scale, v_scale, floats: tuple, store=None):
         self._inputs, self._plan = inputs, plan
+        # the fused store: (variant, slots, mapping, their addresses, stride_loc, n_mapping), or None
+        self._store = None
+        if store is not None:
+            constexprs, loc, mapping, stride_loc, n_mapping = store
+            mapping = loc if mapping is None else mapping  # a stand-in where STORE_MAPPING is off
+            self._store = (_store_variant(plan, constexprs), loc, mapping, loc.data_ptr(), mapping.data_ptr(), stride_loc, n_mapping)
         self._keys = tuple(tensor_key(t) for t in tensors)  # q, k, v, k_buffer, v_buffer
         self._indices, self._sinks = indices, sinks
         self._scales = (k_scale, v_scale)
@@ -784,24 +851,27 @@ class ExtendPlan:
             raise ValueError("k_scale and v_scale must be of the planned kinds (a number, or a tensor of the plan's dtype, shape, device)")
         ks, ks_t = split_kv_scale("k_scale", k_scale)
         vs, vs_t = split_kv_scale("v_scale", v_scale)
-        return self._launch(q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t)
+        stores = None if self._store is None else (store_view(k_buffer)[0], store_view(v_buffer)[0])
+        return self._launch(q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t, stores)
 
-    def _launch(self, q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t) -> torch.Tensor:
-        """:meth:`run` after its checks (scales split by ``split_kv_scale``; ``out`` None allocates).
-        Tensors are read by pointer with the planned strides: a ``[T, HQ * D]`` view of a planned
-        ``[T, HQ, D]`` ``q`` (likewise ``k``, ``v``, ``out``) is the same call."""
+    def _launch(self, q, k, v, k_buffer, v_buffer, out, sinks, ks, ks_t, vs, vs_t, stores=None) -> torch.Tensor:
+        """:meth:`run` after its checks (scales split by ``split_kv_scale``; ``out`` None allocates;
+        ``stores``: the buffers as ``store_view`` gives them, for a plan with a fused store). Tensors
+        are read by pointer with the planned strides: a ``[T, HQ * D]`` view of a planned ``[T, HQ,
+        D]`` ``q`` (likewise ``k``, ``v``, ``out``) is the same call."""
         inputs, plan = self._inputs, self._plan
         if out is None:
             out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=q.device)
         if plan.empty:
             return out
+        store = self._store
         k_buffer, v_buffer = _kv_views(inputs, plan, k_buffer, v_buffer)
         if inputs.scale_ptr:
             ks, vs = _scale_tensors(ks, ks_t, vs, vs_t, q.device)
         sinks_arg = sinks if sinks is not None else q
         scale, cap, window_left = self._floats
         strides = self._strides
-        bound = False if self._bound is False else plan.bound
+        bound = False if self._bound is False else plan.bound if store is None else store[0].bound
         if bound is not False:
             # the compiled kernels, for runs whose own pointers are 16-byte aligned (as the plan's
             # stay), launched with addresses: the checks vouch for their devices
@@ -813,38 +883,60 @@ class ExtendPlan:
                 bits |= p
             if inputs.scale_ptr:
                 bits |= scales[0] | scales[1]
+            if store is None:
+                qp = ptrs[0]
+                store_args = (qp, qp, qp, qp, 0, 0, 0, 0)
+            else:
+                kst, vst = stores[0].data_ptr(), stores[1].data_ptr()
+                bits |= kst | vst
+                store_args = (kst, vst, store[3], store[4], store[5], store[6], stores[0].shape[0], stores[1].shape[0])
             if bits & 15 == 0:
                 if bound is None:
-                    bound = self._bind(q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs)
+                    bound = self._bind(q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs, stores)
                 if bound:
                     main, merge = bound
                     part = self._part_ptr if self._part is not None else ptrs[5]
                     tail = (scale, cap, window_left, plan.num_splits, plan.lse_offset, inputs.HQ, inputs.T, *strides, inputs.stride_pt)
-                    main((*ptrs, part, *self._index_ptrs, sp, *scales, *tail))
+                    main((*ptrs, part, *self._index_ptrs, sp, *scales, *tail, *store_args))
                     if merge is not None:
                         qo_indptr = self._index_ptrs[0]
                         merge((part, sp, ptrs[5], qo_indptr, plan.num_splits, plan.lse_offset, *strides[-2:], inputs.HQ, inputs.B))
                     return out
         part = out if self._part is None else self._part
         args = _kernel_args(
-            inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, strides
-        )
-        plan.launch(args, plan.grid)
+            inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, strides,
+            self._store_args(stores),
+        )  # fmt: skip
+        (plan.launch if store is None else store[0].launch)(args, plan.grid)
         if plan.split:
             plan.merge(_merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], strides), plan.merge_grid)
         return out
 
-    def _bind(self, q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs):
+    def _store_args(self, stores) -> tuple | None:
+        """The kernel's store arguments as tensors and integers (None without a fused store)."""
+        store = self._store
+        if store is None:
+            return None
+        return (*stores, store[1], store[2], store[5], store[6], stores[0].shape[0], stores[1].shape[0])
+
+    def _bind(self, q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs, stores=None):
         """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""
-        inputs, plan = self._inputs, self._plan
+        inputs, plan, store = self._inputs, self._plan, self._store
         scale, cap, window_left = self._floats
         part = out if self._part is None else self._part
         args = _kernel_args(
-            inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, self._strides
-        )
+            inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, self._strides,
+            self._store_args(stores),
+        )  # fmt: skip
         merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], self._strides) if plan.split else None
-        plan.bound = _bind_pair(plan, args, merge_args)
-        return plan.bound
+        if store is None:
+            plan.bound = _bind_pair(plan, args, merge_args)
+            return plan.bound
+        launch = store[0].launch
+        main = launch.bind(args, plan.grid)
+        merge = plan.merge.bind(merge_args, plan.merge_grid) if main is not None and plan.split else None
+        store[0].bound = (main, merge) if main is not None and (merge is not None or not plan.split) else False
+        return store[0].bound
 
 
 @guarded(check_swa_extend)
@@ -881,6 +973,8 @@ def swa_extend_plan(
     edge_in_loop: bool | None = None,
     max_window: int | None = None,
     num_splits: int | None = None,
+    store_loc: torch.Tensor | None = None,
+    store_mapping: torch.Tensor | None = None,
 ) -> ExtendPlan:
     """Check and plan :func:`swa_extend` once, for "plan once per step, run per layer".
 
@@ -891,8 +985,17 @@ def swa_extend_plan(
     launched directly; equal to :func:`swa_extend` with the same arguments, bit for bit. Give
     ``max_extend_len`` (else it is read from ``qo_indptr``: one device sync, here only).
 
+    ``store_loc`` (int32/int64 `[T]`, one slot per new token) and ``store_mapping`` (a sliding
+    layer's ``full_to_swa_index_mapping``, or None) make each run also write the run's ``k``/``v``
+    into ``k_buffer``/``v_buffer`` at those slots, as :func:`~triton_swa.store_kv` with the same
+    arguments and scales would (the same bytes), in the same launch: the tiles read the new keys from
+    ``k``/``v``, so nothing orders the writes before the reads. The window must not read a slot being
+    written (no live window holds a step's new slots; padding rows write a dummy slot no window
+    reads). Needs ``[slots, H, D]`` buffers.
+
     Raises:
-        TypeError, ValueError: as :func:`swa_extend`, before anything is launched.
+        TypeError, ValueError: as :func:`swa_extend`, and as :func:`~triton_swa.store_kv` for the
+            store's arguments, before anything is launched.
     """
     check_window_left(window_left)
     logit_cap = check_logit_cap(logit_cap)
@@ -931,4 +1034,11 @@ def swa_extend_plan(
         inputs, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, custom_mask, mask_indptr, q_positions
     )
     scale = plan.default_scale if sm_scale is None else sm_scale
-    return ExtendPlan(inputs, plan, (q, k, v, k_buffer, v_buffer), indices, sinks, k_scale, v_scale, (scale, logit_cap, window_left))
+    store = None
+    if store_loc is not None:
+        constexprs, stride_loc, n_mapping = _plan_store(inputs, k, v, k_buffer, v_buffer, store_loc, store_mapping, k_scale, v_scale)
+        store = (constexprs, store_loc, store_mapping, stride_loc, n_mapping)
+    elif store_mapping is not None:
+        raise ValueError("store_mapping needs store_loc (a fused K/V store)")
+    floats = (scale, logit_cap, window_left)
+    return ExtendPlan(inputs, plan, (q, k, v, k_buffer, v_buffer), indices, sinks, k_scale, v_scale, floats, store)
