@@ -558,6 +558,49 @@ def test_decode_metadata_reads_only_persistent_buffers(config):
         builder.build_for_cudagraph_capture(Step([(23, 3)], seed=1).common["sliding"])
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="a real CUDA-graph capture needs CUDA (the emulated replay above runs everywhere)")
+def test_decode_cuda_graph_capture_and_replay(config):
+    """The support level the builder declares (UNIFORM_SINGLE_TOKEN_DECODE), for real: a decode
+    step's K/V write and forward captured in a CUDA graph on ``build_for_cudagraph_capture``'s
+    metadata, then replayed for a later step whose inputs were refilled in place (vLLM's persistent
+    buffers, after that step's eager ``build``) and whose q, k, v were copied into the captured ones."""
+    caches = _caches(False)
+    first = Step([(30, 1), (12, 1), (44, 1)], seed=11, caches=caches)
+    builder = _builder("sliding", first, config)
+    persistent = first.common["sliding"]
+    captured = builder.build_for_cudagraph_capture(persistent)
+    impl, layer = _impl(SLIDING), _layer(None)
+    q = first.q["sliding"].to(DEVICE)
+    key, value = first.new_kv("sliding")
+    out = torch.full((first.T + NPAD, HQ, D), float("nan"), device=DEVICE)
+
+    def step():
+        impl.do_kv_cache_update(layer, key, value, caches["sliding"], persistent.slot_mapping)
+        impl.forward(layer, q, key, value, caches["sliding"], captured, out)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up (compiles), as vLLM runs one before capturing
+    torch.cuda.current_stream().wait_stream(side)
+    assert_close(out[: first.T], first.expected("sliding", W, from_cache_new=True), name="warm-up step")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    second = Step([(41, 1), (3, 1), (25, 1)], seed=12, caches=caches)
+    for name in ("query_start_loc", "seq_lens", "block_table_tensor", "slot_mapping"):
+        getattr(persistent, name).copy_(getattr(second.common["sliding"], name))
+    builder.build(0, persistent)  # the replay step's eager build, into the same buffers
+    new_key, new_value = second.new_kv("sliding")
+    q.copy_(second.q["sliding"].to(DEVICE))
+    key.copy_(new_key)
+    value.copy_(new_value)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out[: second.T], second.expected("sliding", W, from_cache_new=True), name="replayed decode graph")
+
+
 def test_attention_layer_writes_kv_and_attends(config):
     """vLLM's ``Attention`` layer with this backend: K/V written by ``unified_kv_cache_update`` through
     the impl, attention through ``unified_attention_with_output``, metadata from the forward context."""
