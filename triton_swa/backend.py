@@ -291,8 +291,8 @@ class TritonSWAAttnBackend:
         ValueError: an SWA pool was resolved but ``sliding_window_size`` is -1, or a bad device.
     """
 
-    # decode layers write their new K/V inside the decode kernel (one launch per layer fewer); False
-    # stores them with their own launch first, as extend layers do (same bytes either way)
+    # layers write their new K/V inside the attention kernel, decode and extend (one launch per layer
+    # fewer); False stores them with their own launch first (same bytes either way)
     fuse_kv_store: bool = True
 
     def __init__(self, model_runner):

@@ -217,7 +217,7 @@ class _Core(TritonSWAAttnBackend):
         )
 
     def _fused_store_target(self, lp, loc, k, v):
-        """The decode kernel writes the new K/V itself where SGLang's own write is a plain row copy:
+        """The attention kernel (decode or extend) writes the new K/V itself where SGLang's own write is a plain row copy:
         the pool's ``set_kv_buffer`` is SGLang's stock MHA one (or the stock SWA pool's over stock MHA
         sub-pools), unquantized, and the rows already have the buffer's dtype (no scale, no cast). Then
         the slots are the SWA write ids for a layer of the SWA sub-pool, ``out_cache_loc`` for the others."""
