@@ -962,14 +962,13 @@ class TritonSWAAttnBackend:
 
     def _layer_plan(self, layer):
         """``(plan, k_buffer, v_buffer)`` of a layer: its checked setup, made on its first call (and
-        again when an attribute, the pool or the pool's buffers change). Checked once per step: a
-        layer's later calls in the step (the same metadata) take the plan as it is."""
+        again when an attribute, the pool or the pool's buffers change). Checked once per step and
+        pool: a layer's later calls in the step (the same metadata and pool) take the plan as it is."""
         lp = self._layer_plans.get(id(layer))
-        meta = self.forward_metadata
-        if lp is not None and lp.step is meta and lp.layer is layer:
-            return lp, lp.k_buf, lp.v_buf
+        meta, pool = self.forward_metadata, self.kv_pool
+        if lp is not None and lp.step is meta and lp.layer is layer and lp.pool is pool:
+            return lp, lp.k_buf, lp.v_buf  # (an engine may switch pools within a step: SGLang's KV views)
         values = _layer_values(layer)
-        pool = self.kv_pool
         if lp is not None and lp.pool is pool and lp.layer is layer and all(map(operator.is_, values, lp.values)):
             k_buf, v_buf = pool.get_kv_buffer(lp.kv_layer)
             if (k_buf.data_ptr(), v_buf.data_ptr()) == lp.buffers:

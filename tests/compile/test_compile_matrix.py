@@ -23,6 +23,9 @@ from triton_swa.runtime.device import TARGETS, kv_fp8_mode
 pytestmark = pytest.mark.compile
 
 
+KERNELS = ("_swa_decode_kernel", "_swa_extend_kernel")
+
+
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_every_kernel_compiles_for(target):
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_SWA_POISON")}
@@ -45,10 +48,10 @@ def test_every_kernel_compiles_for(target):
     assert all(f"KV_FP8={mode}" in r["variant"].split() for r in attention if "fp8nuz" in r["case"]), target
     mode, _ = kv_fp8_mode(TARGETS[target], torch.float8_e4m3fn)
     assert all(f"KV_FP8={mode}" in r["variant"].split() for r in attention if "-fp8" in r["case"] and "fp8nuz" not in r["case"])
-    # the decode kernel's fused K/V store (a plan's), with its in-place merge, compiles too
-    fused = [r["variant"].split() for r in attention if r["case"].endswith("-fused-store")]
-    assert len(fused) == 2 and all("STORE=True" in v for v in fused), fused
-    assert any("FUSED_MERGE=True" in v for v in fused), fused
+    # the decode and extend kernels' fused K/V store (a plan's), decode's with its in-place merge, compile too
+    fused = {k: [r["variant"].split() for r in attention if r["case"].endswith("-fused-store") and r["kernel"] == k] for k in KERNELS}
+    assert all(len(v) == 2 and all("STORE=True" in x for x in v) for v in fused.values()), fused
+    assert any("FUSED_MERGE=True" in v for v in fused["_swa_decode_kernel"]), fused
     # ptxas keeps every extend kernel's wgmma asynchronous on Hopper (C7515 would halve its rate)
     serialised = [f"{r['case']} [{r['variant']}]" for r in results if r["wgmma_serialised"]]
     assert not serialised, serialised
