@@ -129,21 +129,59 @@ def store_rows(
     m_hd = (o_h < H)[:, None] & (o_d < D)[None, :] & ((slot >= 0) & (slot < num_slots))
     # [BLOCK_H, BLOCK_D]
     b_x = tl.load(x + i_n * stride_x_n + o_h[:, None] * stride_x_h + o_d[None, :] * stride_x_d, mask=m_hd, other=0.0).to(tl.float32)
+    p_dst = buf + slot * stride_buf_s + o_h[:, None] * stride_buf_h + o_d[None, :] * stride_buf_d
+    _encode_store(p_dst, b_x, m_hd, scale, scale_ptr, SCALE, ENC, BLOCK_H, BLOCK_D)
+
+
+@triton.jit
+def _encode_store(p_dst, b_x, mask, scale, scale_ptr, SCALE: tl.constexpr, ENC: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store the float32 tile ``b_x`` (`[ROWS, BLOCK_D]`) at ``p_dst`` where ``mask``: divided by the
+    scale first (``SCALE`` 1: the number ``scale``, 2: the value at ``scale_ptr``), encoded as
+    ``ENC`` (see :func:`store_rows`)."""
     # Correctly rounded division, as torch's x / scale (Triton's `/` on fp32 is approximate).
     # (div_rn does not broadcast: the scale is spread over the tile first.)
     if SCALE == 1:
-        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * scale)
+        b_x = tl.math.div_rn(b_x, tl.full([ROWS, BLOCK_D], 1.0, tl.float32) * scale)
     elif SCALE == 2:
-        b_x = tl.math.div_rn(b_x, tl.full([BLOCK_H, BLOCK_D], 1.0, tl.float32) * tl.load(scale_ptr).to(tl.float32))
-    p_dst = buf + slot * stride_buf_s + o_h[:, None] * stride_buf_h + o_d[None, :] * stride_buf_d
+        b_x = tl.math.div_rn(b_x, tl.full([ROWS, BLOCK_D], 1.0, tl.float32) * tl.load(scale_ptr).to(tl.float32))
     if ENC == 2:
-        tl.store(p_dst, _fp8_e4m3_bits(b_x, FNUZ=False), mask=m_hd)
+        tl.store(p_dst, _fp8_e4m3_bits(b_x, FNUZ=False), mask=mask)
     elif ENC == 3:
-        tl.store(p_dst, _fp8_e4m3_bits(b_x, FNUZ=True), mask=m_hd)
+        tl.store(p_dst, _fp8_e4m3_bits(b_x, FNUZ=True), mask=mask)
     elif ENC == 1:
-        tl.store(p_dst, _bf16_bits(b_x), mask=m_hd)
+        tl.store(p_dst, _bf16_bits(b_x), mask=mask)
     else:
-        tl.store(p_dst, b_x.to(buf.dtype.element_ty), mask=m_hd)
+        tl.store(p_dst, b_x.to(p_dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_slots(loc, rows, m_rows, stride_loc, mapping, n_mapping, HAS_MAPPING: tl.constexpr):
+    """:func:`store_slot` of a vector of tokens ``rows`` (int64), where ``m_rows``; the others, and a
+    ``loc`` outside the mapping, give ``-(2**62)`` (nothing is written there)."""
+    slot = tl.load(loc + rows * stride_loc, mask=m_rows, other=0).to(tl.int64)
+    if HAS_MAPPING:
+        slot = tl.where(slot < 0, slot + n_mapping, slot)
+        m_map = m_rows & (slot >= 0) & (slot < n_mapping)
+        slot = tl.load(mapping + slot, mask=m_map, other=0).to(tl.int64)
+        slot = tl.where(m_map, slot, -4611686018427387904)
+    return tl.where(m_rows, slot, -4611686018427387904)
+
+
+@triton.jit
+def store_token_rows(
+    buf, stride_buf_s, stride_buf_h, slots, num_slots, x, stride_x_n, stride_x_h, rows, i_h, D,
+    scale, scale_ptr, SCALE: tl.constexpr, ENC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """:func:`store_rows` for head ``i_h`` of a tile of tokens: ``x``'s rows ``rows`` (`[BLOCK_T]`)
+    into ``buf``'s rows ``slots`` (negative ones wrapped, then those outside ``[0, num_slots)``
+    dropped); both with unit element strides."""
+    slots = tl.where(slots < 0, slots + num_slots, slots)
+    o_d = tl.arange(0, BLOCK_D)
+    m = ((slots >= 0) & (slots < num_slots))[:, None] & (o_d < D)[None, :]
+    # [BLOCK_T, BLOCK_D]
+    b_x = tl.load(x + rows[:, None] * stride_x_n + i_h * stride_x_h + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+    p_dst = buf + slots[:, None] * stride_buf_s + i_h * stride_buf_h + o_d[None, :]
+    _encode_store(p_dst, b_x, m, scale, scale_ptr, SCALE, ENC, BLOCK_T, BLOCK_D)
 
 
 # slots and mapping are read one entry per program: no specialisation on their alignment (an engine's

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .._common.fp8 import fp8_decode, fp8_rescale
 from .._common.softmax import LOG2E, fold_sink, soft_cap
-from ..kv_store import store_rows, store_slot
+from ..kv_store import store_slots, store_token_rows
 
 
 @triton.jit
@@ -560,21 +560,20 @@ def _swa_extend_kernel(
         tl.store(p_o, b_o.to(out.dtype.element_ty), mask=m_row[:, None] & m_dv[None, :])
 
     # the fused store, last: its registers do not add to the tile loops' (255 against 194 on sm_90
-    # for a D128 verify when it came first)
+    # for a D128 verify when it came first); the tile's tokens at once, one head
     if STORE:
         writes = (i_hg * GP) % G == 0
         if SPLIT:
             writes = writes & (i_s == 0)
         if writes:
-            H = HQ // G
-            for t in range(m0, m_last + 1):
-                row = (q_start + t).to(tl.int64)
-                slot = store_slot(loc, row, stride_loc, mapping, n_mapping, STORE_MAPPING, False)
-                store_rows(
-                    k_store, stride_bkt, stride_bkh, 1, slot, rows_k, k, stride_kt, stride_kh, 1, row,
-                    k_scale, k_scale, H, D, i_kvh, STORE_K_SCALE, K_ENC, 1, BLOCK_D,
-                )  # fmt: skip
-                store_rows(
-                    v_store, stride_bvt, stride_bvh, 1, slot, rows_v, v, stride_vt, stride_vh, 1, row,
-                    v_scale, v_scale, H, DV, i_kvh, STORE_V_SCALE, V_ENC, 1, BLOCK_DV,
-                )  # fmt: skip
+            o_t = m0 + tl.arange(0, TOK)
+            rows = (q_start + o_t).to(tl.int64)
+            slots = store_slots(loc, rows, o_t <= m_last, stride_loc, mapping, n_mapping, STORE_MAPPING)
+            store_token_rows(
+                k_store, stride_bkt, stride_bkh, slots, rows_k, k, stride_kt, stride_kh, rows, i_kvh, D,
+                k_scale, k_scale, STORE_K_SCALE, K_ENC, TOK, BLOCK_D,
+            )  # fmt: skip
+            store_token_rows(
+                v_store, stride_bvt, stride_bvh, slots, rows_v, v, stride_vt, stride_vh, rows, i_kvh, DV,
+                v_scale, v_scale, STORE_V_SCALE, V_ENC, TOK, BLOCK_DV,
+            )  # fmt: skip
