@@ -76,6 +76,10 @@ def _bf16_bits(x):
     return tl.where(x != x, 0x7FC0, r).to(tl.int16)
 
 
+# the constexprs of an attention kernel's fused K/V store when it has none (decode's and extend's)
+NO_STORE_CONSTEXPRS = dict(STORE=False, STORE_MAPPING=False, STORE_K_SCALE=0, STORE_V_SCALE=0, K_ENC=0, V_ENC=0)
+
+
 @triton.jit
 def store_slot(loc, i_n, stride_loc, mapping, n_mapping, HAS_MAPPING: tl.constexpr, SKIP_NEGATIVE: tl.constexpr):
     """The slot (int64) that token ``i_n``'s K/V go to: ``loc[i_n]``, through ``mapping`` for a sliding

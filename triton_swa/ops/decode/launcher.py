@@ -51,7 +51,7 @@ from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher, current_stream
 from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
-from ..kv_store import check_store_kv_args, store_view
+from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
 
@@ -179,7 +179,7 @@ class _Store(NamedTuple):
     """The fused K/V store's part of a plan: its integer arguments and constexprs (off: zeros)."""
 
     ints: tuple = (0,) * 10
-    constexprs: dict = dict(STORE=False, STORE_MAPPING=False, STORE_K_SCALE=0, STORE_V_SCALE=0, K_ENC=0, V_ENC=0)
+    constexprs: dict = NO_STORE_CONSTEXPRS
 
 
 def _check_store(new_kv, k_buffer, v_buffer, k_scale, v_scale, B: int) -> _Store:
@@ -721,19 +721,7 @@ class DecodePlan:
         aligned = all(p & 15 == 0 for p in self._ptrs)
         self._bound = None if aligned else False
 
-    def _next_step(
-        self,
-        *,
-        kv_indptr=None,
-        kv_indices=None,
-        page_table=None,
-        window_starts=None,
-        seq_lens=None,
-        page_size=1,
-        max_window=None,
-        store_loc=None,
-        store_mapping=None,
-    ) -> DecodePlan | None:
+    def _next_step(self, *, page_size=1, max_window=None, store_loc=None, store_mapping=None, **windows) -> DecodePlan | None:
         """This plan for the next step: the same plan over other windows (and store slots) of exactly
         the kinds it was made for, with the rest of :func:`swa_decode_plan`'s arguments unchanged.
         Returns a new plan that takes over this one's workspace (this one retires, as with
@@ -742,6 +730,10 @@ class DecodePlan:
         keys (the window tensors' contents are not read on the host either way)."""
         if self._retired:
             return None
+        unknown = set(windows) - set(_WINDOW_NAMES)
+        if unknown:
+            raise TypeError(f"_next_step takes the window tensors {_WINDOW_NAMES}, got {sorted(unknown)}")
+        kv_indptr, kv_indices, page_table, window_starts, seq_lens = (windows.get(n) for n in _WINDOW_NAMES)
         step = _step_key(kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, max_window, store_loc, store_mapping)
         if step != self._step:
             return None
@@ -988,6 +980,9 @@ def swa_decode_plan(
     made = DecodePlan(plan, q, k_buffer, v_buffer, windows, sinks, k_scale, v_scale, scale, float(logit_cap), new_kv, reuse)
     made._step = _step_key(kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, max_window, store_loc, store_mapping)
     return made
+
+
+_WINDOW_NAMES = ("kv_indptr", "kv_indices", "page_table", "window_starts", "seq_lens")
 
 
 def _step_key(kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, max_window, store_loc, store_mapping) -> tuple:

@@ -67,7 +67,7 @@ from ...runtime.guard import check_swa_extend, guarded
 from ...runtime.launch import launcher_for
 from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
-from ..kv_store import check_store_kv_args, store_view
+from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
 
@@ -413,12 +413,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         EDGE_IN_LOOP=edge_in_loop and plain_causal,
         UPCAST_DOT=upcast,
         # the fused K/V store: off here (a plan with store_loc launches a variant, _store_variant)
-        STORE=False,
-        STORE_MAPPING=False,
-        STORE_K_SCALE=0,
-        STORE_V_SCALE=0,
-        K_ENC=0,
-        V_ENC=0,
+        **NO_STORE_CONSTEXPRS,
     )
     plan.launch = launcher_for(_swa_extend_kernel, constexprs, warps, stages)
     plan.constexprs, plan.config, plan.stores = constexprs, (warps, stages), {}
