@@ -16,6 +16,9 @@
 #   bash scripts/gpu.sh vllm SHA       the vLLM tier (tests/integration/test_vllm.py, -n 4) on vLLM 0.32's
 #                                      own classes (needs .vllm_slim: scripts/carry_vllm.sh)
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
+#   bash scripts/gpu.sh verify SHA     tests, vllm, then the step's host cost beside .ab/before without
+#                                      FlashInfer: one call (about 500 s) carrying .whl/sglang, .vllm_slim
+#                                      and .ab (together under the carry limit)
 #
 # Carry what a mode needs (the device copies the tree, not git-ignored folders): .whl (SGLang's wheels
 # from scripts/carry_sglang_wheels.sh, transformers in .whl/demo) for tests, bench, sglang and demo; .peers
@@ -28,7 +31,7 @@
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|vllm|all SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|vllm|all|verify SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -128,8 +131,23 @@ vllm() {
   return $status
 }
 
+step_ab() {
+  [ -f .ab/before/triton_swa/__init__.py ] || { echo "no .ab/before (git archive OLD | tar -x -C .ab/before)"; return 2; }
+  echo "== host cost of $sha beside .ab/before"
+  timeout "${HOSTCOST_AB_TIMEOUT_S:-200}" python3 -m triton_swa bench --op step --batch 1,64 --verify-batch 1 --rounds 3 \
+    --no-flashinfer --git-sha "$sha" --dirty clean --out "$out" --compare before=.ab/before 2>&1 \
+    | tee "$out/host-cost-ab-$sha.log" | sed -n '/side by side/,$p' | grep -v "^ROW"
+}
+
 case "$what" in
   tests | bench | hostcost | ab | sglang | demo | vllm) "$what" "$@" ;;
+  verify)
+    TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-290} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
+    status=$?
+    VLLM_TIMEOUT_S=${VLLM_TIMEOUT_S:-120} vllm || status=1
+    step_ab
+    exit $status
+    ;;
   all)
     tests
     status=$?
@@ -138,7 +156,7 @@ case "$what" in
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, vllm, all)"
+    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, vllm, all, verify)"
     exit 2
     ;;
 esac
