@@ -125,8 +125,7 @@ class _LayerPlan:
     """What a layer's calls share from step to step: its buffers, window kind and checked attributes.
 
     Valid while the layer's attributes are the same objects (``values``), the pool is the same and the
-    pool hands out the same buffers (``buffers``); checked on the layer's first call of a step
-    (``step``: the metadata it was last checked for).
+    pool hands out the same buffers (``buffers``).
     """
 
     __slots__ = (
@@ -143,14 +142,12 @@ class _LayerPlan:
         "kind",
         "scales",
         "decode_ptrs",
-        "step",
     )
 
     def __init__(self, layer, values, pool, kv_layer, k_buf, v_buf, sliding, write_mapping):
         self.layer, self.values, self.pool, self.kv_layer = layer, values, pool, kv_layer
         self.k_buf, self.v_buf, self.sliding, self.write_mapping = k_buf, v_buf, sliding, write_mapping
         self.buffers = (k_buf.data_ptr(), v_buf.data_ptr())
-        self.step = None
         self.store_views = KVStorePlan.views(k_buf, v_buf)  # the buffers as the store kernel writes them
         # what a step's launch plan depends on, beside q, k and v: layers of one kind share a plan
         _, hq, h, d, dv, scaling, _, shared, cap, sinks, k_scale, v_scale, causal = values
@@ -962,24 +959,19 @@ class TritonSWAAttnBackend:
 
     def _layer_plan(self, layer):
         """``(plan, k_buffer, v_buffer)`` of a layer: its checked setup, made on its first call (and
-        again when an attribute, the pool or the pool's buffers change). Checked once per step and
-        pool: a layer's later calls in the step (the same metadata and pool) take the plan as it is."""
-        lp = self._layer_plans.get(id(layer))
-        meta, pool = self.forward_metadata, self.kv_pool
-        if lp is not None and lp.step is meta and lp.layer is layer and lp.pool is pool:
-            return lp, lp.k_buf, lp.v_buf  # (an engine may switch pools within a step: SGLang's KV views)
+        again when an attribute, the pool or the pool's buffers change)."""
         values = _layer_values(layer)
+        lp = self._layer_plans.get(id(layer))
+        pool = self.kv_pool
         if lp is not None and lp.pool is pool and lp.layer is layer and all(map(operator.is_, values, lp.values)):
             k_buf, v_buf = pool.get_kv_buffer(lp.kv_layer)
             if (k_buf.data_ptr(), v_buf.data_ptr()) == lp.buffers:
-                lp.step, lp.k_buf, lp.v_buf = meta, k_buf, v_buf
                 return lp, k_buf, v_buf
         k_buf, v_buf, _, write_mapping = self._layer_setup(layer)
         self._check_layer(layer, k_buf, v_buf)
         shared = values[7]
         kv_layer = values[0] if shared is None else shared
         lp = _LayerPlan(layer, values, pool, kv_layer, k_buf, v_buf, values[6] >= 0, write_mapping)
-        lp.step = meta
         self._layer_plans[id(layer)] = lp
         return lp, k_buf, v_buf
 

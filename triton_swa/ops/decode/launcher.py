@@ -832,11 +832,7 @@ class DecodePlan:
                 if bound is None:
                     bound = self._bind(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars)
                 if bound:
-                    main, merge = bound
-                    main((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, nkp, nvp, nksp, nvsp, *self._store_ptrs, *scalars, *plan.ints))
-                    if merge is not None:
-                        part = self._ptrs[0]
-                        merge((part, sp, op, part, *plan.merge_ints))
+                    self._fire(bound, qp, op, (kp, vp, sp, ksp, vsp, nksp, nvsp), nkp, nvp, scalars)
                     return out
         plan.main(self._args(q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars))
         if plan.merge is not None:
@@ -859,14 +855,19 @@ class DecodePlan:
         nkp, nvp = (qp, qp) if k_new is None else (k_new.data_ptr(), v_new.data_ptr())
         if (qp | op | nkp | nvp) & 15 or plan.out_shape[0] == 0:
             return False
-        kp, vp, sp, ksp, vsp, nksp, nvsp = ptrs
+        self._fire(bound, qp, op, ptrs, nkp, nvp, (self._sm_scale * k_scale_f, v_scale_f, self._cap, k_scale_f))
+        return True
+
+    def _fire(self, bound, qp, op, own: tuple, nkp, nvp, scalars) -> None:
+        """Launch the bound ``(main, merge)`` with addresses: q's, out's, the layer's ``own`` (``k_buffer,
+        v_buffer, sinks, k_scale, v_scale, k_store, v_store``) and the new rows' (``nkp``, ``nvp``)."""
+        kp, vp, sp, ksp, vsp, nksp, nvsp = own
         main, merge = bound
-        scalars = (self._sm_scale * k_scale_f, v_scale_f, self._cap, k_scale_f)
+        plan = self._plan
         main((qp, kp, vp, op, *self._ptrs, sp, ksp, vsp, nkp, nvp, nksp, nvsp, *self._store_ptrs, *scalars, *plan.ints))
         if merge is not None:
             part = self._ptrs[0]
             merge((part, sp, op, part, *plan.merge_ints))
-        return True
 
     def _bind(self, q, k_buffer, v_buffer, out, sinks, k_scale_t, v_scale_t, new, scalars):
         """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""

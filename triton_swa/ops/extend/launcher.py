@@ -629,9 +629,10 @@ def swa_extend(
     return out
 
 
-def _bind_pair(plan: _Plan, args: tuple, merge_args: tuple | None):
-    """(main, merge) of a plan compiled for these arguments' specialisation, or False (no direct launch)."""
-    main = plan.launch.bind(args, plan.grid)
+def _bind_pair(plan: _Plan, args: tuple, merge_args: tuple | None, launch=None):
+    """(main, merge) of a plan compiled for these arguments' specialisation, or False (no direct
+    launch); ``launch``: a store variant's launcher instead of the plan's."""
+    main = (launch or plan.launch).bind(args, plan.grid)
     merge = plan.merge.bind(merge_args, plan.merge_grid) if main is not None and plan.split else None
     return (main, merge) if main is not None and (merge is not None or not plan.split) else False
 
@@ -927,10 +928,7 @@ class ExtendPlan:
         if store is None:
             plan.bound = _bind_pair(plan, args, merge_args)
             return plan.bound
-        launch = store[0].launch
-        main = launch.bind(args, plan.grid)
-        merge = plan.merge.bind(merge_args, plan.merge_grid) if main is not None and plan.split else None
-        store[0].bound = (main, merge) if main is not None and (merge is not None or not plan.split) else False
+        store[0].bound = _bind_pair(plan, args, merge_args, store[0].launch)
         return store[0].bound
 
 
