@@ -5,9 +5,9 @@
 #   bash scripts/gpu.sh tests SHA      the GPU suite (-n 14), then the soak
 #   bash scripts/gpu.sh bench SHA      `triton-swa bench` over its default grid against every peer found:
 #                                      decode, then prefill and verify (extra arguments go to both runs)
-#   bash scripts/gpu.sh hostcost SHA   the step path's host cost (`triton-swa bench --op step`) of this tree
-#                                      with FlashInfer's rows, then this tree beside .ab/before when it is
-#                                      there (`--compare before=.ab/before`, the A/B)
+#   bash scripts/gpu.sh hostcost SHA   the step path's host cost (`triton-swa bench --op step`, extra arguments
+#                                      go to it) of this tree with FlashInfer's rows, then this tree beside
+#                                      .ab/before when it is there (`--compare before=.ab/before`, the A/B)
 #   bash scripts/gpu.sh ab SHA         the ops' same-run A/B: triton_swa of this tree beside .ab/before's
 #                                      (`triton-swa bench --quick --op decode,prefill,verify,indices --compare`)
 #   bash scripts/gpu.sh sglang SHA     SGLang's whole Triton backend beside ours on SGLang's pools
@@ -81,15 +81,11 @@ bench() {
   bench_run extend "${EXTEND_TIMEOUT_S:-240}" --op prefill,verify "$@"
 }
 
-hostcost() {
-  local step=(python3 -m triton_swa bench --op step --git-sha "$sha" --dirty clean --out "$out")
+hostcost() {  # extra arguments go to the first run (default: the op's own batches and rounds)
   echo "== host cost of $sha"
-  timeout "${HOSTCOST_TIMEOUT_S:-300}" "${step[@]}" 2>&1 | tee "$out/host-cost-$sha.log" | grep -v "^ROW"
-  if [ -f .ab/before/triton_swa/__init__.py ]; then
-    echo "== host cost of $sha beside .ab/before"
-    timeout "${HOSTCOST_AB_TIMEOUT_S:-480}" "${step[@]}" --compare before=.ab/before --no-flashinfer 2>&1 \
-      | tee "$out/host-cost-ab-$sha.log" | grep -v "^ROW"
-  fi
+  timeout "${HOSTCOST_TIMEOUT_S:-300}" python3 -m triton_swa bench --op step --git-sha "$sha" --dirty clean --out "$out" "$@" 2>&1 \
+    | tee "$out/host-cost-$sha.log" | grep -v "^ROW"
+  if [ -f .ab/before/triton_swa/__init__.py ]; then step_ab; fi
 }
 
 ab() {

@@ -347,6 +347,7 @@ class TritonSWAAttnBackend:
         # next eager step's plan of that kind on that stream takes over its workspace (stream order)
         self._last_decode_runs: dict = {}
         self._checked_batches: dict = {}  # kind of DECODE / TARGET_VERIFY batch -> (tokens, drafts)
+        self._max_windows: dict = {}  # (window_left, columns of req_to_token, extend) -> the kernels' max_window
 
     def use_kv_pool(self, pool) -> None:
         """Read and write K/V in ``pool`` from now on; sliding layers still translate by the resolved pool.
@@ -447,7 +448,10 @@ class TritonSWAAttnBackend:
         # keys (req_to_token's width for full layers), extend/verify prefixes W keys. Eager metadata
         # and the CUDA-graph buffers (whose kv_indices and page tables are larger) then give the
         # kernels the same bound, the same split counts and the same bits.
-        max_window = max_window_len(window_left, max_ctx, extend=extend)
+        key = (window_left, max_ctx, extend)
+        max_window = self._max_windows.get(key)
+        if max_window is None:
+            max_window = self._max_windows[key] = max_window_len(window_left, max_ctx, extend=extend)
         return LayerIndices(*csr, table, starts, lens, self.page_size, max_window, translate)
 
     def _check_batch(self, fb) -> tuple[int, list | None]:

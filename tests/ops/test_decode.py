@@ -45,7 +45,7 @@ class Case:
     sinks: bool = False
     num_splits: int | None = None
     block_n: int | None = None
-    merge: str | None = None  # "fused" (the last split merges in place, opt-in) or "kernel" (the default)
+    merge: str | None = None  # "fused" (the last split merges in place: direct calls' default up to D 256) or "kernel"
 
     @property
     def id(self) -> str:
@@ -333,6 +333,32 @@ def test_decode_merge_in_chunks(merge, device, monkeypatch):
     b = build(case, device)
     assert_close(run(case, b), expected(case, b), name=case.id)
     _assert_counters_reset()
+
+
+@pytest.mark.interpreter
+def test_decode_direct_calls_merge_in_place_in_one_workspace(device, monkeypatch):
+    """A direct call with splits merges them in place by default (up to head dim 256): one launch, the
+    partials in a workspace kept per stream, grown for a larger batch and NaN-filled per call while
+    poisoning is on (so a split left unwritten still shows); 512-wide heads keep the merge kernel."""
+    import triton_swa.ops.decode.launcher as decode
+    from triton_swa.runtime.plans import PlanCache
+
+    monkeypatch.setattr(decode, "_PLANS", PlanCache())
+    monkeypatch.setattr(decode, "_PARTIALS", {})
+    small = Case((31, 9), 12, 4, 2, 16, dtype=torch.float16, num_splits=3, block_n=16)
+    large = replace(small, seq_lens=(40, 3, 17, 29))
+    for case, seed in ((small, 1), (large, 2), (small, 3)):
+        b = build(case, device, seed=seed)
+        assert_close(run(case, b), expected(case, b), name=case.id)
+    plans = list(decode._PLANS.values())
+    assert plans and all(p.fused and p.merge is None for p in plans)
+    (workspace,) = decode._PARTIALS.values()  # one stream, one buffer, big enough for the larger batch
+    assert workspace.numel() >= max(p.part_numel for p in plans)
+    _assert_counters_reset()
+    wide = Case((20, 7), 12, 2, 1, 512, dtype=torch.float16, num_splits=2, block_n=16)
+    b = build(wide, device, seed=4)
+    assert_close(run(wide, b), expected(wide, b), name=wide.id)
+    assert any(not p.fused and p.merge is not None for p in decode._PLANS.values())
 
 
 def _assert_counters_reset():

@@ -18,6 +18,9 @@ bf16, 4k context), in microseconds:
 - per verify batch (``--verify-batch``, 8 drafts after a 4088-token prefix, TARGET_VERIFY):
   ``verify_metadata_us``, ``verify_layer_eager_us`` / ``verify_layer_graph_us`` (``forward_extend``
   over the 48 layers) and ``verify_sliding_layer_eager_us`` (one sliding layer, called back to back);
+  ``swa_extend_verify_eager_us`` / ``..._graph_us`` (``swa_extend`` called directly on that sliding
+  layer's verify shape, FlashInfer's prefill shape, checked against the backend's output first) and
+  ``swa_extend_plan_run_verify_eager_us`` (``swa_extend_plan(...).run`` there);
 - an extend chunk (EXTEND, B = 1, 256 new tokens over a 1023-token prefix): ``extend_chunk_metadata_us``
   and ``extend_chunk_layer_eager_us`` / ``..._graph_us`` (``forward_extend`` over the 48 layers);
   ``extend_eager_us`` / ``extend_graph_us``: one ``swa_extend`` call alone (the same chunk, Gemma-3-like
@@ -305,6 +308,7 @@ class Bench:
         self.timed("verify_sliding_layer_eager_us", batch, lambda: _wall(lambda: backend.forward_extend(q, k, v, lay, fb), n * 10))
         out = backend.forward_extend(q, k, v, lay, fb).view(-1, lay.tp_q_head_num, lay.head_dim).clone()
         idx = backend.forward_metadata.sliding
+        self.extend_verify_op(batch, lay, (q, k, v), backend.kv_pool.get_kv_buffer(lay.layer_id), idx, prefix, out, n)
         if idx.kv_indptr is not None:
             # FlashInfer reads the new tokens' K/V from the cache: each request's list is its prefix
             # window's slots, then its drafts' (where the layer call above wrote them)
@@ -326,6 +330,49 @@ class Bench:
                     out=out,
                 )
             )
+
+    def extend_verify_op(self, batch: int, lay, qkv: tuple, kv: tuple, idx, prefix: int, want: torch.Tensor, n: int) -> None:
+        """``swa_extend`` called directly (and, where the tree has it, ``swa_extend_plan(...).run``) on
+        the verify shape of one sliding layer: the shape FlashInfer's prefill rows run on, its inputs
+        the step's (the layer's new rows as k/v, the prefix window's indices), checked against the
+        backend's output first."""
+        names = ("swa_extend_verify_eager_us", "swa_extend_verify_graph_us", "swa_extend_plan_run_verify_eager_us")
+        if idx.kv_indptr is None:
+            for name in names:
+                self.add(name, batch, NA)
+            return
+        HQ, H, D = lay.tp_q_head_num, lay.tp_k_head_num, lay.head_dim
+        q, k, v = (t.view(-1, heads, D) for t, heads in zip(qkv, (HQ, H, H)))
+        k_buf, v_buf = kv
+        qo_indptr = (torch.arange(batch + 1, device="cuda") * DRAFTS).to(torch.int32)
+        prefix_lens = torch.full((batch,), prefix, dtype=torch.int32, device="cuda")
+        kw = dict(window_left=WINDOW_LEFT, kv_indptr=idx.kv_indptr, kv_indices=idx.kv_indices, sm_scale=lay.scaling, max_extend_len=DRAFTS)
+        out = torch.full_like(want, math.nan)
+
+        def op():
+            self.ts.swa_extend(q, k, v, k_buf, v_buf, qo_indptr, prefix_lens, out=out, **kw)
+
+        try:
+            op()
+            torch.cuda.synchronize()
+            diff = float((out.float() - want.float()).abs().max())
+        except Exception as exc:  # noqa: BLE001 - an API the tree lacks, or a call it rejects
+            print(f"# swa_extend on the verify shape B{batch}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            torch.cuda.synchronize()
+            diff = math.nan
+        if not diff <= 1e-2:  # the same tree's two paths: a difference is a defect, not a timing
+            print(f"# swa_extend on the verify shape B{batch}: {diff} from the backend's output", flush=True)
+            for name in names:
+                self.add(name, batch, NA)
+            return
+        self.timed(names[0], batch, lambda: _wall(op, n * 10))
+        self.timed(names[1], batch, lambda: _graph_us(lambda: [op() for _ in range(n)]) / n)
+        make_plan = getattr(self.ts, "swa_extend_plan", None)
+        if make_plan is None:
+            self.add(names[2], batch, NA)
+            return
+        plan = make_plan(q, k, v, k_buf, v_buf, qo_indptr, prefix_lens, **kw)
+        self.timed(names[2], batch, lambda: _wall(lambda: plan.run(q, k, v, k_buf, v_buf, out), n * 10))
 
     def extend_chunk(self) -> None:
         runner, layers, fb0, backend = self.stack(1, CHUNK_PREFIX + CHUNK)

@@ -483,7 +483,8 @@ def _int32_parts(sizes: tuple, device) -> list:
         starts.append(total)
         total += -(-n // 4) * 4
     buf = poison.empty(max(total, 1), dtype=torch.int32, device=device)
-    return [buf[a : a + n] for a, n in zip(starts, sizes)]
+    # as_strided: one view each at about half the host cost of slicing
+    return [buf.as_strided((n,), (1,), a) for a, n in zip(starts, sizes)]
 
 
 def _mode(seq_lens, prefix_lens, window_left):

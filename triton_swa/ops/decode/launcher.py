@@ -3,11 +3,12 @@
 One kernel serves sliding and full layers (the window is already in the indices). The number of
 splits comes from the longest window (``max_window``, a host int) and the SM count, never from the
 context length, and is fixed for a given batch shape, so a call is capturable in a CUDA graph. Splits
-write float32 partial outputs with their log-sum-exp, which the merge kernel combines (and adds the
-sinks to); with one split the kernel writes the output directly. A launcher option
-(``_Tune(fused_merge=True)``) has the last split of each group merge in place instead, counted by
-self-resetting per-stream counters: one launch fewer for eager calls, no faster on the GPU (H200,
-B 1: 8.9 us either way at D 128, 12.5 at D 256), so not the default.
+write float32 partial outputs with their log-sum-exp, which are merged (and the sinks added); with one
+split the kernel writes the output directly. Eager calls with head dims up to 256 merge in place: the
+last split of each group merges, counted by self-resetting per-stream counters, into a per-stream
+workspace (one launch per call; the same GPU time as the merge kernel on the H200, B 1: 8.9 us at
+D 128, 12.5 at D 256). Inside a CUDA-graph capture, and for 512-wide heads (where merging in place
+doubled the GPU time: 39 against 18 us at B 1), the merge kernel runs after the splits.
 
 Two ways to name the window's slots:
 
@@ -58,32 +59,53 @@ from .kernel import _swa_decode_kernel
 __all__ = ["DecodePlan", "swa_decode", "swa_decode_plan"]
 
 
-# The in-place merge's counters: one zeroed int32 per split-kernel program, per (device, stream), so
-# that calls on concurrent streams never share them; each call leaves them zero. Eager calls only.
+# An eager call's in-place merge: its zeroed int32 counters (one per split-kernel program) and its
+# float32 split partials, per (device, stream), so that calls on concurrent streams never share them;
+# each call leaves the counters zero. Eager calls only (a capture takes the merge kernel).
 _SEMAPHORES: dict = {}
+_PARTIALS: dict = {}
 
 
-def _semaphores(device: torch.device, n: int) -> torch.Tensor | None:
-    """Counters for an eager call on the current stream, or None inside a CUDA-graph capture (a graph
-    uses the merge kernel: counters shared by graphs replayed on several streams could collide)."""
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        key = (device, current_stream(device.index))
-    else:
-        key = (device, 0)
-    buf = _SEMAPHORES.get(key)
+def _stream_key(device: torch.device):
+    """(device, current stream) of an eager call, or None inside a CUDA-graph capture (a graph uses the
+    merge kernel: buffers shared by graphs replayed on several streams could collide)."""
+    if device.type != "cuda":
+        return (device, 0)
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return (device, current_stream(device.index))
+
+
+def _grown(cache: dict, key, n: int, dtype: torch.dtype, device: torch.device, zero: bool) -> torch.Tensor:
+    buf = cache.get(key)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(1024, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
-        _SEMAPHORES[key] = buf
+        size = max(1024, triton.next_power_of_2(n))
+        buf = torch.zeros(size, dtype=dtype, device=device) if zero else torch.empty(size, dtype=dtype, device=device)
+        cache[key] = buf
     return buf
+
+
+def _eager_workspace(device: torch.device, programs: int, part_numel: int) -> tuple | None:
+    """(counters, partials) of an eager in-place-merged call on the current stream (the partials a
+    view of a buffer kept per stream and grown as needed: no allocation per call; NaN-filled when
+    poisoning is on, as a fresh allocation would be), or None inside a CUDA-graph capture."""
+    key = _stream_key(device)
+    if key is None:
+        return None
+    sem = _grown(_SEMAPHORES, key, programs, torch.int32, device, True)
+    part = _grown(_PARTIALS, key, part_numel, torch.float32, device, False)[:part_numel]
+    if poison.poison_enabled():
+        part.fill_(math.nan)
+    return sem, part
 
 
 class _Tune(NamedTuple):
     """Launcher overrides beyond the public ``num_splits``/``block_n`` (benchmarks sweep them).
 
     ``fused_merge``: the group's last split merges the partials in place (eager calls; inside a CUDA-graph
-    capture the merge kernel runs instead, so warm up such a call inside the capture's stream context).
+    capture the merge kernel runs instead, compiled at the first direct launch of the eager kernel, or
+    inside the capture where no call launched directly before it). None: a direct call's default
+    (:func:`_direct_tune`).
     ``f16_dot``: over an fp8 pool, bfloat16 queries run both dots in float16 (the default) or, with
     False, in bfloat16.
     """
@@ -439,6 +461,8 @@ def _swa_decode_impl(
     # scale tensors by the plan (their dtype, shape and device are part of the signature).
     logit_cap = check_logit_cap(logit_cap)
     sm_scale = check_sm_scale(sm_scale, None)
+    if tune is None:
+        tune = _direct_tune(k_buffer, v_buffer)
     k_scale_f, k_scale_t = split_kv_scale("k_scale", k_scale)
     v_scale_f, v_scale_t = split_kv_scale("v_scale", v_scale)
     # the kernel takes a pointer either way (a dummy where K_SCALE_PTR / V_SCALE_PTR are off)
@@ -476,19 +500,23 @@ def _swa_decode_impl(
 
     main, merge = plan.main, plan.merge
     part = sem = q
-    if plan.split:
-        part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device)
+    bind = True  # launch the signature's compiled kernels directly where the pointers allow
     if plan.fused:
-        sem = _semaphores(q.device, plan.programs)
-        if sem is None:
+        eager = _eager_workspace(q.device, plan.programs, plan.part_numel)
+        if eager is None:  # inside a CUDA-graph capture: the merge kernel (compiled at the first bind)
             main, merge = plan.fallback
-            sem = q
+            bind = False
+            part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device)
+        else:
+            sem, part = eager
+    elif plan.split:
+        part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device)
     windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
     sinks_arg = q if sinks is None else sinks
     scalars = (scale * k_scale_f, v_scale_f, float(logit_cap), k_scale_f)
     # no fused store: q stands in for its six pointers
     tensors = (q, k_buffer, v_buffer, out, part, sem, *windows, sinks_arg, k_scale_t, v_scale_t, q, q, q, q, q, q)
-    if not plan.fused:
+    if bind:
         # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched
         # with addresses (the checks vouch for their devices)
         ptrs = [t.data_ptr() for t in tensors]
@@ -497,10 +525,16 @@ def _swa_decode_impl(
             bits |= p
         direct = plan.direct if bits & 15 == 0 else False
         if direct is None:
-            direct = plan.direct = _bind_pair(plan, (*tensors, *scalars, *plan.ints), (part, sinks_arg, out, part, *plan.merge_ints))
+            merge_args = (part, sinks_arg, out, part, *plan.merge_ints)
+            direct = plan.direct = _bind_pair(plan, (*tensors, *scalars, *plan.ints), merge_args)
+            if direct and plan.fallback is not None:
+                # a later capture's kernels (FUSED_MERGE off, then the merge), compiled and loaded now:
+                # nothing compiles inside the capture
+                plan.fallback[0].bind((*tensors, *scalars, *plan.ints))
+                plan.fallback[1].bind(merge_args)
         if direct:
             direct[0]((*ptrs, *scalars, *plan.ints))
-            if merge is not None:
+            if direct[1] is not None:
                 direct[1]((ptrs[4], ptrs[11], ptrs[3], ptrs[4], *plan.merge_ints))
             return out
     main((*tensors, *scalars, *plan.ints))
@@ -536,6 +570,18 @@ def _merges_in_place(in_place_merge: bool | None, q, k_buffer, v_buffer) -> bool
     if max(k_buffer.shape[-1], v_buffer.shape[-1]) > 256:
         return False
     return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _direct_tune(k_buffer, v_buffer) -> _Tune | None:
+    """A direct call's default merge of its splits: in place for head dims up to 256 (one launch per
+    eager call, the partials in a per-stream workspace; inside a CUDA-graph capture the merge kernel
+    runs instead), as :func:`swa_decode_plan` defaults to; the merge kernel for wider heads (see
+    :func:`_merges_in_place`)."""
+    try:
+        wide = max(k_buffer.shape[-1], v_buffer.shape[-1]) > 256
+    except (AttributeError, IndexError, TypeError):
+        return None  # the checks name it
+    return None if wide else _IN_PLACE
 
 
 def _bind_pair(plan: _Plan, main_args: tuple, merge_args: tuple):
