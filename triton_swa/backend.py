@@ -18,7 +18,15 @@ from .engine import ForwardMode
 from .mem.pools import is_swa_kv_pool
 from .ops.decode import swa_decode, swa_decode_plan
 from .ops.extend import swa_extend, swa_extend_plan
-from .ops.indices import WindowIndices, WindowPageTable, build_window_indices, build_window_page_table, max_window_len, max_window_pages
+from .ops.indices import (
+    WindowIndices,
+    WindowPageTable,
+    _window_list_plan,
+    build_window_indices,
+    build_window_page_table,
+    max_window_len,
+    max_window_pages,
+)
 from .ops.kv_store import KVStorePlan, store_kv, store_kv_plan
 from .runtime import poison
 from .runtime.checks import (
@@ -348,6 +356,7 @@ class TritonSWAAttnBackend:
         self._last_decode_runs: dict = {}
         self._checked_batches: dict = {}  # kind of DECODE / TARGET_VERIFY batch -> (tokens, drafts)
         self._max_windows: dict = {}  # (window_left, columns of req_to_token, extend) -> the kernels' max_window
+        self._window_plans: dict = {}  # (window_left, extend) -> the CSR window build of the latest kind of step
 
     def use_kv_pool(self, pool) -> None:
         """Read and write K/V in ``pool`` from now on; sliding layers still translate by the resolved pool.
@@ -419,16 +428,28 @@ class TritonSWAAttnBackend:
                 else:
                     keys = window_keys(window_left, extend=extend)
                     num_indices = sum(n if n < keys else keys for n in lens_host)
-            built = build_window_indices(
-                self.req_to_token,
-                req_pool_indices,
-                lens,
-                window_left=window_left,
-                prefix_lens=prefix_lens,
-                mapping=mapping,
-                num_indices=num_indices,
-                out=out,
-            )
+            built = None
+            if out is None and not debug_enabled(None):
+                # the build of a kind of step checked once: later steps of the kind compare its kinds
+                plan = self._window_plans.get((window_left, extend))
+                built = None if plan is None else plan.run(self.req_to_token, req_pool_indices, lens, mapping, num_indices)
+                if built is None:
+                    plan = _window_list_plan(
+                        self.req_to_token, req_pool_indices, lens, window_left=window_left, extend=extend, mapping=mapping
+                    )
+                    self._window_plans[(window_left, extend)] = plan
+                    built = plan.run(self.req_to_token, req_pool_indices, lens, mapping, num_indices)
+            if built is None:
+                built = build_window_indices(
+                    self.req_to_token,
+                    req_pool_indices,
+                    lens,
+                    window_left=window_left,
+                    prefix_lens=prefix_lens,
+                    mapping=mapping,
+                    num_indices=num_indices,
+                    out=out,
+                )
             csr, table, starts = (built.kv_indptr, built.kv_indices), None, built.window_starts
         else:
             max_pages = None if out is not None else max_window_pages(window_left, self.page_size, max_ctx, extend=extend)

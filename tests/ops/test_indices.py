@@ -136,6 +136,35 @@ def test_extend_window_indices(device, seq_lens, new_tokens, window_left, page_s
         _check_csr(got, _reference(rt, rpi, seq, pre, w, m, extend=True), len(seq_lens), sliding=m is not None)
 
 
+def test_window_list_plan_builds_steps_of_its_kind(device):
+    """The backend's per-step window build (checked once per kind of step): each step of the kind
+    equals the reference (decode and extend, sliding and full, padding rows included); inputs of
+    another kind (batch size, lengths' dtype, mapping) get None and nothing launched."""
+    from triton_swa.ops.indices import _window_list_plan
+
+    for extend, window_left in ((False, 5), (True, 5), (False, -1), (True, -1)):
+        plans = {}
+        for step, seq_lens in enumerate(([3, 7, 37, 20], [4, 8, 38, 21], [9, 30, 3, 4])):
+            state = _state(seq_lens, 5, 1, new_tokens=3 if extend else 1, seed=step)
+            rt, mapping, rpi, seq, pre = _batch(state, device)
+            # the pool's tensors keep their kinds from step to step (as a backend's do): zero-padded
+            rt = torch.nn.functional.pad(rt, (0, 64 - rt.shape[1], 0, 16 - rt.shape[0]))
+            mapping = torch.nn.functional.pad(mapping, (0, 512 - mapping.shape[0]))
+            m = mapping if window_left >= 0 else None
+            lens = pre if extend else seq
+            plan = plans.get("plan") or plans.setdefault(
+                "plan", _window_list_plan(rt, rpi, lens, window_left=window_left, extend=extend, mapping=m)
+            )
+            n = window_index_count(seq.cpu(), window_left, pre.cpu() if extend else None)
+            got = plan.run(rt, rpi, lens, m, n)
+            want = _reference(rt, rpi, seq, pre, window_left, m, extend=extend)
+            _check_csr(got, want, len(seq_lens), sliding=m is not None)
+        assert plan.run(rt, rpi[:2], lens[:2], m, 3) is None, "another batch size"
+        assert plan.run(rt, rpi, lens.int(), m, n) is None, "lengths of another dtype"
+        other = mapping if m is None else None
+        assert plan.run(rt, rpi, lens, other, n) is None, "a mapping where the plan had none, or none where it had one"
+
+
 def test_evicted_slots_translate_to_zero(device):
     """A window wider than the one the state evicted for reads evicted tokens: mapping 0, kept as 0."""
     state = _state([40, 23, 31], 4, 1)

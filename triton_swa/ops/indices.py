@@ -392,13 +392,28 @@ def _launch_window_kernel(
     block_reqs,
 ):
     B = req_pool_indices.shape[0]
-    key = (B, max_extent, block, num_splits, block_reqs, has_window, mapping is not None, page_table, page_size, req_to_token.device)
+    has_mapping = mapping is not None
+    planned = _window_launch(
+        B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, req_to_token.device
+    )
+    if B == 0:
+        return
+    _fire_window(planned, req_to_token, req_pool_indices, lens, shift, mapping, out, stride_out_b, indptr, starts, capacity)
+
+
+def _window_launch(B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device) -> tuple:
+    """``(launcher, grid, compiled kernels bound by specialisation)`` of the window kernel for a batch
+    size, window extent and options (planned once, checked)."""
+    key = (B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device)
     planned = _LAUNCHES.get(key)
     if planned is None:
         planned = _plan_window_launch(*key)
         _LAUNCHES.put(key, planned)
-    if B == 0:
-        return
+    return planned
+
+
+def _fire_window(planned, req_to_token, req_pool_indices, lens, shift, mapping, out, stride_out_b, indptr, starts, capacity) -> None:
+    """Launch a planned window kernel on a non-empty batch."""
     launch, grid, bound = planned
     tensors = (req_to_token, req_pool_indices, lens, mapping if mapping is not None else req_to_token, out, indptr, starts)
     ptrs = [t.data_ptr() for t in tensors]
@@ -589,6 +604,46 @@ def build_window_indices(
         block_reqs,
     )
     return out
+
+
+class _WindowListPlan:
+    """:func:`build_window_indices` checked and planned once for a kind of inputs (the tensors' dtypes,
+    shapes, strides and devices, the window, the mapping's presence): :meth:`run` builds the lists of
+    a step of that kind, comparing only those kinds (a backend's per-step metadata). Made by
+    :func:`_window_list_plan`."""
+
+    __slots__ = ("_keys", "_shift", "_B", "_device", "_planned")
+
+    def run(self, req_to_token, req_pool_indices, lens, mapping, num_indices: int) -> WindowIndices | None:
+        """The step's lists (``num_indices`` entries, an int >= 0 the caller computed from the host
+        lengths), or None, having launched nothing, where a tensor is not of the planned kind."""
+        if (tensor_key(req_pool_indices), tensor_key(lens), tensor_key(req_to_token), tensor_key(mapping)) != self._keys:
+            return None
+        B = self._B
+        out = WindowIndices(*_int32_parts((B + 1, num_indices, B), self._device))
+        if B == 0:
+            out.kv_indptr.zero_()
+            return out
+        _fire_window(
+            self._planned, req_to_token, req_pool_indices, lens, self._shift, mapping, out.kv_indices, 0, out.kv_indptr,
+            out.window_starts, num_indices,
+        )  # fmt: skip
+        return out
+
+
+def _window_list_plan(req_to_token, req_pool_indices, lens, *, window_left: int, extend: bool, mapping) -> _WindowListPlan:
+    """Check :func:`build_window_indices`'s inputs (``lens``: the decode lengths, or with ``extend`` the
+    prefix lengths) as it does, raising as it would, and plan their launch."""
+    prefix = lens if extend else None
+    B = _check_window_inputs(req_to_token, req_pool_indices, lens, prefix, window_left, mapping, None)
+    _, shift, has_window = _mode(lens, prefix, window_left)
+    device = req_to_token.device
+    plan = _WindowListPlan()
+    plan._keys = (tensor_key(req_pool_indices), tensor_key(lens), tensor_key(req_to_token), tensor_key(mapping))
+    plan._shift, plan._B, plan._device = shift, B, device
+    max_extent = max_window_len(window_left, req_to_token.shape[1], extend=extend)
+    plan._planned = _window_launch(B, max_extent, None, None, None, has_window, mapping is not None, False, 1, device)
+    return plan
 
 
 def _check_out_table(out, B: int, device) -> None:
