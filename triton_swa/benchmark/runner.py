@@ -44,7 +44,7 @@ SET_MEMORY = 8 * 2**30
 REPS = 30
 EAGER_REPS = 10
 # the columns of docs/contract.md §7 up to `date`, then this tool's own
-SPEC_COLUMNS = [
+CONTRACT_COLUMNS = [
     "op",
     "case",
     "provider",
@@ -63,7 +63,7 @@ SPEC_COLUMNS = [
     "git_sha",
     "date",
 ]
-COLUMNS = [*SPEC_COLUMNS, "dirty", "run_id", "status", "max_abs_err", "eager_us_p50"]
+COLUMNS = [*CONTRACT_COLUMNS, "dirty", "run_id", "status", "max_abs_err", "eager_us_p50"]
 
 
 # ---- worker ----
