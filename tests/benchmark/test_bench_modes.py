@@ -118,6 +118,26 @@ def test_step_needs_cuda(capsys):
     assert "needs a CUDA device" in capsys.readouterr().err
 
 
+def test_step_host_only_times_the_host_path_on_the_cpu(monkeypatch, capsys):
+    """``--op step --host-only``: every eager row of a (smaller) stack timed on the CPU with the launches
+    stubbed out, the graph rows n/a, and the launcher restored afterwards."""
+    from triton_swa.benchmark import main
+    from triton_swa.runtime.launch import Launcher
+
+    for name, value in (("CONTEXT", 256), ("WINDOW_LEFT", 63), ("SLIDING", 4), ("FULL", 2), ("CHUNK", 32), ("CHUNK_PREFIX", 63)):
+        monkeypatch.setattr(step, name, value)
+    call, bind = Launcher.__call__, Launcher.bind
+    rows = step.measure("t", batches=[1, 2], verify_batches=[1], rounds=1, host_only=True)
+    assert Launcher.__call__ is call and Launcher.bind is bind
+    values = {(m, b): v for m, b, v in rows}
+    eager = [k for k in values if not k[0].endswith("graph_us")]
+    assert len(eager) == 21 and all(values[k] > 0 for k in eager), values
+    assert all(math.isnan(v) for (m, _), v in values.items() if m.endswith("graph_us"))
+    assert "host-only cost of t" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--op", "decode", "--host-only"])
+
+
 FAKE = [("launch_floor_us", 1, 9.7), ("metadata_us", 1, 177.25), ("metadata_us", 8, 119.6), ("fi_decode_tc_max_abs_diff", 8, 0.0039)]
 
 

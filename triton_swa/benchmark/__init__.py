@@ -19,6 +19,7 @@ has its id.
     triton-swa bench --op decode --providers triton_swa,triton_swa_debug,triton_swa_fp8_bytes
     triton-swa bench --op step          # a 48-layer step's host cost, eager and graph (:mod:`.step`)
     triton-swa bench --op step --compare before=.ab/before --no-flashinfer   # two trees side by side
+    triton-swa bench --op step --host-only [--compare ...]   # the host path alone, on the CPU (launches stubbed)
     triton-swa bench --op decode,verify --compare .ab/before --rounds 3      # (:mod:`.compare`)
     triton-swa bench --op sglang_backend    # SGLang's whole Triton backend beside ours on SGLang's pools (:mod:`.sglang_backend`)
 """
@@ -127,12 +128,15 @@ def _step(args, trees) -> int:
 
     sha, dirty = provenance(args.git_sha, args.dirty)
     run_id = _new_run_id()
+    host = args.host_only  # CPU pools: B 64's would take tens of GB
     kw = dict(
-        batches=_ints(args.batch) if args.batch else [1, 8, 64],
-        verify_batches=_ints(args.verify_batch) if args.verify_batch else [1, 8],
+        batches=_ints(args.batch) if args.batch else [1] if host else [1, 8, 64],
+        verify_batches=_ints(args.verify_batch) if args.verify_batch else [1] if host else [1, 8],
         rounds=args.rounds or 7,
-        flashinfer=not args.no_flashinfer,
+        flashinfer=not args.no_flashinfer and not host,
     )
+    if host:
+        kw["host_only"] = True  # an older tree without it: its worker reports the error, its rows n/a
     if trees:
         by_tree = compare_step(trees, kw)
     else:
@@ -190,13 +194,20 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, help="--compare: rounds alternating the trees (3); --op step: rounds per median (7)")
     parser.add_argument("--verify-batch", help="--op step: verify batch sizes (default 1,8)")
     parser.add_argument("--no-flashinfer", action="store_true", help="--op step: leave FlashInfer's rows out")
+    parser.add_argument(
+        "--host-only",
+        action="store_true",
+        help="--op step: the eager rows' host path alone, on the CPU with kernel launches stubbed out (no GPU needed; B 1 by default)",
+    )
     args = parser.parse_args(argv)
     if args.replot:
         return _replot(Path(args.replot))
     load_plugins(args.plugin)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.smoke:
+    if args.host_only and args.op != "step":
+        parser.error("--host-only is an option of --op step")
+    if device == "cpu" and not args.smoke and not args.host_only:
         print("triton-swa bench: no CUDA device here; only --smoke runs (through Triton's interpreter)", file=sys.stderr)
         return 2
     ops = args.op.split(",")
@@ -217,8 +228,8 @@ def main(argv=None) -> int:
     if "step" in ops:
         if ops != ["step"]:
             parser.error("--op step runs alone")
-        if device != "cuda":
-            print("triton-swa bench --op step: needs a CUDA device", file=sys.stderr)
+        if device != "cuda" and not args.host_only:
+            print("triton-swa bench --op step: needs a CUDA device (or --host-only)", file=sys.stderr)
             return 2
         return _step(args, trees)
     if "sglang_backend" in ops:

@@ -45,6 +45,7 @@ for the newer APIs), then a table of them; the rows go to the run's CSV as op ``
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import sys
@@ -63,14 +64,15 @@ STACK = f"g4-{SLIDING}s{FULL}f-L{CONTEXT // 1024}k-W{WINDOW_LEFT}"
 FLASHINFER_KEYS = [["prefill", "bfloat16", 256, True], ["decode", "bfloat16", 256, True]]
 
 
-def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: int, dtype=None):
+def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: int, dtype=None, device: str = "cuda", fill: bool = True):
     """The stack: SWA pools of the batch's requests (full slots for every token, SWA slots for the last
-    ``W + 1``, both shuffled), the engine's runner, the layers and a decode batch."""
+    ``W + 1``, both shuffled), the engine's runner, the layers and a decode batch; ``fill``: random K/V
+    (host-only rows leave the pools zero)."""
     from triton_swa import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator
     from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner
 
     dtype = dtype or torch.bfloat16
-    dev = "cuda"
+    dev = device
     swa_ids = [i for i in range(n_sliding + n_full) if (i + 1) % 6 != 0][:n_sliding]
     full_ids = [i for i in range(n_sliding + n_full) if i not in swa_ids]
     size = batch * (context + 1)
@@ -99,7 +101,7 @@ def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: in
     rtp.req_to_token[rows, :context] = full.int()
     keep = full[:, context - (window_left + 1) :].reshape(-1)
     alloc.full_to_swa_index_mapping[keep] = alloc.swa_attn_allocator.alloc(keep.numel())
-    for sub in (pool.swa_kv_pool, pool.full_kv_pool):
+    for sub in (pool.swa_kv_pool, pool.full_kv_pool) if fill else ():
         for buf in sub.k_buffer + sub.v_buffer:
             buf.normal_()
     runner = ModelRunner(pool, alloc, rtp, sliding_window_size=window_left, device=dev)
@@ -113,12 +115,17 @@ def build(batch: int, context: int, window_left: int, n_sliding: int, n_full: in
     return runner, layers, fb
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _wall(fn, reps: int) -> float:
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
     for _ in range(reps):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     return (time.perf_counter() - t) / reps * 1e6
 
 
@@ -163,7 +170,7 @@ def _median(measure, rounds: int) -> float:
 class Bench:
     """One tree's measurements: its APIs, the rows, and what FlashInfer is compared on."""
 
-    def __init__(self, name: str, rounds: int):
+    def __init__(self, name: str, rounds: int, host_only: bool = False):
         import triton_swa
         from triton_swa.backend import TritonSWAAttnBackend
         from triton_swa.engine import ForwardBatch, SpecInfo
@@ -173,6 +180,12 @@ class Bench:
         self.name, self.rounds = name, rounds
         self.rows = []  # (metric, batch, value)
         self.fi_decode, self.fi_verify = [], []  # the shapes FlashInfer runs on, with the tree's outputs
+        # host-only rows: the CPU, launches stubbed out (nothing computed, so nothing compared), no graphs
+        self.host_only = host_only
+        self.device = "cpu" if host_only else "cuda"
+
+    def _graph(self, fn, reps: int = 20) -> float:
+        return NA if self.host_only else _graph_us(fn, reps)
 
     def add(self, metric: str, batch: int, value: float) -> None:
         self.rows.append((metric, batch, value))
@@ -184,14 +197,14 @@ class Bench:
             value = _median(measure, self.rounds)
         except Exception as exc:  # noqa: BLE001 - an API the tree lacks, or a call it rejects
             print(f"# {metric} B{batch}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            torch.cuda.synchronize()
+            _sync()
             value = NA
         self.add(metric, batch, value)
 
     # ---- the stack ----
 
     def stack(self, batch: int, context: int):
-        runner, layers, fb = self.build(batch, context, WINDOW_LEFT, SLIDING, FULL)
+        runner, layers, fb = self.build(batch, context, WINDOW_LEFT, SLIDING, FULL, device=self.device, fill=not self.host_only)
         return runner, layers, fb, self.backend_cls(runner)
 
     @staticmethod
@@ -204,12 +217,11 @@ class Bench:
         rows = fb.req_pool_indices
         mapping[req_to_token[rows, lo:hi].long()] = mapping[req_to_token[rows, hi : 2 * hi - lo].long()]
 
-    @staticmethod
-    def inputs(layers, tokens: int, seed: int = 0) -> list:
-        g = torch.Generator(device="cuda").manual_seed(seed)
+    def inputs(self, layers, tokens: int, seed: int = 0) -> list:
+        g = torch.Generator(device=self.device).manual_seed(seed)
 
         def rand(heads, dim):
-            return torch.randn(tokens, heads * dim, device="cuda", dtype=torch.bfloat16, generator=g)
+            return torch.randn(tokens, heads * dim, device=self.device, dtype=torch.bfloat16, generator=g)
 
         return [
             (rand(lay.tp_q_head_num, lay.head_dim), rand(lay.tp_k_head_num, lay.head_dim), rand(lay.tp_k_head_num, lay.head_dim))
@@ -219,7 +231,7 @@ class Bench:
     # ---- rows ----
 
     def floor(self) -> None:
-        x = torch.zeros(16, device="cuda")
+        x = torch.zeros(16, device=self.device)
         x.add_(1)
         self.timed("launch_floor_us", 1, lambda: _wall(lambda: x.add_(1), 960))
 
@@ -241,9 +253,9 @@ class Bench:
         self.timed("metadata_us", batch, lambda: _wall(lambda: backend.init_forward_metadata(fb), 20))
         backend.init_forward_metadata(fb)
         self.timed("decode_layer_eager_us", batch, lambda: _wall(step_layers, 20) / n)
-        self.timed("decode_layer_graph_us", batch, lambda: _graph_us(step_layers) / n)
+        self.timed("decode_layer_graph_us", batch, lambda: self._graph(step_layers) / n)
         self.timed("step_eager_us", batch, lambda: _wall(step, 20))
-        self.timed("step_graph_us", batch, lambda: _graph_us(step))
+        self.timed("step_graph_us", batch, lambda: self._graph(step))
 
         # swa_decode alone on the step's indices (metadata rebuilt eagerly: the graph's own is gone)
         backend.init_forward_metadata(fb)
@@ -259,7 +271,7 @@ class Bench:
 
         op()
         self.timed("swa_decode_eager_us", batch, lambda: _wall(op, n * 20))
-        self.timed("swa_decode_graph_us", batch, lambda: _graph_us(lambda: [op() for _ in range(n)]) / n)
+        self.timed("swa_decode_graph_us", batch, lambda: self._graph(lambda: [op() for _ in range(n)]) / n)
         make_plan = getattr(self.ts, "swa_decode_plan", None)
         if make_plan is None:
             print("# swa_decode_plan: not in this tree", flush=True)
@@ -276,9 +288,9 @@ class Bench:
 
             self.timed("swa_decode_plan_us", batch, lambda: _wall(plan, 20))
             self.timed("swa_decode_plan_run_eager_us", batch, lambda: _wall(run, n * 20))
-            self.timed("swa_decode_plan_run_graph_us", batch, lambda: _graph_us(lambda: [run() for _ in range(n)]) / n)
+            self.timed("swa_decode_plan_run_graph_us", batch, lambda: self._graph(lambda: [run() for _ in range(n)]) / n)
         op()
-        if idx.kv_indptr is not None:  # FlashInfer reads the same pool at the same window slots
+        if idx.kv_indptr is not None and not self.host_only:  # FlashInfer reads the same pool at the same window slots
             self.fi_decode.append(
                 dict(batch=batch, q=q, k=k_buf, v=v_buf, indptr=idx.kv_indptr, indices=idx.kv_indices, scale=lay.scaling, out=out.clone())
             )
@@ -289,7 +301,7 @@ class Bench:
         self.alias_unmapped(runner, fb0, prefix - WINDOW_LEFT, CONTEXT - WINDOW_LEFT - 1)
         rows = fb0.req_pool_indices
         loc = runner.req_to_token_pool.req_to_token[rows, prefix:CONTEXT].reshape(-1).to(torch.int64)
-        fb = self.ForwardBatch.verify(rows.tolist(), [prefix] * batch, self.SpecInfo(draft_token_num=DRAFTS), loc, device="cuda")
+        fb = self.ForwardBatch.verify(rows.tolist(), [prefix] * batch, self.SpecInfo(draft_token_num=DRAFTS), loc, device=self.device)
         qkv = self.inputs(layers, batch * DRAFTS, seed=1)
 
         def step_layers():
@@ -302,20 +314,20 @@ class Bench:
         self.timed("verify_metadata_us", batch, lambda: _wall(lambda: backend.init_forward_metadata(fb), 20))
         backend.init_forward_metadata(fb)
         self.timed("verify_layer_eager_us", batch, lambda: _wall(step_layers, 10) / n)
-        self.timed("verify_layer_graph_us", batch, lambda: _graph_us(step_layers) / n)
+        self.timed("verify_layer_graph_us", batch, lambda: self._graph(step_layers) / n)
         i, lay = next((i, lay) for i, lay in enumerate(layers) if lay.sliding_window_size >= 0)
         q, k, v = qkv[i]
         self.timed("verify_sliding_layer_eager_us", batch, lambda: _wall(lambda: backend.forward_extend(q, k, v, lay, fb), n * 10))
         out = backend.forward_extend(q, k, v, lay, fb).view(-1, lay.tp_q_head_num, lay.head_dim).clone()
         idx = backend.forward_metadata.sliding
         self.extend_verify_op(batch, lay, (q, k, v), backend.kv_pool.get_kv_buffer(lay.layer_id), idx, prefix, out, n)
-        if idx.kv_indptr is not None:
+        if idx.kv_indptr is not None and not self.host_only:
             # FlashInfer reads the new tokens' K/V from the cache: each request's list is its prefix
             # window's slots, then its drafts' (where the layer call above wrote them)
             drafts = runner.token_to_kv_pool_allocator.full_to_swa_index_mapping[loc].view(batch, DRAFTS).to(torch.int32)
             ptr = idx.kv_indptr.tolist()
             lists = [torch.cat([idx.kv_indices[ptr[b] : ptr[b + 1]], drafts[b]]) for b in range(batch)]
-            lens = torch.tensor([0] + [len(x) for x in lists], device="cuda")
+            lens = torch.tensor([0] + [len(x) for x in lists], device=self.device)
             k_buf, v_buf = backend.kv_pool.get_kv_buffer(lay.layer_id)
             self.fi_verify.append(
                 dict(
@@ -323,7 +335,7 @@ class Bench:
                     q=q.view(-1, lay.tp_q_head_num, lay.head_dim),
                     k=k_buf,
                     v=v_buf,
-                    qo_indptr=(torch.arange(batch + 1, device="cuda") * DRAFTS).to(torch.int32),
+                    qo_indptr=(torch.arange(batch + 1, device=self.device) * DRAFTS).to(torch.int32),
                     indptr=torch.cumsum(lens, 0).to(torch.int32),
                     indices=torch.cat(lists),
                     scale=lay.scaling,
@@ -344,8 +356,8 @@ class Bench:
         HQ, H, D = lay.tp_q_head_num, lay.tp_k_head_num, lay.head_dim
         q, k, v = (t.view(-1, heads, D) for t, heads in zip(qkv, (HQ, H, H)))
         k_buf, v_buf = kv
-        qo_indptr = (torch.arange(batch + 1, device="cuda") * DRAFTS).to(torch.int32)
-        prefix_lens = torch.full((batch,), prefix, dtype=torch.int32, device="cuda")
+        qo_indptr = (torch.arange(batch + 1, device=self.device) * DRAFTS).to(torch.int32)
+        prefix_lens = torch.full((batch,), prefix, dtype=torch.int32, device=self.device)
         kw = dict(window_left=WINDOW_LEFT, kv_indptr=idx.kv_indptr, kv_indices=idx.kv_indices, sm_scale=lay.scaling, max_extend_len=DRAFTS)
         out = torch.full_like(want, math.nan)
 
@@ -354,11 +366,11 @@ class Bench:
 
         try:
             op()
-            torch.cuda.synchronize()
-            diff = float((out.float() - want.float()).abs().max())
+            _sync()
+            diff = 0.0 if self.host_only else float((out.float() - want.float()).abs().max())
         except Exception as exc:  # noqa: BLE001 - an API the tree lacks, or a call it rejects
             print(f"# swa_extend on the verify shape B{batch}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            torch.cuda.synchronize()
+            _sync()
             diff = math.nan
         if not diff <= 1e-2:  # the same tree's two paths: a difference is a defect, not a timing
             print(f"# swa_extend on the verify shape B{batch}: {diff} from the backend's output", flush=True)
@@ -366,7 +378,7 @@ class Bench:
                 self.add(name, batch, NA)
             return
         self.timed(names[0], batch, lambda: _wall(op, n * 10))
-        self.timed(names[1], batch, lambda: _graph_us(lambda: [op() for _ in range(n)]) / n)
+        self.timed(names[1], batch, lambda: self._graph(lambda: [op() for _ in range(n)]) / n)
         make_plan = getattr(self.ts, "swa_extend_plan", None)
         if make_plan is None:
             self.add(names[2], batch, NA)
@@ -379,7 +391,7 @@ class Bench:
         self.alias_unmapped(runner, fb0, 0, CHUNK_PREFIX + CHUNK - WINDOW_LEFT - 1)
         rows = fb0.req_pool_indices
         loc = runner.req_to_token_pool.req_to_token[rows, CHUNK_PREFIX : CHUNK_PREFIX + CHUNK].reshape(-1).to(torch.int64)
-        fb = self.ForwardBatch.extend(rows.tolist(), [CHUNK_PREFIX], [CHUNK], loc, device="cuda")
+        fb = self.ForwardBatch.extend(rows.tolist(), [CHUNK_PREFIX], [CHUNK], loc, device=self.device)
         qkv = self.inputs(layers, CHUNK, seed=2)
 
         def step_layers():
@@ -392,19 +404,19 @@ class Bench:
         self.timed("extend_chunk_metadata_us", 1, lambda: _wall(lambda: backend.init_forward_metadata(fb), 20))
         backend.init_forward_metadata(fb)
         self.timed("extend_chunk_layer_eager_us", 1, lambda: _wall(step_layers, 10) / n)
-        self.timed("extend_chunk_layer_graph_us", 1, lambda: _graph_us(step_layers) / n)
+        self.timed("extend_chunk_layer_graph_us", 1, lambda: self._graph(step_layers) / n)
 
     def extend_op(self) -> None:
         """One ``swa_extend`` call: 256 new tokens over a 1023-token window prefix, 32 / 16 heads, D 128."""
         B, new, prefix, HQ, H, D = 1, CHUNK, CHUNK_PREFIX, 32, 16, 128
-        q = torch.randn(B * new, HQ, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B * new, H, D, device="cuda", dtype=torch.bfloat16)
-        kb = torch.randn(prefix + 8, H, D, device="cuda", dtype=torch.bfloat16)
-        qo = torch.tensor([0, new], dtype=torch.int32, device="cuda")
-        pl = torch.tensor([prefix], dtype=torch.int32, device="cuda")
+        q = torch.randn(B * new, HQ, D, device=self.device, dtype=torch.bfloat16)
+        k = torch.randn(B * new, H, D, device=self.device, dtype=torch.bfloat16)
+        kb = torch.randn(prefix + 8, H, D, device=self.device, dtype=torch.bfloat16)
+        qo = torch.tensor([0, new], dtype=torch.int32, device=self.device)
+        pl = torch.tensor([prefix], dtype=torch.int32, device=self.device)
         idx = dict(
-            kv_indptr=torch.tensor([0, prefix], dtype=torch.int32, device="cuda"),
-            kv_indices=torch.arange(1, prefix + 1, dtype=torch.int32, device="cuda"),
+            kv_indptr=torch.tensor([0, prefix], dtype=torch.int32, device=self.device),
+            kv_indices=torch.arange(1, prefix + 1, dtype=torch.int32, device=self.device),
         )
 
         def chunk():
@@ -412,7 +424,7 @@ class Bench:
 
         chunk()
         self.timed("extend_eager_us", B, lambda: _wall(chunk, 50))
-        self.timed("extend_graph_us", B, lambda: _graph_us(chunk))
+        self.timed("extend_graph_us", B, lambda: self._graph(chunk))
 
     # ---- FlashInfer ----
 
@@ -484,9 +496,27 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def measure(name: str, batches=(1, 8, 64), verify_batches=(1, 8), rounds: int = 7, flashinfer: bool = True) -> list:
+def measure(
+    name: str, batches=(1, 8, 64), verify_batches=(1, 8), rounds: int = 7, flashinfer: bool = True, host_only: bool = False
+) -> list:
     """Every row of one tree (the ``triton_swa`` this process imports), ``(metric, batch, value)``;
-    FlashInfer's modules are built (in a child process) before anything is timed."""
+    FlashInfer's modules are built (in a child process) before anything is timed. ``host_only``: the
+    eager rows' host path alone, on the CPU with every kernel launch stubbed out (:func:`stubbed_launches`;
+    no GPU, no graph or FlashInfer rows, nothing computed): a proxy for comparing trees' host cost where
+    no GPU is at hand, not a GPU host's figure."""
+    if host_only:
+        with stubbed_launches():
+            bench = Bench(name, rounds, host_only=True)
+            bench.floor()
+            for batch in batches:
+                bench.decode(batch)
+            for batch in verify_batches:
+                bench.verify(batch)
+            bench.extend_chunk()
+            bench.extend_op()
+        print(f"\n== host-only cost of {bench.name} (us; CPU, launches stubbed)")
+        print(table(bench.rows))
+        return bench.rows
     import os
 
     from . import providers as P
@@ -522,6 +552,30 @@ def measure(name: str, batches=(1, 8, 64), verify_batches=(1, 8), rounds: int = 
     print(f"\n== host cost of {bench.name} (us; max_abs_diff: FlashInfer's output against the tree's), {time.perf_counter() - t0:.0f} s")
     print(table(bench.rows))
     return bench.rows
+
+
+@contextlib.contextmanager
+def stubbed_launches():
+    """Every kernel launch of the ``triton_swa`` this process imports returns at once: the host path of
+    each call runs up to Triton's launcher (the direct launches bound to a callable that does nothing),
+    so its Python cost can be timed on a machine without a GPU. Restored on exit."""
+    from triton_swa.runtime import launch
+
+    saved = launch.Launcher.__call__, getattr(launch.Launcher, "bind", None)
+    launch.Launcher.__call__ = lambda self, args, grid=None: None
+    launch.Launcher.bind = lambda self, args, grid=None: _no_launch
+    try:
+        yield
+    finally:
+        launch.Launcher.__call__ = saved[0]
+        if saved[1] is None:
+            del launch.Launcher.bind
+        else:
+            launch.Launcher.bind = saved[1]
+
+
+def _no_launch(args) -> None:
+    return None
 
 
 def compare_table(rows: dict) -> str:
