@@ -21,7 +21,7 @@ from .ops.extend import swa_extend, swa_extend_plan
 from .ops.indices import (
     WindowIndices,
     WindowPageTable,
-    _window_list_plan,
+    _window_lists_plan,
     build_window_indices,
     build_window_page_table,
     max_window_len,
@@ -355,8 +355,8 @@ class TritonSWAAttnBackend:
         # next eager step's plan of that kind on that stream takes over its workspace (stream order)
         self._last_decode_runs: dict = {}
         self._checked_batches: dict = {}  # kind of DECODE / TARGET_VERIFY batch -> (tokens, drafts)
-        self._max_windows: dict = {}  # (window_left, columns of req_to_token, extend) -> the kernels' max_window
-        self._window_plans: dict = {}  # (window_left, extend) -> the CSR window build of the latest kind of step
+        self._max_windows: dict = {}  # (window_left, extend) -> the kernels' max_window
+        self._window_plans: dict = {}  # extend -> the CSR window builds of the latest kind of eager step
 
     def use_kv_pool(self, pool) -> None:
         """Read and write K/V in ``pool`` from now on; sliding layers still translate by the resolved pool.
@@ -403,77 +403,98 @@ class TritonSWAAttnBackend:
     def mapping(self) -> torch.Tensor | None:
         return self._swa_kv_pool.full_to_swa_index_mapping if self._swa_kv_pool is not None else None
 
-    def _indices(self, req_pool_indices, lens, lens_host=None, *, window_left, extend, translate, out=None):
-        """One fused launch: every request's window (SWA slots or pages when ``translate``).
-
-        ``out`` holds the fixed buffers of a CUDA graph; otherwise the CSR length comes from
-        ``lens_host``, the lengths' host values (no host synchronisation).
-        """
+    def _mapping_for(self, translate: bool) -> torch.Tensor | None:
         mapping = self.mapping if translate else None
         if translate and mapping is None:
             raise ValueError(
                 "the resolved SWA pool has no full_to_swa_index_mapping: register the SWA "
                 "allocator's mapping (register_mapping) before the first step"
             )
+        return mapping
+
+    @staticmethod
+    def _index_count(lens_host, window_left: int, extend: bool) -> int:
+        """The CSR length of a step's windows from the lengths' host values (no device read)."""
+        if lens_host and min(lens_host) < 0:
+            raise ValueError(f"the step's {'prefix' if extend else 'sequence'} lengths must be >= 0, got {min(lens_host)}")
+        if window_left < 0:
+            return sum(lens_host)
+        keys = window_keys(window_left, extend=extend)
+        return sum(n if n < keys else keys for n in lens_host)
+
+    def _step_indices(self, req_pool_indices, lens, lens_host, *, extend: bool, debug: bool) -> tuple:
+        """The eager step's ``(full, sliding)`` indices (sliding None without sliding layers). Pages of
+        one token: both CSR lists in one launch, through the plan of the latest step of its kind (the
+        inputs' kinds checked once, then compared); the debug guard's path builds each with the public
+        :func:`~triton_swa.ops.indices.build_window_indices`."""
+        w = self.sliding_window_size
+        translate = self.use_sliding_window_kv_pool
+        if self.page_size > 1 or debug:
+            full = self._indices(req_pool_indices, lens, lens_host, window_left=-1, extend=extend, translate=False)
+            sliding = None
+            if w >= 0:
+                sliding = self._indices(req_pool_indices, lens, lens_host, window_left=w, extend=extend, translate=translate)
+            return full, sliding
+        mapping = self._mapping_for(translate)
+        num_full = self._index_count(lens_host, -1, extend)
+        num_window = self._index_count(lens_host, w, extend) if w >= 0 else None
+        plan = self._window_plans.get(extend)
+        built = None if plan is None else plan.run(self.req_to_token, req_pool_indices, lens, mapping, num_full, num_window)
+        if built is None:
+            plan = _window_lists_plan(self.req_to_token, req_pool_indices, lens, window_left=w, extend=extend, mapping=mapping)
+            self._window_plans[extend] = plan
+            built = plan.run(self.req_to_token, req_pool_indices, lens, mapping, num_full, num_window)
+        full, window = built
+        full = self._layer_indices(full.kv_indptr, full.kv_indices, None, full.window_starts, lens, -1, extend, False)
+        if window is not None:
+            window = self._layer_indices(window.kv_indptr, window.kv_indices, None, window.window_starts, lens, w, extend, translate)
+        return full, window
+
+    def _indices(self, req_pool_indices, lens, lens_host=None, *, window_left, extend, translate, out=None):
+        """One fused launch: every request's window (SWA slots or pages when ``translate``).
+
+        ``out`` holds the fixed buffers of a CUDA graph; otherwise the CSR length comes from
+        ``lens_host``, the lengths' host values (no host synchronisation).
+        """
+        mapping = self._mapping_for(translate)
         max_ctx = self.req_to_token.shape[1]
         prefix_lens = lens if extend else None
         if self.page_size == 1:
-            num_indices = None
-            if out is None:
-                # host values: the CSR length without a device read
-                if lens_host and min(lens_host) < 0:
-                    raise ValueError(f"the step's {'prefix' if extend else 'sequence'} lengths must be >= 0, got {min(lens_host)}")
-                if window_left < 0:
-                    num_indices = sum(lens_host)
-                else:
-                    keys = window_keys(window_left, extend=extend)
-                    num_indices = sum(n if n < keys else keys for n in lens_host)
-            built = None
-            if out is None and not debug_enabled(None):
-                # the build of a kind of step checked once: later steps of the kind compare its kinds
-                plan = self._window_plans.get((window_left, extend))
-                built = None if plan is None else plan.run(self.req_to_token, req_pool_indices, lens, mapping, num_indices)
-                if built is None:
-                    plan = _window_list_plan(
-                        self.req_to_token, req_pool_indices, lens, window_left=window_left, extend=extend, mapping=mapping
-                    )
-                    self._window_plans[(window_left, extend)] = plan
-                    built = plan.run(self.req_to_token, req_pool_indices, lens, mapping, num_indices)
-            if built is None:
-                built = build_window_indices(
-                    self.req_to_token,
-                    req_pool_indices,
-                    lens,
-                    window_left=window_left,
-                    prefix_lens=prefix_lens,
-                    mapping=mapping,
-                    num_indices=num_indices,
-                    out=out,
-                )
-            csr, table, starts = (built.kv_indptr, built.kv_indices), None, built.window_starts
-        else:
-            max_pages = None if out is not None else max_window_pages(window_left, self.page_size, max_ctx, extend=extend)
-            built = build_window_page_table(
+            built = build_window_indices(
                 self.req_to_token,
                 req_pool_indices,
                 lens,
                 window_left=window_left,
-                page_size=self.page_size,
                 prefix_lens=prefix_lens,
                 mapping=mapping,
-                max_pages=max_pages,
+                num_indices=None if out is not None else self._index_count(lens_host, window_left, extend),
                 out=out,
             )
-            csr, table, starts = (None, None), built.page_table, built.window_starts
+            return self._layer_indices(built.kv_indptr, built.kv_indices, None, built.window_starts, lens, window_left, extend, translate)
+        max_pages = None if out is not None else max_window_pages(window_left, self.page_size, max_ctx, extend=extend)
+        built = build_window_page_table(
+            self.req_to_token,
+            req_pool_indices,
+            lens,
+            window_left=window_left,
+            page_size=self.page_size,
+            prefix_lens=prefix_lens,
+            mapping=mapping,
+            max_pages=max_pages,
+            out=out,
+        )
+        return self._layer_indices(None, None, built.page_table, built.window_starts, lens, window_left, extend, translate)
+
+    def _layer_indices(self, kv_indptr, kv_indices, page_table, window_starts, lens, window_left, extend, translate) -> LayerIndices:
         # Splits are sized by what the layer can hold, never by this batch's buffers: decode W + 1
         # keys (req_to_token's width for full layers), extend/verify prefixes W keys. Eager metadata
         # and the CUDA-graph buffers (whose kv_indices and page tables are larger) then give the
         # kernels the same bound, the same split counts and the same bits.
-        key = (window_left, max_ctx, extend)
+        key = (window_left, extend)
         max_window = self._max_windows.get(key)
         if max_window is None:
-            max_window = self._max_windows[key] = max_window_len(window_left, max_ctx, extend=extend)
-        return LayerIndices(*csr, table, starts, lens, self.page_size, max_window, translate)
+            max_window = self._max_windows[key] = max_window_len(window_left, self.req_to_token.shape[1], extend=extend)
+        return LayerIndices(kv_indptr, kv_indices, page_table, window_starts, lens, self.page_size, max_window, translate)
 
     def _check_batch(self, fb) -> tuple[int, list | None]:
         """Check a batch on the host (shapes, dtypes, devices, CPU copies); returns its token count and
@@ -644,24 +665,17 @@ class TritonSWAAttnBackend:
             # the device contents the index builds read (rows, lengths, window slots), before any launch
             check_forward_batch(self, forward_batch)
         req = forward_batch.req_pool_indices
-        w = self.sliding_window_size
-        translate = self.use_sliding_window_kv_pool
         if mode.is_decode():
             lens = forward_batch.seq_lens
             if lens_host is None:
                 lens_host = lens.tolist()  # a host synchronisation, for a batch without seq_lens_cpu
-            full = self._indices(req, lens, lens_host, window_left=-1, extend=False, translate=False)
-            sliding = None
-            if w >= 0:
-                sliding = self._indices(req, lens, lens_host, window_left=w, extend=False, translate=translate)
+            full, sliding = self._step_indices(req, lens, lens_host, extend=False, debug=debug)
             self.forward_metadata = ForwardMetadata(mode, full, sliding, forward_batch.batch_size, num_tokens)
             return
         meta = self._extend_layout(forward_batch)
         meta.batch_size, meta.num_tokens = forward_batch.batch_size, num_tokens
         prefix, prefix_cpu = meta.prefix_lens, meta.prefix_lens_cpu.tolist()
-        meta.full = self._indices(req, prefix, prefix_cpu, window_left=-1, extend=True, translate=False)
-        if w >= 0:
-            meta.sliding = self._indices(req, prefix, prefix_cpu, window_left=w, extend=True, translate=translate)
+        meta.full, meta.sliding = self._step_indices(req, prefix, prefix_cpu, extend=True, debug=debug)
         self.forward_metadata = meta
 
     # ----- CUDA graphs ----------------------------------------------------------------------------

@@ -136,13 +136,16 @@ def test_extend_window_indices(device, seq_lens, new_tokens, window_left, page_s
         _check_csr(got, _reference(rt, rpi, seq, pre, w, m, extend=True), len(seq_lens), sliding=m is not None)
 
 
-def test_window_list_plan_builds_steps_of_its_kind(device):
-    """The backend's per-step window build (checked once per kind of step): each step of the kind
-    equals the reference (decode and extend, sliding and full, padding rows included); inputs of
-    another kind (batch size, lengths' dtype, mapping) get None and nothing launched."""
-    from triton_swa.ops.indices import _window_list_plan
+@pytest.mark.parametrize("overrides", [{}, dict(block=16, num_splits=2)], ids=["auto", "multi-block"])
+def test_window_lists_plan_builds_steps_of_its_kind(device, overrides):
+    """The backend's per-step window builds (checked once per kind of step; the full list and the
+    window's in one launch): each step of the kind equals the reference for both lists (decode and
+    extend, translated or not, full layers alone, padding rows included), and the window's list is
+    written apart from the full one; inputs of another kind (batch size, lengths' dtype, mapping) get
+    None and nothing launched."""
+    from triton_swa.ops.indices import _window_lists_plan
 
-    for extend, window_left in ((False, 5), (True, 5), (False, -1), (True, -1)):
+    for extend, window_left, mapped in ((False, 5, True), (True, 5, True), (False, 5, False), (False, -1, False), (True, -1, False)):
         plans = {}
         for step, seq_lens in enumerate(([3, 7, 37, 20], [4, 8, 38, 21], [9, 30, 3, 4])):
             state = _state(seq_lens, 5, 1, new_tokens=3 if extend else 1, seed=step)
@@ -150,19 +153,28 @@ def test_window_list_plan_builds_steps_of_its_kind(device):
             # the pool's tensors keep their kinds from step to step (as a backend's do): zero-padded
             rt = torch.nn.functional.pad(rt, (0, 64 - rt.shape[1], 0, 16 - rt.shape[0]))
             mapping = torch.nn.functional.pad(mapping, (0, 512 - mapping.shape[0]))
-            m = mapping if window_left >= 0 else None
+            m = mapping if mapped else None
             lens = pre if extend else seq
             plan = plans.get("plan") or plans.setdefault(
-                "plan", _window_list_plan(rt, rpi, lens, window_left=window_left, extend=extend, mapping=m)
+                "plan", _window_lists_plan(rt, rpi, lens, window_left=window_left, extend=extend, mapping=m, **overrides)
             )
-            n = window_index_count(seq.cpu(), window_left, pre.cpu() if extend else None)
-            got = plan.run(rt, rpi, lens, m, n)
-            want = _reference(rt, rpi, seq, pre, window_left, m, extend=extend)
-            _check_csr(got, want, len(seq_lens), sliding=m is not None)
-        assert plan.run(rt, rpi[:2], lens[:2], m, 3) is None, "another batch size"
-        assert plan.run(rt, rpi, lens.int(), m, n) is None, "lengths of another dtype"
+            host_pre = pre.cpu() if extend else None
+            n_full = window_index_count(seq.cpu(), -1, host_pre)
+            n_window = window_index_count(seq.cpu(), window_left, host_pre) if window_left >= 0 else None
+            full, window = plan.run(rt, rpi, lens, m, n_full, n_window)
+            _check_csr(full, _reference(rt, rpi, seq, pre, -1, None, extend=extend), len(seq_lens), sliding=False)
+            if window_left < 0:
+                assert window is None
+                continue
+            _check_csr(window, _reference(rt, rpi, seq, pre, window_left, m, extend=extend), len(seq_lens), sliding=mapped)
+            full_end = full.kv_indices.storage_offset() + full.kv_indices.numel()
+            assert window.kv_indptr.storage_offset() >= full_end, "the window's list overlaps the full one"
+        assert plan.run(rt, rpi[:2], lens[:2], m, 3, 3) is None, "another batch size"
+        assert plan.run(rt, rpi, lens.int(), m, n_full, n_window) is None, "lengths of another dtype"
         other = mapping if m is None else None
-        assert plan.run(rt, rpi, lens, other, n) is None, "a mapping where the plan had none, or none where it had one"
+        assert plan.run(rt, rpi, lens, other, n_full, n_window) is None, "a mapping where the plan had none, or none where it had one"
+    with pytest.raises(ValueError, match="window_left >= 0"):
+        _window_lists_plan(rt, rpi, seq, window_left=-1, extend=False, mapping=mapping)
 
 
 def test_evicted_slots_translate_to_zero(device):

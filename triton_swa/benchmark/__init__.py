@@ -132,7 +132,7 @@ def _step(args, trees) -> int:
     kw = dict(
         batches=_ints(args.batch) if args.batch else [1] if host else [1, 8, 64],
         verify_batches=_ints(args.verify_batch) if args.verify_batch else [1] if host else [1, 8],
-        rounds=args.rounds or 7,
+        rounds=args.rounds or (3 if trees else 7),
         flashinfer=not args.no_flashinfer and not host,
     )
     if host:
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--compare", action="append", default=[], metavar="[NAME=]TREE", help="another source tree's triton_swa beside this one's"
     )
-    parser.add_argument("--rounds", type=int, help="--compare: rounds alternating the trees (3); --op step: rounds per median (7)")
+    parser.add_argument("--rounds", type=int, help="--compare: rounds alternating the trees (3); --op step alone: rounds per median (7)")
     parser.add_argument("--verify-batch", help="--op step: verify batch sizes (default 1,8)")
     parser.add_argument("--no-flashinfer", action="store_true", help="--op step: leave FlashInfer's rows out")
     parser.add_argument(

@@ -12,7 +12,8 @@ lacks).
   ``--rounds`` rounds whose order of the trees alternates (drift of clocks and neighbours cancels); a
   tree's row of a case is its round of median p50. Rows: ``triton_swa`` (this tree) and
   ``triton_swa@NAME``, side by side in the table with NAME's time over this tree's in brackets.
-- Op ``step``: :func:`.step.measure` of each tree in turn, then a table of both with the ratios; rows
+- Op ``step``: :func:`.step.measure` of each tree, in ``--rounds`` rounds whose order of the trees
+  alternates, each row the median of its tree's rounds; then a table of both with the ratios; rows
   ``NAME:metric`` for the other tree.
 """
 
@@ -99,23 +100,40 @@ def _median_round(rows: list[dict]) -> dict:
 
 
 def run_step(trees, step_args: dict) -> dict:
-    """:func:`.step.measure` of every tree, each in a worker of its own: ``{name: rows}``."""
+    """:func:`.step.measure` of every tree, each run in a worker of its own, ``step_args["rounds"]``
+    times with the trees' order alternating between rounds (a cold first process, drifting clocks and
+    neighbours then weigh on every tree alike; each worker takes the median of 3 rounds): ``{name:
+    rows}``, a row's value the median of its tree's runs (n/a where any run was n/a)."""
+    import statistics
+
+    rounds = max(1, step_args.get("rounds", 3))
+    runs: dict = {name: [] for name, _ in trees}
+    for rnd in range(rounds):
+        for name, tree in trees if rnd % 2 == 0 else trees[::-1]:
+            print(f"== host cost of {name} ({tree}), round {rnd + 1}/{rounds}", flush=True)
+            cmd = [*_command(tree), "--step", json.dumps(dict(step_args, rounds=3, name=name))]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=_env(os.environ, tree), cwd=tree)
+            rows = []
+            for line in proc.stdout:
+                if line.startswith('{"event": "step"'):
+                    rows = [tuple(r) for r in json.loads(line)["rows"]]
+                elif line.startswith('{"event": "tree"'):
+                    print(f"# {name}: {json.loads(line)['triton_swa']}", flush=True)
+                else:
+                    print(line, end="", flush=True)
+            if proc.wait() != 0:
+                print(f"# {name}: the worker exited with {proc.returncode}", flush=True)
+            runs[name].append(rows)
     out = {}
-    for name, tree in trees:
-        print(f"== host cost of {name} ({tree})", flush=True)
-        cmd = [*_command(tree), "--step", json.dumps(dict(step_args, name=name))]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=_env(os.environ, tree), cwd=tree)
-        rows = []
-        for line in proc.stdout:
-            if line.startswith('{"event": "step"'):
-                rows = [tuple(r) for r in json.loads(line)["rows"]]
-            elif line.startswith('{"event": "tree"'):
-                print(f"# {name}: {json.loads(line)['triton_swa']}", flush=True)
-            else:
-                print(line, end="", flush=True)
-        if proc.wait() != 0:
-            print(f"# {name}: the worker exited with {proc.returncode}", flush=True)
-        out[name] = rows
+    for name, per_run in runs.items():
+        if not all(per_run):
+            out[name] = []  # a run that failed: the tree has no rows
+            continue
+        values: dict = {}
+        for rows in per_run:
+            for metric, batch, value in rows:
+                values.setdefault((metric, batch), []).append(value)
+        out[name] = [(m, b, float("nan") if any(v != v for v in vs) else statistics.median(vs)) for (m, b), vs in values.items()]
     return out
 
 

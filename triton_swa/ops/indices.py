@@ -76,7 +76,7 @@ class WindowPageTable(NamedTuple):
     window_starts: torch.Tensor
 
 
-@triton.jit(do_not_specialize=["shift", "capacity", "num_splits", "n_mapping"])
+@triton.jit(do_not_specialize=["shift", "capacity", "num_splits", "n_mapping", "pair_offset", "capacity2"])
 def _swa_window_indices_kernel(
     req_to_token,
     stride_rt_r,
@@ -92,12 +92,15 @@ def _swa_window_indices_kernel(
     shift,
     capacity,
     num_splits,
+    pair_offset,
+    capacity2,
     HAS_WINDOW: tl.constexpr,
     HAS_MAPPING: tl.constexpr,
     PAGE_TABLE: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    PAIRED: tl.constexpr,
 ):
     """One program per (request, split); split ``s`` walks blocks ``s, s + num_splits, ...``.
 
@@ -106,13 +109,26 @@ def _swa_window_indices_kernel(
     CSR mode writes the window's slots at ``kv_indices[offset:]``, where ``offset`` is the sum of the
     earlier requests' window lengths (computed here, so that no cumsum launch is needed).
     PAGE_TABLE mode writes the pages of the window's pages' first slots to row ``b`` and 0 after them.
+    PAIRED (CSR mode, with a window) builds two lists of the same requests in one launch, by the grid's
+    third axis: list 0 the full ``[0, len)`` of untranslated slots at ``out`` / ``indptr`` / ``starts``
+    (``capacity`` entries), list 1 the window (translated when HAS_MAPPING) ``pair_offset`` entries
+    after each of them (``capacity2`` entries).
     """
     i_b = tl.program_id(0)
     i_s = tl.program_id(1)
     row = tl.load(req_pool_indices + i_b).to(tl.int64)
     length = tl.maximum(tl.load(lens + i_b).to(tl.int64), 0)
+    if PAIRED:
+        windowed = tl.program_id(2) == 1
+        skip = tl.where(windowed, pair_offset, 0).to(tl.int64)
+        out += skip
+        indptr += skip
+        starts += skip
+        capacity = tl.where(windowed, capacity2, capacity)
     if HAS_WINDOW:
         start = tl.maximum(length - shift, 0)
+        if PAIRED:
+            start = tl.where(windowed, start, 0)
     else:
         start = length * 0
     count = length - start
@@ -132,7 +148,10 @@ def _swa_window_indices_kernel(
             o_b = b0 + tl.arange(0, BLOCK_B)
             b_len = tl.maximum(tl.load(lens + o_b, mask=o_b < i_b, other=0).to(tl.int64), 0)
             if HAS_WINDOW:
-                b_len = tl.minimum(b_len, shift)
+                if PAIRED:
+                    b_len = tl.where(windowed, tl.minimum(b_len, shift), b_len)
+                else:
+                    b_len = tl.minimum(b_len, shift)
             b_acc += b_len
         offset = tl.sum(b_acc, axis=0)
         extent = count
@@ -160,8 +179,11 @@ def _swa_window_indices_kernel(
         b_slot = tl.load(p_row + o_pos * stride_rt_t, mask=m_e, other=0).to(tl.int64)
         if HAS_MAPPING:
             # Python indexing semantics of mapping[loc]: -1 is the last element (which holds -1).
-            b_slot = tl.where(b_slot < 0, b_slot + n_mapping, b_slot)
-            b_slot = tl.load(mapping + b_slot, mask=m_e, other=0).to(tl.int64)
+            b_loc = tl.where(b_slot < 0, b_slot + n_mapping, b_slot)
+            if PAIRED:
+                b_slot = tl.where(windowed, tl.load(mapping + b_loc, mask=m_e & windowed, other=0).to(tl.int64), b_slot)
+            else:
+                b_slot = tl.load(mapping + b_loc, mask=m_e, other=0).to(tl.int64)
         # Lanes past the window loaded 0, so unused table entries get page 0 (the dummy page).
         if PAGE_TABLE and PAGE_SIZE > 1:
             b_page = b_slot // PAGE_SIZE
@@ -401,10 +423,12 @@ def _launch_window_kernel(
     _fire_window(planned, req_to_token, req_pool_indices, lens, shift, mapping, out, stride_out_b, indptr, starts, capacity)
 
 
-def _window_launch(B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device) -> tuple:
+def _window_launch(
+    B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device, paired=False
+) -> tuple:
     """``(launcher, grid, compiled kernels bound by specialisation)`` of the window kernel for a batch
     size, window extent and options (planned once, checked)."""
-    key = (B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device)
+    key = (B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device, paired)
     planned = _LAUNCHES.get(key)
     if planned is None:
         planned = _plan_window_launch(*key)
@@ -412,20 +436,29 @@ def _window_launch(B, max_extent, block, num_splits, block_reqs, has_window, has
     return planned
 
 
-def _fire_window(planned, req_to_token, req_pool_indices, lens, shift, mapping, out, stride_out_b, indptr, starts, capacity) -> None:
-    """Launch a planned window kernel on a non-empty batch."""
+def _int_class(n: int) -> tuple:
+    """What Triton specialises an unspecialised integer argument on: 1, and its width."""
+    return n == 1, n >= 2**31
+
+
+def _fire_window(
+    planned, req_to_token, req_pool_indices, lens, shift, mapping, out, stride_out_b, indptr, starts, capacity, pair_offset=0, capacity2=0
+) -> None:
+    """Launch a planned window kernel on a non-empty batch (``pair_offset`` and ``capacity2``: the
+    second list of a paired plan)."""
     launch, grid, bound = planned
     tensors = (req_to_token, req_pool_indices, lens, mapping if mapping is not None else req_to_token, out, indptr, starts)
     ptrs = [t.data_ptr() for t in tensors]
     ints = (req_to_token.stride(0), req_to_token.stride(1), mapping.numel() if mapping is not None else 0, stride_out_b, shift)
+    sizes = (capacity, pair_offset, capacity2)
     # the compiled kernel for this specialisation (the tensors' dtypes, every pointer 16-byte aligned,
-    # the fixed integers, the capacity's class), launched with addresses: the checks vouch for the
+    # the fixed integers, the sizes' classes), launched with addresses: the checks vouch for the
     # tensors' devices
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]) & 15 == 0:
-        key = (*[t.dtype for t in tensors], ints, capacity == 1, capacity % 16 == 0, capacity >= 2**31)
+        key = (*[t.dtype for t in tensors], ints, *map(_int_class, sizes))
         direct = bound.get(key)
         if direct is None:
-            direct = bound[key] = launch.bind(_window_args(tensors, ints, capacity, grid), grid) or False
+            direct = bound[key] = launch.bind(_window_args(tensors, ints, sizes, grid), grid) or False
         if direct:
             r2t, rpi, lens_p, mapping_p, out_p, indptr_p, starts_p = ptrs
             stride_r, stride_c, n_mapping, stride_out_b, shift = ints
@@ -445,16 +478,19 @@ def _fire_window(planned, req_to_token, req_pool_indices, lens, shift, mapping, 
                     shift,
                     capacity,
                     grid[1],
+                    pair_offset,
+                    capacity2,
                 )
             )
             return
-    launch(_window_args(tensors, ints, capacity, grid), grid)
+    launch(_window_args(tensors, ints, sizes, grid), grid)
 
 
-def _window_args(tensors, ints, capacity, grid) -> tuple:
-    """The window kernel's arguments in order, from :func:`_launch_window_kernel`'s tensors and integers."""
+def _window_args(tensors, ints, sizes, grid) -> tuple:
+    """The window kernel's arguments in order, from :func:`_fire_window`'s tensors and integers."""
     req_to_token, req_pool_indices, lens, mapping, out, indptr, starts = tensors
     stride_r, stride_c, n_mapping, stride_out_b, shift = ints
+    capacity, pair_offset, capacity2 = sizes
     return (
         req_to_token,
         stride_r,
@@ -470,10 +506,12 @@ def _window_args(tensors, ints, capacity, grid) -> tuple:
         shift,
         capacity,
         grid[1],
+        pair_offset,
+        capacity2,
     )
 
 
-def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device):
+def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window, has_mapping, page_table, page_size, device, paired):
     """(launcher, grid, compiled kernels bound by specialisation) of the window kernel for a batch
     size, window extent and options (checked)."""
     block = _index_block(max_extent) if block is None else block
@@ -485,9 +523,15 @@ def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window
     if num_splits > 65535:
         raise ValueError(f"num_splits must be <= 65535 (grid y-limit), got {num_splits}")
     constexprs = dict(
-        HAS_WINDOW=has_window, HAS_MAPPING=has_mapping, PAGE_TABLE=page_table, PAGE_SIZE=page_size, BLOCK=block, BLOCK_B=block_reqs
+        HAS_WINDOW=has_window,
+        HAS_MAPPING=has_mapping,
+        PAGE_TABLE=page_table,
+        PAGE_SIZE=page_size,
+        BLOCK=block,
+        BLOCK_B=block_reqs,
+        PAIRED=paired,
     )
-    return launcher_for(_swa_window_indices_kernel, constexprs), (B, num_splits, 1), {}
+    return launcher_for(_swa_window_indices_kernel, constexprs), (B, num_splits, 2 if paired else 1), {}
 
 
 def _int32_parts(sizes: tuple, device) -> list:
@@ -606,43 +650,62 @@ def build_window_indices(
     return out
 
 
-class _WindowListPlan:
-    """:func:`build_window_indices` checked and planned once for a kind of inputs (the tensors' dtypes,
-    shapes, strides and devices, the window, the mapping's presence): :meth:`run` builds the lists of
-    a step of that kind, comparing only those kinds (a backend's per-step metadata). Made by
-    :func:`_window_list_plan`."""
+class _WindowListsPlan:
+    """A step's full and sliding CSR lists (:func:`build_window_indices` of ``window_left=-1`` without a
+    mapping, and of the window with the mapping) in one allocation and one launch, checked and
+    planned once for a kind of inputs (the tensors' dtypes, shapes, strides and devices, the window,
+    the mapping's presence): :meth:`run` builds the lists of a step of that kind comparing only those
+    kinds (a backend's per-step metadata). Made by :func:`_window_lists_plan`."""
 
-    __slots__ = ("_keys", "_shift", "_B", "_device", "_planned")
+    __slots__ = ("_keys", "_shift", "_B", "_device", "_planned", "_paired")
 
-    def run(self, req_to_token, req_pool_indices, lens, mapping, num_indices: int) -> WindowIndices | None:
-        """The step's lists (``num_indices`` entries, an int >= 0 the caller computed from the host
-        lengths), or None, having launched nothing, where a tensor is not of the planned kind."""
+    def run(self, req_to_token, req_pool_indices, lens, mapping, num_full: int, num_window: int | None):
+        """``(full, window)`` WindowIndices of the step (``num_full`` / ``num_window`` entries, ints >= 0
+        the caller computed from the host lengths; ``window`` None for a plan without a window), or None,
+        having launched nothing, where a tensor is not of the planned kind."""
         if (tensor_key(req_pool_indices), tensor_key(lens), tensor_key(req_to_token), tensor_key(mapping)) != self._keys:
             return None
         B = self._B
-        out = WindowIndices(*_int32_parts((B + 1, num_indices, B), self._device))
+        # [indptr, starts, indices] of each list: the window's are the full list's moved by one offset
+        if not self._paired:
+            parts = _int32_parts((B + 1, B, num_full), self._device)
+            window, num_window, skip = None, 0, 0
+        else:
+            parts = _int32_parts((B + 1, B, num_full, B + 1, B, num_window), self._device)
+            window = WindowIndices(parts[3], parts[5], parts[4])
+            skip = sum(-(-n // 4) * 4 for n in (B + 1, B, num_full))  # _int32_parts' offset of parts[3]
+        full = WindowIndices(parts[0], parts[2], parts[1])
         if B == 0:
-            out.kv_indptr.zero_()
-            return out
+            for built in (full, window):
+                if built is not None:
+                    built.kv_indptr.zero_()
+            return full, window
         _fire_window(
-            self._planned, req_to_token, req_pool_indices, lens, self._shift, mapping, out.kv_indices, 0, out.kv_indptr,
-            out.window_starts, num_indices,
+            self._planned, req_to_token, req_pool_indices, lens, self._shift, mapping, full.kv_indices, 0, full.kv_indptr,
+            full.window_starts, num_full, skip, num_window,
         )  # fmt: skip
-        return out
+        return full, window
 
 
-def _window_list_plan(req_to_token, req_pool_indices, lens, *, window_left: int, extend: bool, mapping) -> _WindowListPlan:
+def _window_lists_plan(
+    req_to_token, req_pool_indices, lens, *, window_left: int, extend: bool, mapping, block: int | None = None, num_splits=None
+) -> _WindowListsPlan:
     """Check :func:`build_window_indices`'s inputs (``lens``: the decode lengths, or with ``extend`` the
-    prefix lengths) as it does, raising as it would, and plan their launch."""
+    prefix lengths) as it does, raising as it would, and plan the launch building the full list and,
+    for ``window_left >= 0``, the window's (translated by ``mapping`` when given); ``block`` and
+    ``num_splits`` override the heuristics as there."""
     prefix = lens if extend else None
     B = _check_window_inputs(req_to_token, req_pool_indices, lens, prefix, window_left, mapping, None)
+    if window_left < 0 and mapping is not None:
+        raise ValueError("a mapping translates the window's list: give window_left >= 0 with it")
     _, shift, has_window = _mode(lens, prefix, window_left)
     device = req_to_token.device
-    plan = _WindowListPlan()
+    plan = _WindowListsPlan()
     plan._keys = (tensor_key(req_pool_indices), tensor_key(lens), tensor_key(req_to_token), tensor_key(mapping))
-    plan._shift, plan._B, plan._device = shift, B, device
-    max_extent = max_window_len(window_left, req_to_token.shape[1], extend=extend)
-    plan._planned = _window_launch(B, max_extent, None, None, None, has_window, mapping is not None, False, 1, device)
+    plan._shift, plan._B, plan._device, plan._paired = shift, B, device, has_window
+    # the full list is the longer: its extent sizes the blocks and splits of both
+    max_extent = max_window_len(-1, req_to_token.shape[1], extend=extend)
+    plan._planned = _window_launch(B, max_extent, block, num_splits, None, has_window, mapping is not None, False, 1, device, has_window)
     return plan
 
 
