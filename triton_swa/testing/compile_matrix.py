@@ -285,6 +285,11 @@ def _indices_call(kind: str, *, batch=8, context=4096, window_left=1023, page=1)
         return lambda: build_window_indices(
             rtt, rows, lens, window_left=window_left, mapping=mapping, num_indices=batch * (window_left + 1), debug=False
         )
+    if kind == "csr-pair":  # a backend's eager step: the full and sliding lists in one launch
+        from ..ops.indices import _window_lists_plan
+
+        plan = _window_lists_plan(rtt, rows, lens, window_left=window_left, extend=False, mapping=mapping)
+        return lambda: plan.run(rtt, rows, lens, mapping, batch * context, batch * (window_left + 1))
     if kind == "pages":
         return lambda: build_window_page_table(
             rtt, rows, lens, window_left=window_left, page_size=page, mapping=mapping, max_pages=64, debug=False
@@ -346,6 +351,7 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
         32, 16, 128, batch=2, new=64, prefix=512, window_left=1023, page=16, kv=torch.float8_e4m3fn, fused_store=True
     ),
     "indices-csr": lambda: _indices_call("csr"),
+    "indices-csr-pair": lambda: _indices_call("csr-pair"),
     "indices-pages": lambda: _indices_call("pages", page=16),
     "indices-loc": lambda: _indices_call("loc"),
     "indices-block-table": lambda: _indices_call("block-table"),
