@@ -112,6 +112,8 @@ def check_sm_scale(sm_scale, default: float, name: str = "sm_scale") -> float:
     """``sm_scale`` as a float (``default`` for None): a finite number > 0, or raise naming ``name``."""
     if sm_scale is None:
         return default
+    if type(sm_scale) is float and 0.0 < sm_scale < math.inf:  # the common case, at a comparison's cost
+        return sm_scale
     if not _is_number(sm_scale):
         raise TypeError(f"{name} must be a float, got {type(sm_scale).__name__}")
     if not (math.isfinite(sm_scale) and sm_scale > 0):
@@ -123,6 +125,8 @@ def check_logit_cap(logit_cap, name: str = "logit_cap") -> float:
     """``logit_cap`` as a float (None: 0): finite and >= 0, where 0 turns the soft cap off."""
     if logit_cap is None:
         return 0.0
+    if type(logit_cap) is float and 0.0 <= logit_cap < math.inf:
+        return logit_cap
     if not _is_number(logit_cap):
         raise TypeError(f"{name} must be a float (0 disables it), got {type(logit_cap).__name__}")
     if not (math.isfinite(logit_cap) and logit_cap >= 0):
@@ -165,6 +169,8 @@ def split_kv_scale(name: str, scale) -> tuple[float, torch.Tensor | None]:
     """A K/V scale on a launcher's hot path: ``(host factor, tensor read in the kernel or None)``. A
     number (or None) is checked here, on every call, by :func:`check_kv_scale`'s rule; a tensor's dtype,
     shape and device are part of the plan's signature and checked once by the plan."""
+    if scale is None:
+        return 1.0, None
     if isinstance(scale, torch.Tensor):
         return 1.0, scale
     return check_kv_scale(name, scale, None)[0], None

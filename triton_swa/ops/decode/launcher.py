@@ -27,6 +27,8 @@ the compiled kernels directly (:class:`triton_swa.runtime.launch.Launcher`).
 from __future__ import annotations
 
 import math
+from functools import reduce
+from operator import or_
 from typing import NamedTuple
 
 import torch
@@ -64,6 +66,10 @@ __all__ = ["DecodePlan", "swa_decode", "swa_decode_plan"]
 # each call leaves the counters zero. Eager calls only (a capture takes the merge kernel).
 _SEMAPHORES: dict = {}
 _PARTIALS: dict = {}
+# (stream key, programs, partials' length) -> (counters, partials' view, the buffer it views): the views
+# of a call of that size, valid while the stream's buffers are the ones they came from
+_WORKSPACE_VIEWS: dict = {}
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _stream_key(device: torch.device):
@@ -92,11 +98,16 @@ def _eager_workspace(device: torch.device, programs: int, part_numel: int) -> tu
     key = _stream_key(device)
     if key is None:
         return None
-    sem = _grown(_SEMAPHORES, key, programs, torch.int32, device, True)
-    part = _grown(_PARTIALS, key, part_numel, torch.float32, device, False)[:part_numel]
+    views = _WORKSPACE_VIEWS.get((key, programs, part_numel))
+    if views is None or views[2] is not _PARTIALS.get(key) or views[0] is not _SEMAPHORES.get(key):
+        sem = _grown(_SEMAPHORES, key, programs, torch.int32, device, True)
+        part = _grown(_PARTIALS, key, part_numel, torch.float32, device, False)
+        if len(_WORKSPACE_VIEWS) > 1024:
+            _WORKSPACE_VIEWS.clear()
+        views = _WORKSPACE_VIEWS[(key, programs, part_numel)] = (sem, part[:part_numel], part)
     if poison.poison_enabled():
-        part.fill_(math.nan)
-    return sem, part
+        views[1].fill_(math.nan)
+    return views[0], views[1]
 
 
 class _Tune(NamedTuple):
@@ -332,6 +343,8 @@ def _check_and_plan(
     kv_fp8, kv_view = kv_fp8_mode(facts, kv_dtype)
     rdna = facts.backend == "hip" and facts.warp_size == 32
     cfg = decode_block_config(D, DV, G, itemsize, interpret, facts.smem_per_program, wide_fp8_tiles=not rdna)
+    if tune is _DIRECT_DEFAULT:
+        tune = _direct_tune(k_buffer, v_buffer)
     tune = tune or _Tune()
     num_gb = triton.cdiv(G, cfg.block_g)
     programs = B * H * num_gb
@@ -431,6 +444,8 @@ def _check_and_plan(
 
 def _window_args(dummy, kv_indptr, kv_indices, page_table, window_starts, seq_lens) -> tuple:
     """The kernel's five window pointers, ``dummy`` for the form not given."""
+    if page_table is None and window_starts is None and seq_lens is None:  # CSR
+        return (dummy if kv_indptr is None else kv_indptr, dummy if kv_indices is None else kv_indices, dummy, dummy, dummy)
     return tuple(dummy if t is None else t for t in (kv_indptr, kv_indices, page_table, window_starts, seq_lens))
 
 
@@ -462,7 +477,7 @@ def _swa_decode_impl(
     logit_cap = check_logit_cap(logit_cap)
     sm_scale = check_sm_scale(sm_scale, None)
     if tune is None:
-        tune = _direct_tune(k_buffer, v_buffer)
+        tune = _DIRECT_DEFAULT  # the plan resolves it by the head dims (part of its signature)
     k_scale_f, k_scale_t = split_kv_scale("k_scale", k_scale)
     v_scale_f, v_scale_t = split_kv_scale("v_scale", v_scale)
     # the kernel takes a pointer either way (a dummy where K_SCALE_PTR / V_SCALE_PTR are off)
@@ -519,11 +534,8 @@ def _swa_decode_impl(
     if bind:
         # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched
         # with addresses (the checks vouch for their devices)
-        ptrs = [t.data_ptr() for t in tensors]
-        bits = 0
-        for p in ptrs:
-            bits |= p
-        direct = plan.direct if bits & 15 == 0 else False
+        ptrs = list(map(_DATA_PTR, tensors))
+        direct = plan.direct if reduce(or_, ptrs) & 15 == 0 else False
         if direct is None:
             merge_args = (part, sinks_arg, out, part, *plan.merge_ints)
             direct = plan.direct = _bind_pair(plan, (*tensors, *scalars, *plan.ints), merge_args)
@@ -544,6 +556,8 @@ def _swa_decode_impl(
 
 
 _IN_PLACE = _Tune(fused_merge=True)
+# a direct call without overrides: :func:`_direct_tune` of its buffers, decided by the plan
+_DIRECT_DEFAULT = object()
 _DUMMIES: dict = {}
 
 
@@ -555,33 +569,36 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return dummy
 
 
+def _in_place_dims(k_buffer, v_buffer) -> bool | None:
+    """Whether the head dims take the in-place merge by default: up to 256 (the H200's GPU time is the
+    same either way there, B 1: 8.9 us at D 128, 12.5 at D 256, and eager runs are bound by the host's
+    launches); the merge kernel for wider heads (in place cost 512-wide heads twice the GPU time: 39
+    against 18 us at B 1). None where the buffers are not tensors (the checks name them)."""
+    try:
+        return max(k_buffer.shape[-1], v_buffer.shape[-1]) <= 256
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
 def _merges_in_place(in_place_merge: bool | None, q, k_buffer, v_buffer) -> bool:
     """A plan's merge of its splits: in place (by each group's last split: one launch per run) when
-    asked, or by default for head dims up to 256 outside a CUDA-graph capture (eager runs are bound by
-    the host's launches; the H200's GPU time is the same either way there, B 1: 8.9 us at D 128, 12.5
-    at D 256); the merge kernel otherwise (in place cost 512-wide heads twice the GPU time: 39 against
-    18 us at B 1)."""
+    asked, or by default where :func:`_in_place_dims` allows it outside a CUDA-graph capture; the
+    merge kernel otherwise."""
     if in_place_merge is not None:
         if not isinstance(in_place_merge, bool):
             raise TypeError(f"in_place_merge must be a bool or None, got {type(in_place_merge).__name__}")
         return in_place_merge
-    if not isinstance(q, torch.Tensor) or not isinstance(k_buffer, torch.Tensor) or not isinstance(v_buffer, torch.Tensor):
-        return False  # the checks name it
-    if max(k_buffer.shape[-1], v_buffer.shape[-1]) > 256:
+    if not isinstance(q, torch.Tensor) or not _in_place_dims(k_buffer, v_buffer):
         return False
     return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _direct_tune(k_buffer, v_buffer) -> _Tune | None:
-    """A direct call's default merge of its splits: in place for head dims up to 256 (one launch per
-    eager call, the partials in a per-stream workspace; inside a CUDA-graph capture the merge kernel
-    runs instead), as :func:`swa_decode_plan` defaults to; the merge kernel for wider heads (see
-    :func:`_merges_in_place`)."""
-    try:
-        wide = max(k_buffer.shape[-1], v_buffer.shape[-1]) > 256
-    except (AttributeError, IndexError, TypeError):
-        return None  # the checks name it
-    return None if wide else _IN_PLACE
+    """A direct call's default merge of its splits, the rule :func:`swa_decode_plan` defaults to: in
+    place where :func:`_in_place_dims` allows it (one launch per eager call, the partials in a
+    per-stream workspace; inside a CUDA-graph capture the merge kernel runs instead), else the merge
+    kernel."""
+    return _IN_PLACE if _in_place_dims(k_buffer, v_buffer) else None
 
 
 def _bind_pair(plan: _Plan, main_args: tuple, merge_args: tuple):
