@@ -15,6 +15,9 @@
 #   bash scripts/gpu.sh demo SHA       the demo's gpu preset (needs transformers: .whl/demo)
 #   bash scripts/gpu.sh vllm SHA       the vLLM tier (tests/integration/test_vllm.py, -n 4) on vLLM 0.32's
 #                                      own classes (needs .vllm_slim: scripts/carry_vllm.sh)
+#   bash scripts/gpu.sh profile SHA    where the wide-head decodes' GPU time goes: the split sweep and the
+#                                      time by kernel (python -m triton_swa.benchmark.splits), then the default
+#                                      calls under Nsight Compute (ncu) where the machine has it
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
 #   bash scripts/gpu.sh verify SHA     tests, vllm, then the step's host cost beside .ab/before without
 #                                      FlashInfer: one call (about 500 s) carrying .whl/sglang, .vllm_slim
@@ -31,7 +34,7 @@
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|vllm|all|verify SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|vllm|profile|all|verify SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -127,6 +130,32 @@ vllm() {
   return $status
 }
 
+profile() {
+  echo "git_sha $sha" > "$out/profile-$sha.log"
+  timeout "${PROFILE_TIMEOUT_S:-240}" python3 -m triton_swa.benchmark.splits "$@" 2>&1 | tee -a "$out/profile-$sha.log"
+  command -v ncu >/dev/null || { echo "no ncu on this machine: no hardware counters"; return 0; }
+  local metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
+  metrics+=,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem
+  for case in decode-g4full-B1-L4k-W-1-D512-P1 decode-g4full-B1-L32k-W-1-D512-P1; do
+    echo "== ncu: $case (the 5 calls' kernels)"
+    timeout 120 ncu --metrics "$metrics" --kernel-name regex:"_swa_(decode|merge)_kernel" --csv --page raw \
+      python3 -m triton_swa.benchmark.splits --once "$case" > "$out/ncu-$case-$sha.csv" 2> "$out/ncu-$case-$sha.err"
+    echo "ncu exit $?"; tail -3 "$out/ncu-$case-$sha.err"
+    python3 - "$out/ncu-$case-$sha.csv" <<'PY' | tee -a "$out/profile-$sha.log"
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if len(rows) < 3:
+    print("no ncu rows"); sys.exit()
+head, rows = rows[0], rows[2:]
+keep = [i for i, h in enumerate(head) if h in ("Kernel Name", "Block Size", "Grid Size") or "__" in h]
+print(" | ".join(head[i].replace("sm__", "").replace("launch__", "") for i in keep))
+for r in rows[-4:]:
+    print(" | ".join(r[i][:24] for i in keep))
+PY
+  done
+}
+
 step_ab() {
   [ -f .ab/before/triton_swa/__init__.py ] || { echo "no .ab/before (git archive OLD | tar -x -C .ab/before)"; return 2; }
   echo "== host cost of $sha beside .ab/before"
@@ -136,7 +165,7 @@ step_ab() {
 }
 
 case "$what" in
-  tests | bench | hostcost | ab | sglang | demo | vllm) "$what" "$@" ;;
+  tests | bench | hostcost | ab | sglang | demo | vllm | profile) "$what" "$@" ;;
   verify)
     TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-290} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
     status=$?

@@ -162,3 +162,18 @@ def test_step_tables_and_rows_from_fake_timings(tmp_path):
     assert all(set(r) == set(COLUMNS) for r in rows)
     write_csv(tmp_path / "step.csv", rows)
     assert len(list(csv.DictReader((tmp_path / "step.csv").open()))) == len(FAKE)
+
+
+def test_split_sweep_cases_and_device(capsys):
+    """``python -m triton_swa.benchmark.splits``: its default cases are catalogue decode cases, an
+    unknown id is refused by name, and without CUDA it says so (exit 2); on a GPU it runs in
+    ``scripts/gpu.sh profile``."""
+    from triton_swa.benchmark import splits
+
+    assert [c.id for c in splits._cases(splits.DEFAULT_CASES)] == list(splits.DEFAULT_CASES)
+    with pytest.raises(SystemExit, match="decode-g4full-B1-L4k-W-9"):
+        splits._cases(["decode-g4full-B1-L4k-W-9"])
+    if __import__("torch").cuda.is_available():
+        pytest.skip("on a GPU the sweep runs")
+    assert splits.main(["--once", splits.DEFAULT_CASES[0]]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err

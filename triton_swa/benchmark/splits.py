@@ -1,0 +1,128 @@
+"""Where a decode case's GPU time goes: ``python -m triton_swa.benchmark.splits [--case ID ...]``.
+
+For each case (default: the 512-wide-head full-attention decodes FlashInfer wins under graph replay,
+and a wide batch beside them), on a CUDA device:
+
+- ``swa_decode`` at the heuristics' split count and at forced counts 1, 2, 4, ... (each output checked
+  against the float64 reference first, NaN-poisoned), timed by CUDA-graph replay over rotated input
+  sets, beside a read and a copy of the same bytes (the bandwidth ceiling);
+- the default's time by kernel (the split decode kernel and the merge kernel) from ``torch.profiler``.
+
+``--once CASE`` runs the default call a few times and nothing else: the target of a kernel profiler
+(``scripts/gpu.sh profile`` runs it under Nsight Compute where ``ncu`` is on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+DEFAULT_CASES = (
+    "decode-g4full-B1-L4k-W-1-D512-P1",
+    "decode-g4full-B1-L4k-W-1-D512-P16",
+    "decode-g4full-B1-L32k-W-1-D512-P1",
+    "decode-g4full-B64-L4k-W-1-D512-P1",
+)
+FORCED_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _cases(ids):
+    from .cases import catalog
+
+    every = {c.id: c for grid in ("default", "heuristics") for c in catalog(["decode"], grid=grid)}
+    missing = [i for i in ids if i not in every]
+    if missing:
+        raise SystemExit(f"unknown case ids {missing}; decode cases look like {DEFAULT_CASES[0]}")
+    return [every[i] for i in ids]
+
+
+def _call(case, x, **extra):
+    from .providers import _triton_swa
+
+    return _triton_swa(case, x, **extra)
+
+
+def _chosen_splits() -> int:
+    """The split count of the plan the latest new signature made (the decode plans' first integer)."""
+    from triton_swa.ops.decode import launcher
+
+    return list(launcher._PLANS.plans.values())[-1].ints[0]
+
+
+def _kernel_times(fn, reps: int = 50) -> dict:
+    """GPU microseconds per call of each kernel ``fn`` launches, from ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.count:
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            out[e.key[:40]] = (total / reps, e.count / reps)
+    return out
+
+
+def sweep(case) -> list[str]:
+    from .providers import _copy, _read, build, check, reference
+    from .runner import _set_bytes, _time, input_set_count
+
+    sets = [build(case, i, "cuda") for i in range(input_set_count(_set_bytes(build(case, 0, "cuda")), "cuda"))]
+    want = reference(case, sets[0])
+    kv_bytes = case.batch * case.window * case.shape.h * case.shape.d * 2 * 2
+    lines = [f"== {case.id}: {len(sets)} input sets, {kv_bytes / 1e6:.1f} MB of K/V per call"]
+    read_us = _time([_read(case, x) for x in sets], "cuda")[0][1]
+    copy_us = _time([_copy(case, x) for x in sets], "cuda")[0][1]
+    lines.append(f"read of the same bytes {read_us:.1f} us ({kv_bytes / read_us / 1e3:.0f} GB/s), copy {copy_us:.1f} us")
+    lines.append("| splits | us p50 (graph) | GB/s | over the read | max abs err |")
+    lines.append("| --- | ---: | ---: | ---: | ---: |")
+    for forced in (None, *FORCED_SPLITS):
+        extra = {} if forced is None else {"num_splits": forced}
+        err = check(case, sets[0], _call(case, sets[0], **extra), want)
+        splits = _chosen_splits() if forced is None else forced
+        if not err < 0.05:
+            lines.append(f"| {splits} | - | - | - | {err:.3g} (wrong: not timed) |")
+            continue
+        us = _time([_call(case, x, **extra) for x in sets], "cuda")[0][1]
+        label = f"{splits} (default)" if forced is None else str(splits)
+        lines.append(f"| {label} | {us:.1f} | {kv_bytes / us / 1e3:.0f} | {us / read_us:.2f}x | {err:.2g} |")
+    fns = [_call(case, x) for x in sets]
+    step = iter(range(10**9))
+    kernels = _kernel_times(lambda: fns[next(step) % len(fns)]())
+    lines.append("default, by kernel (eager, us per call): " + ", ".join(f"{k} {t:.1f} x{n:g}" for k, (t, n) in kernels.items()))
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m triton_swa.benchmark.splits", description=__doc__.split("\n")[0])
+    parser.add_argument("--case", action="append", help=f"a decode case id (default: {', '.join(DEFAULT_CASES)})")
+    parser.add_argument("--once", metavar="CASE", help="run CASE's default call 5 times, nothing else (for a kernel profiler)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    if args.once:
+        from .providers import build
+
+        (case,) = _cases([args.once])
+        x = build(case, 0, "cuda")
+        fn = _call(case, x)
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        print(f"{case.id}: {_chosen_splits()} splits")
+        return 0
+    for case in _cases(args.case or DEFAULT_CASES):
+        print("\n".join(sweep(case)), flush=True)
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
