@@ -336,6 +336,29 @@ def test_decode_merge_in_chunks(merge, device, monkeypatch):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("chunks", [2, 4])
+def test_decode_merge_kernel_in_column_chunks(chunks, device, monkeypatch):
+    """The merge kernel with each output row's columns in ``chunks`` programs (what few, wide rows get:
+    ``merge_dv_chunks``), value heads wider than the key heads, a column count that is not a power of
+    two, sinks: equal to the reference, and to the same plan merging whole rows."""
+    import triton_swa.ops.decode.launcher as decode
+    from triton_swa.runtime.plans import PlanCache
+
+    case = Case((53, 3, 26), 40, 4, 2, 32, dv=72, sinks=True, num_splits=3, block_n=16, merge="kernel")
+    b = build(case, device)
+    monkeypatch.setattr(decode, "_PLANS", PlanCache())
+    monkeypatch.setattr(decode, "merge_dv_chunks", lambda programs, dv, num_sms: 1)
+    whole = run(case, b).clone()
+    monkeypatch.setattr(decode, "_PLANS", PlanCache())
+    monkeypatch.setattr(decode, "merge_dv_chunks", lambda programs, dv, num_sms: chunks)
+    got = run(case, b)
+    assert_close(got, expected(case, b), name=case.id)
+    assert torch.equal(got, whole), "the chunked merge differs from the whole-row one"
+    plan = next(iter(decode._PLANS.plans.values()))
+    assert plan.merge.grid == (len(case.seq_lens) * case.hq, chunks, 1)
+
+
+@pytest.mark.interpreter
 def test_decode_direct_calls_merge_in_place_in_one_workspace(device, monkeypatch):
     """A direct call with splits merges them in place by default (up to head dim 256): one launch, the
     partials in a workspace kept per stream, grown for a larger batch and NaN-filled per call while

@@ -15,7 +15,7 @@ import triton.language as tl
 from ...runtime.launch import Launcher, launcher_for
 from .softmax import LOG2E, fold_sink
 
-__all__ = ["MAX_SPLITS", "MERGE_TILE", "merge_block_s", "merge_launcher", "merge_partials"]
+__all__ = ["MAX_SPLITS", "MERGE_TILE", "merge_block_s", "merge_dv_chunks", "merge_launcher", "merge_partials"]
 
 # Upper bound on splits (grid size, the merge's loop, and the partial buffers' size).
 MAX_SPLITS = 64
@@ -31,6 +31,7 @@ def merge_partials(
     i_r,
     o_hq,
     m_h,
+    dv0,
     num_splits,
     lse_offset,
     stride_or,
@@ -43,10 +44,10 @@ def merge_partials(
     HAS_SINK: tl.constexpr,
     CACHE: tl.constexpr,
 ):
-    """``out[i_r, o_hq] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + 2^sink)`` over the splits of query heads
-    ``o_hq`` (`[MERGE_G]`, int64, valid where ``m_h``) of row ``i_r``, online over chunks of
-    ``BLOCK_S`` splits."""
-    o_dv = tl.arange(0, BLOCK_DV)
+    """``out[i_r, o_hq, dv0 : dv0 + BLOCK_DV] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + 2^sink)`` over the
+    splits of query heads ``o_hq`` (`[MERGE_G]`, int64, valid where ``m_h``) of row ``i_r``, online over
+    chunks of ``BLOCK_S`` splits."""
+    o_dv = dv0 + tl.arange(0, BLOCK_DV)
     m_dv = o_dv < DV
     o_row = (i_r * HQ + o_hq) * num_splits
     m_i = tl.full([MERGE_G], float("-inf"), tl.float32)
@@ -99,9 +100,9 @@ def _swa_merge_kernel(
     HAS_SINK: tl.constexpr,
     SKIP_PADDING: tl.constexpr,
 ):
-    """One program per (row, query head). ``SKIP_PADDING`` (extend): rows outside ``[qo_indptr[0],
-    qo_indptr[B])`` (CUDA-graph padding past the requests, whose partials nobody wrote) are left as
-    they are, as without splits."""
+    """One program per (row, query head) and ``BLOCK_DV`` columns of the output (the grid's second axis).
+    ``SKIP_PADDING`` (extend): rows outside ``[qo_indptr[0], qo_indptr[B])`` (CUDA-graph padding past the
+    requests, whose partials nobody wrote) are left as they are, as without splits."""
     i_rh = tl.program_id(0)
     i_r = i_rh // HQ
     if SKIP_PADDING:
@@ -116,6 +117,7 @@ def _swa_merge_kernel(
         i_r.to(tl.int64),
         o_hq.to(tl.int64),
         o_hq < HQ,
+        tl.program_id(1) * BLOCK_DV,
         num_splits,
         lse_offset,
         stride_or,
@@ -135,12 +137,26 @@ def merge_block_s(num_splits: int, block_dv: int, heads: int = 1) -> int:
     return max(1, min(triton.next_power_of_2(num_splits), MERGE_TILE // (heads * block_dv)))
 
 
-def merge_launcher(rows: int | None, heads: int, dv: int, num_splits: int, has_sink: bool, skip_padding: bool) -> Launcher:
-    """The merge of ``num_splits`` partials per (row, head): over a fixed grid of ``rows`` (decode's
-    plans, arguments of fixed dtypes) or, with ``rows=None``, a grid given per call (extend)."""
+def merge_dv_chunks(programs: int, dv: int, num_sms: int) -> int:
+    """Column chunks of the merge's output rows (each chunk a program): more than one only where the
+    (row, head) programs leave most SMs idle and the rows are wide, down to chunks of 128 columns (the
+    H200, 512-wide heads at B 1: 32 programs took about 5 us of a 24 us decode)."""
     block_dv = triton.next_power_of_2(dv)
+    chunks = 1
+    while block_dv // chunks > 128 and programs * chunks < num_sms:
+        chunks *= 2
+    return chunks
+
+
+def merge_launcher(
+    rows: int | None, heads: int, dv: int, num_splits: int, has_sink: bool, skip_padding: bool, dv_chunks: int = 1
+) -> Launcher:
+    """The merge of ``num_splits`` partials per (row, head), each row's ``dv`` columns in ``dv_chunks``
+    programs: over a fixed grid of ``rows`` (decode's plans, arguments of fixed dtypes) or, with
+    ``rows=None``, a grid ``(rows * heads, dv_chunks, 1)`` given per call (extend)."""
+    block_dv = triton.next_power_of_2(dv) // dv_chunks
     constexprs = dict(DV=dv, BLOCK_S=merge_block_s(num_splits, block_dv), BLOCK_DV=block_dv, HAS_SINK=has_sink, SKIP_PADDING=skip_padding)
     num_warps = 4 if block_dv >= 256 else 2
     if rows is None:
         return launcher_for(_swa_merge_kernel, constexprs, num_warps)
-    return Launcher(_swa_merge_kernel, (rows * heads, 1, 1), constexprs, 4, num_warps)
+    return Launcher(_swa_merge_kernel, (rows * heads, dv_chunks, 1), constexprs, 4, num_warps)

@@ -285,6 +285,7 @@ def _swa_decode_kernel(
                     i_b,
                     (i_h * G + o_mg).to(tl.int64),
                     o_mg < G,
+                    0,
                     num_splits,
                     lse_offset,
                     stride_ob,

@@ -53,7 +53,7 @@ from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher, current_stream
 from ...runtime.plans import PlanCache, scale_key, tensor_key
-from .._common.merge import MAX_SPLITS, merge_block_s, merge_launcher
+from .._common.merge import MAX_SPLITS, merge_block_s, merge_dv_chunks, merge_launcher
 from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
@@ -430,7 +430,8 @@ def _check_and_plan(
         return Launcher(_swa_decode_kernel, (programs, num_splits, 1), constexprs, 20, num_warps, num_stages)
 
     def merge() -> Launcher:
-        return merge_launcher(B, HQ, DV, num_splits, sinks is not None, skip_padding=False)
+        chunks = merge_dv_chunks(B * HQ, DV, num_sms)
+        return merge_launcher(B, HQ, DV, num_splits, sinks is not None, skip_padding=False, dv_chunks=chunks)
 
     plan.main = main(fused)
     plan.merge = merge() if split and not fused else None
