@@ -816,3 +816,18 @@ def test_decode_plan_refuses_another_kind(device):
         plan.run(b.q, b.k, b.v, k_scale=torch.ones(1, device=device))
     with pytest.raises(ValueError, match="page_size must be 1"):
         swa_decode_plan(b.q, b.k, b.v, kv_indptr=b.kv_indptr, kv_indices=b.kv_indices, page_size=4)
+
+
+def test_decode_split_rules():
+    """The split count's rules (a host function of shapes): no split once more than half the GPU's
+    program slots are taken (512-wide heads at B 64: 256 programs on 264 slots), one wave of splits of
+    at least ``min_tokens`` keys for a small batch (512-wide heads at B 1, L 4k: 64 splits of 64 keys),
+    a long window on a half-full GPU in several waves of splits of 32 blocks, none for an empty window."""
+    from triton_swa.ops.decode.config import decode_min_split_tokens, decode_num_splits
+
+    assert decode_min_split_tokens(8, 512, 512, 2) == 64
+    assert decode_num_splits(256, 4096, 32, 132, 64, 2) == 1
+    assert decode_num_splits(264, 4096, 32, 132, 64, 2) == 1
+    assert decode_num_splits(4, 4096, 32, 132, 64, 2) == 64
+    assert decode_num_splits(132, 4096, 32, 132, 64, 2) == 4
+    assert decode_num_splits(4, 0, 32, 132, 64, 2) == 1

@@ -19,8 +19,10 @@ __all__ = [
 ]
 
 # A split reads at least this many times the bytes of the float32 partial output it writes (and the
-# merge reads back): G x Dv x 4 bytes per KV head against split_len x (D + Dv) x itemsize.
-SPLIT_READ_RATIO = 16
+# merge reads back): G x Dv x 4 bytes per KV head against split_len x (D + Dv) x itemsize. Of the
+# default and heuristics grids only 512-wide heads at B 1 reach this bound (16 kept them at 32 splits:
+# H200, L 4k, 21.3 us against 19.6 at 64 once the merge spread its columns; bench/results/profile-367054f-*).
+SPLIT_READ_RATIO = 8
 # Long windows may take up to this many waves of splits, each split still this many key blocks long:
 # more programs per SM leave fewer idle SMs in the last wave once each program's loop is long.
 MAX_WAVES = 8
@@ -145,9 +147,10 @@ def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
 
     With ``slots = num_sms * resident`` programs running at once (:func:`decode_resident_programs`):
 
-    - ``programs >= slots``: no split. The GPU is full anyway, and splits only add partials, the merge and
-      one more pipeline fill per program (H200, B 64, D 128, window 1k: 131 us unsplit
-      against 152 us in 2 splits; window 4k: 251 against 256-261 us in 2 to 4).
+    - ``programs >= slots``, or more than half of them: no split. The GPU is full anyway, and splits only
+      add partials, the merge and one more pipeline fill per program (H200, B 64, D 128, window 1k:
+      131 us unsplit against 152 us in 2 splits; window 4k: 251 against 256-261 us in 2 to 4; D 512,
+      B 64, L 4k, 256 programs on 264 slots: 498.9 us unsplit against 512.7 in 4 splits).
     - fewer programs (small batches, latency-bound): split so that one wave holds them all, and never
       into two waves of short splits (D 256, B 1: 16 splits 12.5 us, 32 splits over two waves 15 us).
       Long windows may take up to ``MAX_WAVES`` waves of splits of at least ``LONG_SPLIT_BLOCKS``
@@ -160,7 +163,7 @@ def decode_num_splits(programs: int, max_window: int, block_n: int, num_sms: int
     graph sees a fixed count.
     """
     slots = num_sms * max(1, resident)
-    if programs >= slots or max_window <= 0:
+    if 2 * programs > slots or max_window <= 0:
         return 1
     most = max(1, min(MAX_SPLITS, triton.cdiv(max_window, max(block_n, min_tokens))))
     fill = slots // max(programs, 1)
