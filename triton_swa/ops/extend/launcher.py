@@ -43,6 +43,8 @@ compiled kernels directly (:class:`triton_swa.runtime.launch.Launcher`).
 from __future__ import annotations
 
 import math
+from functools import reduce
+from operator import or_
 
 import torch
 import triton
@@ -141,6 +143,7 @@ class _StoreVariant:
 
 
 _CHECKED = PlanCache()
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _signature(
@@ -610,11 +613,8 @@ def swa_extend(
     # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched with
     # addresses (the checks vouch for their devices)
     n_ptr = 19 if inputs.scale_ptr else 17
-    ptrs = [t.data_ptr() for t in args[:n_ptr]]
-    bits = 0
-    for p in ptrs:
-        bits |= p
-    direct = plan.direct if bits & 15 == 0 else False
+    ptrs = list(map(_DATA_PTR, args[:n_ptr]))
+    direct = plan.direct if reduce(or_, ptrs) & 15 == 0 else False
     if direct is None:
         direct = plan.direct = _bind_pair(plan, args, merge_args)
     if direct:
