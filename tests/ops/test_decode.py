@@ -340,7 +340,8 @@ def test_decode_merge_in_chunks(merge, device, monkeypatch):
 def test_decode_merge_kernel_in_column_chunks(chunks, device, monkeypatch):
     """The merge kernel with each output row's columns in ``chunks`` programs (what few, wide rows get:
     ``merge_dv_chunks``), value heads wider than the key heads, a column count that is not a power of
-    two, sinks: equal to the reference, and to the same plan merging whole rows."""
+    two, sinks: equal to the reference, and close to the same plan merging whole rows (bit for bit
+    under the interpreter; a GPU's compiler may order a narrower tile's float sums differently)."""
     import triton_swa.ops.decode.launcher as decode
     from triton_swa.runtime.plans import PlanCache
 
@@ -353,7 +354,7 @@ def test_decode_merge_kernel_in_column_chunks(chunks, device, monkeypatch):
     monkeypatch.setattr(decode, "merge_dv_chunks", lambda programs, dv, num_sms: chunks)
     got = run(case, b)
     assert_close(got, expected(case, b), name=case.id)
-    assert torch.equal(got, whole), "the chunked merge differs from the whole-row one"
+    assert_close(got, whole, name="chunked merge against the whole-row merge")
     plan = next(iter(decode._PLANS.plans.values()))
     assert plan.merge.grid == (len(case.seq_lens) * case.hq, chunks, 1)
 
