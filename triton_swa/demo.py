@@ -183,16 +183,16 @@ def _legacy_backend_class():
                 return None
             return TritonSWAAttnBackend._resolve_swa_kv_pool(model_runner)
 
-        def _indices(self, req_pool_indices, lens, lens_cpu=None, *, window_left, extend, translate, out=None):
-            got = super()._indices(req_pool_indices, lens, lens_cpu, window_left=window_left, extend=extend, translate=translate, out=out)
+        def _layer_indices(self, kv_indptr, kv_indices, page_table, window_starts, lens, window_left, extend, translate):
+            # every index build of a step (eager, paired, CUDA-graph buffers) ends here
             swa = getattr(self.kv_pool, "swa_kv_pool", None)
             if window_left >= 0 and not translate and swa is not None:
                 rows = swa.k_buffer[0].shape[0]
-                if got.kv_indices is not None:
-                    got.kv_indices.clamp_(max=rows - 1)
-                if got.page_table is not None:
-                    got.page_table.clamp_(max=rows // self.page_size - 1)
-            return got
+                if kv_indices is not None:
+                    kv_indices.clamp_(max=rows - 1)
+                if page_table is not None:
+                    page_table.clamp_(max=rows // self.page_size - 1)
+            return super()._layer_indices(kv_indptr, kv_indices, page_table, window_starts, lens, window_left, extend, translate)
 
     return PreFixDraftBackend
 

@@ -36,4 +36,6 @@ def test_tiny_demo_shows_the_collapse_and_its_fix():
     for run, worker in (("policy", "target"), ("policy", "draft"), ("legacy", "target")):
         errors = result["runs"][run]["worst_error"][worker]
         assert set(errors) == {"sliding", "full"} and max(errors.values()) < 1e-4, (run, worker, errors)
-    assert result["runs"]["legacy"]["worst_error"]["draft"]["sliding"] > 0.1
+    # wrong, but by other tokens' K/V: the pre-fix backend clamps its slots to the SWA buffer (no read
+    # past it, whichever path built the step's indices), so the error stays that of real values
+    assert 0.1 < result["runs"]["legacy"]["worst_error"]["draft"]["sliding"] < 100
