@@ -142,16 +142,16 @@ profile() {
     timeout 120 ncu --metrics "$metrics" --kernel-name regex:"_swa_(decode|merge)_kernel" --csv --page raw \
       python3 -m triton_swa.benchmark.splits --once "$case" > "$out/ncu-$case-$sha.csv" 2> "$out/ncu-$case-$sha.err"
     echo "ncu exit $?"; tail -3 "$out/ncu-$case-$sha.err"
-    python3 - "$out/ncu-$case-$sha.csv" <<'PY' | tee -a "$out/profile-$sha.log"
+    python3 - "$out/ncu-$case-$sha.csv" "$metrics" <<'PY' | tee -a "$out/profile-$sha.log"
 import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 if len(rows) < 3:
     print("no ncu rows"); sys.exit()
-head, rows = rows[0], rows[2:]
-keep = [i for i, h in enumerate(head) if h in ("Kernel Name", "Block Size", "Grid Size") or "__" in h]
-print(" | ".join(head[i].replace("sm__", "").replace("launch__", "") for i in keep))
+head, units, rows = rows[0], rows[1], rows[2:]
+keep = [head.index(h) for h in ("Kernel Name", "Grid Size", "Block Size", *sys.argv[2].split(",")) if h in head]
+print(" | ".join(f"{head[i]} [{units[i]}]" if units[i] else head[i] for i in keep))
 for r in rows[-4:]:
-    print(" | ".join(r[i][:24] for i in keep))
+    print(" | ".join(r[i] for i in keep))
 PY
   done
 }
