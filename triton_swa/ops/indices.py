@@ -534,13 +534,18 @@ def _plan_window_launch(B, max_extent, block, num_splits, block_reqs, has_window
     return launcher_for(_swa_window_indices_kernel, constexprs), (B, num_splits, 2 if paired else 1), {}
 
 
+def _part_words(n: int) -> int:
+    """The int32 words one of :func:`_int32_parts`' parts of ``n`` entries takes: a 16-byte multiple."""
+    return -(-n // 4) * 4
+
+
 def _int32_parts(sizes: tuple, device) -> list:
     """Contiguous int32 tensors of ``sizes``, views of one allocation (one allocator call per build
     instead of one per tensor), each starting 16-byte aligned as the kernels' direct launches want."""
     starts, total = [], 0
     for n in sizes:
         starts.append(total)
-        total += -(-n // 4) * 4
+        total += _part_words(n)
     buf = poison.empty(max(total, 1), dtype=torch.int32, device=device)
     # as_strided: one view each at about half the host cost of slicing
     return [buf.as_strided((n,), (1,), a) for a, n in zip(starts, sizes)]
@@ -673,7 +678,7 @@ class _WindowListsPlan:
         else:
             parts = _int32_parts((B + 1, B, num_full, B + 1, B, num_window), self._device)
             window = WindowIndices(parts[3], parts[5], parts[4])
-            skip = sum(-(-n // 4) * 4 for n in (B + 1, B, num_full))  # _int32_parts' offset of parts[3]
+            skip = _part_words(B + 1) + _part_words(B) + _part_words(num_full)  # where parts[3] starts
         full = WindowIndices(parts[0], parts[2], parts[1])
         if B == 0:
             for built in (full, window):
