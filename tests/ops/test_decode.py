@@ -364,11 +364,12 @@ def test_decode_direct_calls_merge_in_place_in_one_workspace(device, monkeypatch
     """A direct call with splits merges them in place by default (up to head dim 256): one launch, the
     partials in a workspace kept per stream, grown for a larger batch and NaN-filled per call while
     poisoning is on (so a split left unwritten still shows); 512-wide heads keep the merge kernel."""
+    import triton_swa.ops._common.workspace as workspace
     import triton_swa.ops.decode.launcher as decode
     from triton_swa.runtime.plans import PlanCache
 
     monkeypatch.setattr(decode, "_PLANS", PlanCache())
-    monkeypatch.setattr(decode, "_PARTIALS", {})
+    monkeypatch.setattr(workspace, "_STREAMS", {})
     small = Case((31, 9), 12, 4, 2, 16, dtype=torch.float16, num_splits=3, block_n=16)
     large = replace(small, seq_lens=(40, 3, 17, 29))
     for case, seed in ((small, 1), (large, 2), (small, 3)):
@@ -376,8 +377,8 @@ def test_decode_direct_calls_merge_in_place_in_one_workspace(device, monkeypatch
         assert_close(run(case, b), expected(case, b), name=case.id)
     plans = list(decode._PLANS.values())
     assert plans and all(p.fused and p.merge is None for p in plans)
-    (workspace,) = decode._PARTIALS.values()  # one stream, one buffer, big enough for the larger batch
-    assert workspace.numel() >= max(p.part_numel for p in plans)
+    (stream,) = workspace._STREAMS.values()  # one stream, one buffer, big enough for the larger batch
+    assert stream.partials.numel() >= max(p.part_numel for p in plans)
     _assert_counters_reset()
     wide = Case((20, 7), 12, 2, 1, 512, dtype=torch.float16, num_splits=2, block_n=16)
     b = build(wide, device, seed=4)
@@ -387,10 +388,10 @@ def test_decode_direct_calls_merge_in_place_in_one_workspace(device, monkeypatch
 
 def _assert_counters_reset():
     """Every call leaves the fused merge's counters at zero (the next call counts from there)."""
-    import triton_swa.ops.decode.launcher as decode
+    import triton_swa.ops._common.workspace as workspace
 
-    for device, counters in decode._SEMAPHORES.items():
-        assert int(counters.abs().sum()) == 0, f"merge counters on {device} not reset"
+    for stream, ws in workspace._STREAMS.items():
+        assert int(ws.counters.abs().sum()) == 0, f"merge counters of {stream} not reset"
 
 
 @pytest.mark.interpreter

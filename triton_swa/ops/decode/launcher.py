@@ -51,63 +51,15 @@ from ...runtime.checks import (
 )
 from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
-from ...runtime.launch import Launcher, current_stream
+from ...runtime.launch import Launcher
 from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_block_s, merge_dv_chunks, merge_launcher
+from .._common.workspace import eager_workspace
 from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
 from .kernel import _swa_decode_kernel
 
 __all__ = ["DecodePlan", "swa_decode", "swa_decode_plan"]
-
-
-# An eager call's in-place merge: its zeroed int32 counters (one per split-kernel program) and its
-# float32 split partials, per (device, stream), so that calls on concurrent streams never share them;
-# each call leaves the counters zero. Eager calls only (a capture takes the merge kernel).
-_SEMAPHORES: dict = {}
-_PARTIALS: dict = {}
-# (stream key, programs, partials' length) -> (counters, partials' view, the buffer it views): the views
-# of a call of that size, valid while the stream's buffers are the ones they came from
-_WORKSPACE_VIEWS: dict = {}
-_DATA_PTR = torch.Tensor.data_ptr
-
-
-def _stream_key(device: torch.device):
-    """(device, current stream) of an eager call, or None inside a CUDA-graph capture (a graph uses the
-    merge kernel: buffers shared by graphs replayed on several streams could collide)."""
-    if device.type != "cuda":
-        return (device, 0)
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    return (device, current_stream(device.index))
-
-
-def _grown(cache: dict, key, n: int, dtype: torch.dtype, device: torch.device, zero: bool) -> torch.Tensor:
-    buf = cache.get(key)
-    if buf is None or buf.numel() < n:
-        size = max(1024, triton.next_power_of_2(n))
-        buf = torch.zeros(size, dtype=dtype, device=device) if zero else torch.empty(size, dtype=dtype, device=device)
-        cache[key] = buf
-    return buf
-
-
-def _eager_workspace(device: torch.device, programs: int, part_numel: int) -> tuple | None:
-    """(counters, partials) of an eager in-place-merged call on the current stream (the partials a
-    view of a buffer kept per stream and grown as needed: no allocation per call; NaN-filled when
-    poisoning is on, as a fresh allocation would be), or None inside a CUDA-graph capture."""
-    key = _stream_key(device)
-    if key is None:
-        return None
-    views = _WORKSPACE_VIEWS.get((key, programs, part_numel))
-    if views is None or views[2] is not _PARTIALS.get(key) or views[0] is not _SEMAPHORES.get(key):
-        sem = _grown(_SEMAPHORES, key, programs, torch.int32, device, True)
-        part = _grown(_PARTIALS, key, part_numel, torch.float32, device, False)
-        if len(_WORKSPACE_VIEWS) > 1024:
-            _WORKSPACE_VIEWS.clear()
-        views = _WORKSPACE_VIEWS[(key, programs, part_numel)] = (sem, part[:part_numel], part)
-    if poison.poison_enabled():
-        views[1].fill_(math.nan)
-    return views[0], views[1]
 
 
 class _Tune(NamedTuple):
@@ -181,21 +133,33 @@ def _signature(
         indices = tensor_key(kv_indices)
     else:
         indices = (kv_indices.dtype, kv_indices.dim(), kv_indices.is_contiguous(), kv_indices.device)
+    if page_table is None and window_starts is None and seq_lens is None:
+        paged = None
+    else:
+        paged = (tensor_key(page_table), tensor_key(window_starts), tensor_key(seq_lens))
+    # one flat tuple, the three tensors every call has inline: the key is built and hashed per call
     return (
-        tensor_key(q),
-        tensor_key(k_buffer),
-        tensor_key(v_buffer),
-        tensor_key(kv_indptr),
+        q.dtype,
+        q.shape,
+        q.stride(),
+        q.device,
+        k_buffer.dtype,
+        k_buffer.shape,
+        k_buffer.stride(),
+        k_buffer.device,
+        v_buffer.dtype,
+        v_buffer.shape,
+        v_buffer.stride(),
+        v_buffer.device,
+        None if kv_indptr is None else tensor_key(kv_indptr),
         indices,
-        tensor_key(page_table),
-        tensor_key(window_starts),
-        tensor_key(seq_lens),
-        tensor_key(sinks),
-        tensor_key(out),
-        scale_key(k_scale),
-        scale_key(v_scale),
+        paged,
+        None if sinks is None else tensor_key(sinks),
+        None if out is None else tensor_key(out),
+        None if k_scale is None else scale_key(k_scale),
+        None if v_scale is None else scale_key(v_scale),
         softcap,
-        None if new_kv is None else tuple(tensor_key(t) for t in new_kv),
+        None if new_kv is None else tuple(map(tensor_key, new_kv)),
         type(page_size),
         page_size,
         type(max_window),
@@ -444,9 +408,7 @@ def _check_and_plan(
 
 
 def _window_args(dummy, kv_indptr, kv_indices, page_table, window_starts, seq_lens) -> tuple:
-    """The kernel's five window pointers, ``dummy`` for the form not given."""
-    if page_table is None and window_starts is None and seq_lens is None:  # CSR
-        return (dummy if kv_indptr is None else kv_indptr, dummy if kv_indices is None else kv_indices, dummy, dummy, dummy)
+    """The kernel's five window pointers, ``dummy`` for those not given."""
     return tuple(dummy if t is None else t for t in (kv_indptr, kv_indices, page_table, window_starts, seq_lens))
 
 
@@ -454,7 +416,6 @@ def _swa_decode_impl(
     q,
     k_buffer,
     v_buffer,
-    *,
     kv_indptr=None,
     kv_indices=None,
     page_table=None,
@@ -481,9 +442,6 @@ def _swa_decode_impl(
         tune = _DIRECT_DEFAULT  # the plan resolves it by the head dims (part of its signature)
     k_scale_f, k_scale_t = split_kv_scale("k_scale", k_scale)
     v_scale_f, v_scale_t = split_kv_scale("v_scale", v_scale)
-    # the kernel takes a pointer either way (a dummy where K_SCALE_PTR / V_SCALE_PTR are off)
-    k_scale_t = q if k_scale_t is None else k_scale_t
-    v_scale_t = q if v_scale_t is None else v_scale_t
     args = (
         q,
         k_buffer,
@@ -512,48 +470,76 @@ def _swa_decode_impl(
         return out
     if plan.kv_view is not None:
         k_buffer, v_buffer = k_buffer.view(plan.kv_view), v_buffer.view(plan.kv_view)
-    scale = plan.default_scale if sm_scale is None else sm_scale
+    scalars = (plan.default_scale * k_scale_f if sm_scale is None else sm_scale * k_scale_f, v_scale_f, float(logit_cap), k_scale_f)
 
     main, merge = plan.main, plan.merge
     part = sem = q
-    bind = True  # launch the signature's compiled kernels directly where the pointers allow
+    workspace = None
     if plan.fused:
-        eager = _eager_workspace(q.device, plan.programs, plan.part_numel)
-        if eager is None:  # inside a CUDA-graph capture: the merge kernel (compiled at the first bind)
+        workspace = eager_workspace(q.device, plan.programs, plan.part_numel)
+        if workspace is None:  # inside a CUDA-graph capture: the merge kernel (compiled at the first bind)
             main, merge = plan.fallback
-            bind = False
             part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device)
         else:
-            sem, part = eager
+            sem, part = workspace[0], workspace[1]
     elif plan.split:
         part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device)
-    windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
-    sinks_arg = q if sinks is None else sinks
-    scalars = (scale * k_scale_f, v_scale_f, float(logit_cap), k_scale_f)
-    # no fused store: q stands in for its six pointers
-    tensors = (q, k_buffer, v_buffer, out, part, sem, *windows, sinks_arg, k_scale_t, v_scale_t, q, q, q, q, q, q)
-    if bind:
+    direct = plan.direct
+    if direct is not False and (workspace is not None or not plan.fused):
         # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched
-        # with addresses (the checks vouch for their devices)
-        ptrs = list(map(_DATA_PTR, tensors))
-        direct = plan.direct if reduce(or_, ptrs) & 15 == 0 else False
-        if direct is None:
-            merge_args = (part, sinks_arg, out, part, *plan.merge_ints)
-            direct = plan.direct = _bind_pair(plan, (*tensors, *scalars, *plan.ints), merge_args)
-            if direct and plan.fallback is not None:
-                # a later capture's kernels (FUSED_MERGE off, then the merge), compiled and loaded now:
-                # nothing compiles inside the capture
-                plan.fallback[0].bind((*tensors, *scalars, *plan.ints))
-                plan.fallback[1].bind(merge_args)
-        if direct:
-            direct[0]((*ptrs, *scalars, *plan.ints))
-            if direct[1] is not None:
-                direct[1]((ptrs[4], ptrs[11], ptrs[3], ptrs[4], *plan.merge_ints))
-            return out
+        # with addresses (the checks vouch for their devices); q stands in for the pointers the kernel
+        # does not read (absent windows, sinks, scales, the fused store's six)
+        qp = q.data_ptr()
+        ptrs = (
+            qp,
+            k_buffer.data_ptr(),
+            v_buffer.data_ptr(),
+            out.data_ptr(),
+            qp if part is q else workspace[3] if workspace is not None else part.data_ptr(),
+            qp if workspace is None else workspace[2],
+            qp if kv_indptr is None else kv_indptr.data_ptr(),
+            qp if kv_indices is None else kv_indices.data_ptr(),
+            qp if page_table is None else page_table.data_ptr(),
+            qp if window_starts is None else window_starts.data_ptr(),
+            qp if seq_lens is None else seq_lens.data_ptr(),
+            qp if sinks is None else sinks.data_ptr(),
+            qp if k_scale_t is None else k_scale_t.data_ptr(),
+            qp if v_scale_t is None else v_scale_t.data_ptr(),
+        )
+        if reduce(or_, ptrs) & 15 == 0:
+            if direct is None:
+                direct = _bind_direct(plan, q, k_buffer, v_buffer, out, part, sem, k_scale_t, v_scale_t, scalars, args)
+            if direct:
+                direct[0]((*ptrs, qp, qp, qp, qp, qp, qp, *scalars, *plan.ints))
+                if direct[1] is not None:
+                    direct[1]((ptrs[4], ptrs[11], ptrs[3], ptrs[4], *plan.merge_ints))
+                return out
+    tensors = _kernel_tensors(q, k_buffer, v_buffer, out, part, sem, k_scale_t, v_scale_t, args)
     main((*tensors, *scalars, *plan.ints))
     if merge is not None:
-        merge((part, sinks_arg, out, part, *plan.merge_ints))
+        merge((part, tensors[11], out, part, *plan.merge_ints))
     return out
+
+
+def _kernel_tensors(q, k_buffer, v_buffer, out, part, sem, k_scale_t, v_scale_t, args) -> tuple:
+    """The decode kernel's pointer arguments as tensors (``args``: the call's, for its windows and
+    sinks), ``q`` standing in for those it does not read (the fused store's six among them)."""
+    kv_indptr, kv_indices, page_table, window_starts, seq_lens, sinks = (*args[3:8], args[9])
+    windows = _window_args(q, kv_indptr, kv_indices, page_table, window_starts, seq_lens)
+    pick = lambda t: q if t is None else t
+    return (q, k_buffer, v_buffer, out, part, sem, *windows, pick(sinks), pick(k_scale_t), pick(v_scale_t), q, q, q, q, q, q)
+
+
+def _bind_direct(plan: _Plan, q, k_buffer, v_buffer, out, part, sem, k_scale_t, v_scale_t, scalars, args):
+    """A plan's kernels for ``swa_decode``'s own calls, compiled at its first aligned eager call (and,
+    where it merges in place, the kernels a later capture takes, so nothing compiles inside one)."""
+    tensors = _kernel_tensors(q, k_buffer, v_buffer, out, part, sem, k_scale_t, v_scale_t, args)
+    merge_args = (part, tensors[11], out, part, *plan.merge_ints)
+    direct = plan.direct = _bind_pair(plan, (*tensors, *scalars, *plan.ints), merge_args)
+    if direct and plan.fallback is not None:
+        plan.fallback[0].bind((*tensors, *scalars, *plan.ints))
+        plan.fallback[1].bind(merge_args)
+    return direct
 
 
 _IN_PLACE = _Tune(fused_merge=True)
@@ -683,25 +669,9 @@ def swa_decode(
             windows.
     """
     return _swa_decode_impl(
-        q,
-        k_buffer,
-        v_buffer,
-        kv_indptr=kv_indptr,
-        kv_indices=kv_indices,
-        page_table=page_table,
-        window_starts=window_starts,
-        seq_lens=seq_lens,
-        page_size=page_size,
-        sm_scale=sm_scale,
-        logit_cap=logit_cap,
-        sinks=sinks,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        out=out,
-        max_window=max_window,
-        num_splits=num_splits,
-        block_n=block_n,
-    )
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, page_table, window_starts, seq_lens, page_size, sm_scale, logit_cap, sinks,
+        k_scale, v_scale, out, max_window, num_splits, block_n,
+    )  # fmt: skip
 
 
 class DecodePlan:
