@@ -69,6 +69,7 @@ from ...runtime.guard import check_swa_extend, guarded
 from ...runtime.launch import launcher_for
 from ...runtime.plans import PlanCache, scale_key, tensor_key
 from .._common.merge import MAX_SPLITS, merge_launcher
+from .._common.workspace import eager_workspace
 from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
 from .kernel import _swa_extend_kernel
@@ -173,26 +174,49 @@ def _signature(
     softcap,
 ) -> tuple:
     """What the checks depend on: every tensor's dtype, shape, strides and device, and the options'
-    types and values. (Scalars' values are checked on every call; scale tensors enter by kind.)"""
+    types and values. (Scalars' values are checked on every call; scale tensors enter by kind.) One
+    flat tuple, the seven tensors every call has inline: the key is built and hashed per call."""
+    if custom_mask is None and mask_indptr is None and q_positions is None:
+        draft = None
+    else:
+        draft = (tensor_key(custom_mask), tensor_key(mask_indptr), tensor_key(q_positions))
     return (
-        tensor_key(q),
-        tensor_key(k),
-        tensor_key(v),
-        tensor_key(k_buffer),
-        tensor_key(v_buffer),
-        tensor_key(qo_indptr),
-        tensor_key(prefix_lens),
-        tensor_key(kv_indptr),
-        tensor_key(kv_indices),
-        tensor_key(page_table),
-        tensor_key(window_starts),
-        tensor_key(custom_mask),
-        tensor_key(mask_indptr),
-        tensor_key(q_positions),
-        tensor_key(sinks),
-        tensor_key(out),
-        scale_key(k_scale),
-        scale_key(v_scale),
+        q.dtype,
+        q.shape,
+        q.stride(),
+        q.device,
+        k.dtype,
+        k.shape,
+        k.stride(),
+        k.device,
+        v.dtype,
+        v.shape,
+        v.stride(),
+        v.device,
+        k_buffer.dtype,
+        k_buffer.shape,
+        k_buffer.stride(),
+        k_buffer.device,
+        v_buffer.dtype,
+        v_buffer.shape,
+        v_buffer.stride(),
+        v_buffer.device,
+        qo_indptr.dtype,
+        qo_indptr.shape,
+        qo_indptr.stride(),
+        qo_indptr.device,
+        prefix_lens.dtype,
+        prefix_lens.shape,
+        prefix_lens.stride(),
+        prefix_lens.device,
+        None if kv_indptr is None else tensor_key(kv_indptr),
+        None if kv_indices is None else tensor_key(kv_indices),
+        None if page_table is None and window_starts is None else (tensor_key(page_table), tensor_key(window_starts)),
+        draft,
+        None if sinks is None else tensor_key(sinks),
+        None if out is None else tensor_key(out),
+        None if k_scale is None else scale_key(k_scale),
+        None if v_scale is None else scale_key(v_scale),
         type(page_size),
         page_size,
         type(causal),
@@ -591,42 +615,91 @@ def swa_extend(
     )
     inputs, plan = _checked_plan(args, max_extend_len)
 
-    dev = q.device
     if out is None:
-        out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=dev)
+        out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=q.device)
     if plan.empty:
         return out
-    k_buffer, v_buffer = _kv_views(inputs, plan, k_buffer, v_buffer)
+    if inputs.flatten_pages or plan.kv_view is not None:
+        k_buffer, v_buffer = _kv_views(inputs, plan, k_buffer, v_buffer)
     if inputs.scale_ptr:
-        ks, vs = _scale_tensors(ks, ks_t, vs, vs_t, dev)
-    part = poison.empty(plan.part_numel, dtype=torch.float32, device=dev) if plan.split else out
-    indices = _index_args(
-        inputs, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, custom_mask, mask_indptr, q_positions
-    )
-    sinks_arg = sinks if sinks is not None else q
+        ks, vs = _scale_tensors(ks, ks_t, vs, vs_t, q.device)
+    workspace = None
+    if not plan.split:
+        part = out
+    else:
+        workspace = eager_workspace(q.device, 0, plan.part_numel)
+        part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if workspace is None else workspace[1]
     scale = plan.default_scale if sm_scale is None else sm_scale
-    strides = _strides(q, k, v, k_buffer, v_buffer, out)
-    args = _kernel_args(
-        inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, logit_cap, window_left, strides
-    )
-    merge_args = _merge_args(inputs, plan, part, sinks_arg, out, qo_indptr, strides) if plan.split else None
-    # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched with
-    # addresses (the checks vouch for their devices)
-    n_ptr = 19 if inputs.scale_ptr else 17
-    ptrs = list(map(_DATA_PTR, args[:n_ptr]))
-    direct = plan.direct if reduce(or_, ptrs) & 15 == 0 else False
-    if direct is None:
-        direct = plan.direct = _bind_pair(plan, args, merge_args)
-    if direct:
-        qp = ptrs[0]
-        direct[0]((*ptrs, *args[n_ptr:-8], qp, qp, qp, qp, *args[-4:]))
-        if merge_args is not None:
-            direct[1]((ptrs[6], ptrs[16], ptrs[5], ptrs[7], *merge_args[4:]))
-        return out
+    direct = plan.direct
+    if direct is not False:
+        # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched
+        # with addresses (the checks vouch for their devices); prefix_lens and q stand in for the
+        # pointers the kernel does not read, as _index_args and _no_store give them
+        qp, op, pl = q.data_ptr(), out.data_ptr(), prefix_lens.data_ptr()
+        paged, mask = inputs.paged, inputs.has_mask
+        ptrs = (
+            qp,
+            k.data_ptr(),
+            v.data_ptr(),
+            k_buffer.data_ptr(),
+            v_buffer.data_ptr(),
+            op,
+            op if part is out else workspace[3] if workspace is not None else part.data_ptr(),
+            qo_indptr.data_ptr(),
+            pl,
+            pl if paged else kv_indptr.data_ptr(),
+            pl if paged else kv_indices.data_ptr(),
+            page_table.data_ptr() if paged else pl,
+            window_starts.data_ptr() if paged else pl,
+            custom_mask.data_ptr() if mask else pl,
+            mask_indptr.data_ptr() if mask else pl,
+            pl if q_positions is None else q_positions.data_ptr(),
+            qp if sinks is None else sinks.data_ptr(),
+            *((ks.data_ptr(), vs.data_ptr()) if inputs.scale_ptr else (ks, vs)),
+        )
+        if reduce(or_, ptrs[: 19 if inputs.scale_ptr else 17]) & 15 == 0:
+            if direct is None:
+                direct = _bind_direct(inputs, plan, args, (k_buffer, v_buffer, out, part), (ks, vs, scale, logit_cap))
+            if direct:
+                main, merge, ints, merge_ints = direct
+                main((*ptrs, scale, logit_cap, *ints, qp, qp, qp, qp, 0, 0, 0, 0))
+                if merge is not None:
+                    merge((ptrs[6], ptrs[16], op, ptrs[7], *merge_ints))
+                return out
+    args, merge_args = _launch_args(inputs, plan, args, (k_buffer, v_buffer, out, part), (ks, vs, scale, logit_cap))
     plan.launch(args, plan.grid)
     if merge_args is not None:
         plan.merge(merge_args, plan.merge_grid)
     return out
+
+
+def _launch_args(inputs: _Inputs, plan: _Plan, call: tuple, buffers: tuple, numbers: tuple) -> tuple:
+    """The kernel's and the merge's arguments as tensors and numbers (the merge's None without
+    splits): ``call`` the call's signature arguments, ``buffers`` ``(k_buffer, v_buffer, out, part)``
+    as launched (:func:`_kv_views`), ``numbers`` ``(k_scale, v_scale, sm_scale, logit_cap)``."""
+    q, k, v, _, _, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts = call[:11]
+    custom_mask, mask_indptr, q_positions, sinks = call[13:17]
+    k_buffer, v_buffer, out, part = buffers
+    indices = _index_args(
+        inputs, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, custom_mask, mask_indptr, q_positions
+    )
+    sinks_arg = sinks if sinks is not None else q
+    strides = _strides(q, k, v, k_buffer, v_buffer, out)
+    args = _kernel_args(inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, *numbers, call[20], strides)
+    merge_args = _merge_args(inputs, plan, part, sinks_arg, out, qo_indptr, strides) if plan.split else None
+    return args, merge_args
+
+
+def _bind_direct(inputs: _Inputs, plan: _Plan, call: tuple, buffers: tuple, numbers: tuple):
+    """``swa_extend``'s own kernels for a plan, compiled at its first aligned call (arguments as
+    :func:`_launch_args` takes them): ``(main, merge, the kernel's integers after the scale and cap,
+    the merge's integers)``, all fixed by the signature and the plan, or False (no direct launch)."""
+    args, merge_args = _launch_args(inputs, plan, call, buffers, numbers)
+    pair = _bind_pair(plan, args, merge_args)
+    # the kernel's arguments: 17 pointers, the two scales (pointers or numbers), scale, cap, then
+    # window_left ... stride_pt, then the fused store's eight (_no_store)
+    plan.direct = pair and (*pair, args[21:-8], merge_args[4:] if merge_args is not None else ())
+    return plan.direct
 
 
 def _bind_pair(plan: _Plan, args: tuple, merge_args: tuple | None, launch=None):
