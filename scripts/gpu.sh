@@ -15,9 +15,10 @@
 #   bash scripts/gpu.sh demo SHA       the demo's gpu preset (needs transformers: .whl/demo)
 #   bash scripts/gpu.sh vllm SHA       the vLLM tier (tests/integration/test_vllm.py, -n 4) on vLLM 0.32's
 #                                      own classes (needs .vllm_slim: scripts/carry_vllm.sh)
-#   bash scripts/gpu.sh profile SHA    where the wide-head decodes' GPU time goes: the split sweep and the
-#                                      time by kernel (python -m triton_swa.benchmark.splits), then the default
-#                                      calls under Nsight Compute (ncu) where the machine has it
+#   bash scripts/gpu.sh profile SHA    where a decode or verify case's GPU time goes (default: the wide-head
+#                                      decodes; --case ID ... for others): the split sweep and the time by kernel
+#                                      (python -m triton_swa.benchmark.splits), then each case's default calls
+#                                      under Nsight Compute (ncu) where the machine has it
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
 #   bash scripts/gpu.sh verify SHA     tests, vllm, then the step's host cost beside .ab/before without
 #                                      FlashInfer: one call (about 500 s) carrying .whl/sglang, .vllm_slim
@@ -130,16 +131,19 @@ vllm() {
   return $status
 }
 
-profile() {
+profile() {  # profile [--case ID ...]: the split sweep of those cases (default: the wide-head decodes), then ncu
   echo "git_sha $sha" > "$out/profile-$sha.log"
   timeout "${PROFILE_TIMEOUT_S:-240}" python3 -m triton_swa.benchmark.splits "$@" 2>&1 | tee -a "$out/profile-$sha.log"
   command -v ncu >/dev/null || { echo "no ncu on this machine: no hardware counters"; return 0; }
   local metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
   metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
   metrics+=,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem
-  for case in decode-g4full-B1-L4k-W-1-D512-P1 decode-g4full-B1-L32k-W-1-D512-P1; do
+  local cases=() prev=
+  for a in "$@"; do [ "$prev" = --case ] && cases+=("$a"); prev=$a; done
+  [ ${#cases[@]} -gt 0 ] || cases=(decode-g4full-B1-L4k-W-1-D512-P1 decode-g4full-B1-L32k-W-1-D512-P1)
+  for case in "${cases[@]}"; do
     echo "== ncu: $case (the 5 calls' kernels)"
-    timeout 120 ncu --metrics "$metrics" --kernel-name regex:"_swa_(decode|merge)_kernel" --csv --page raw \
+    timeout 120 ncu --metrics "$metrics" --kernel-name regex:"_swa_(decode|extend|merge)_kernel" --csv --page raw \
       python3 -m triton_swa.benchmark.splits --once "$case" > "$out/ncu-$case-$sha.csv" 2> "$out/ncu-$case-$sha.err"
     echo "ncu exit $?"; tail -3 "$out/ncu-$case-$sha.err"
     python3 - "$out/ncu-$case-$sha.csv" "$metrics" <<'PY' | tee -a "$out/profile-$sha.log"

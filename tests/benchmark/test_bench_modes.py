@@ -165,12 +165,14 @@ def test_step_tables_and_rows_from_fake_timings(tmp_path):
 
 
 def test_split_sweep_cases_and_device(capsys):
-    """``python -m triton_swa.benchmark.splits``: its default cases are catalogue decode cases, an
-    unknown id is refused by name, and without CUDA it says so (exit 2); on a GPU it runs in
-    ``scripts/gpu.sh profile``."""
+    """``python -m triton_swa.benchmark.splits``: its default cases are catalogue decode cases, verify
+    cases of the heuristics grid resolve too, an unknown id is refused by name, and without CUDA it
+    says so (exit 2); on a GPU it runs in ``scripts/gpu.sh profile``."""
     from triton_swa.benchmark import splits
 
     assert [c.id for c in splits._cases(splits.DEFAULT_CASES)] == list(splits.DEFAULT_CASES)
+    (verify,) = splits._cases(["verify-g3-B1-L8200-E8-W1023-D128-P16"])
+    assert (verify.op, verify.batch, verify.new, verify.page_size) == ("verify", 1, 8, 16)
     with pytest.raises(SystemExit, match="decode-g4full-B1-L4k-W-9"):
         splits._cases(["decode-g4full-B1-L4k-W-9"])
     if __import__("torch").cuda.is_available():

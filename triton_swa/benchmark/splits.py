@@ -1,12 +1,13 @@
-"""Where a decode case's GPU time goes: ``python -m triton_swa.benchmark.splits [--case ID ...]``.
+"""Where a decode or verify case's GPU time goes: ``python -m triton_swa.benchmark.splits [--case ID ...]``.
 
 For each case (default: the 512-wide-head full-attention decodes FlashInfer wins under graph replay,
-and a wide batch beside them), on a CUDA device:
+and a wide batch beside them; any decode or verify case of the default and heuristics grids by
+``--case``), on a CUDA device:
 
-- ``swa_decode`` at the heuristics' split count and at forced counts 1, 2, 4, ... (each output checked
-  against the float64 reference first, NaN-poisoned), timed by CUDA-graph replay over rotated input
-  sets, beside a read and a copy of the same bytes (the bandwidth ceiling);
-- the default's time by kernel (the split decode kernel and the merge kernel) from ``torch.profiler``.
+- ``swa_decode`` (``swa_extend`` for verify) at the heuristics' split count and at forced counts 1, 2,
+  4, ... (each output checked against the float64 reference first, NaN-poisoned), timed by CUDA-graph
+  replay over rotated input sets, beside a read and a copy of the same bytes (the bandwidth ceiling);
+- the default's time by kernel (the split kernel and the merge kernel) from ``torch.profiler``.
 
 ``--once CASE`` runs the default call a few times and nothing else: the target of a kernel profiler
 (``scripts/gpu.sh profile`` runs it under Nsight Compute where ``ncu`` is on the machine).
@@ -31,10 +32,10 @@ FORCED_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 def _cases(ids):
     from .cases import catalog
 
-    every = {c.id: c for grid in ("default", "heuristics") for c in catalog(["decode"], grid=grid)}
+    every = {c.id: c for grid in ("default", "heuristics") for c in catalog(["decode", "verify"], grid=grid)}
     missing = [i for i in ids if i not in every]
     if missing:
-        raise SystemExit(f"unknown case ids {missing}; decode cases look like {DEFAULT_CASES[0]}")
+        raise SystemExit(f"unknown case ids {missing}; decode and verify cases look like {DEFAULT_CASES[0]}")
     return [every[i] for i in ids]
 
 
@@ -44,11 +45,16 @@ def _call(case, x, **extra):
     return _triton_swa(case, x, **extra)
 
 
-def _chosen_splits() -> int:
-    """The split count of the plan the latest new signature made (the decode plans' first integer)."""
-    from triton_swa.ops.decode import launcher
+def _chosen_splits(case) -> int:
+    """The split count of the plan the latest new signature of ``case``'s op made (the decode plans'
+    first integer; the extend plan of the latest checked signature)."""
+    if case.op == "decode":
+        from triton_swa.ops.decode import launcher
 
-    return list(launcher._PLANS.plans.values())[-1].ints[0]
+        return list(launcher._PLANS.plans.values())[-1].ints[0]
+    from triton_swa.ops.extend import launcher
+
+    return list(list(launcher._CHECKED.plans.values())[-1].plans.values())[-1].num_splits
 
 
 def _kernel_times(fn, reps: int = 50) -> dict:
@@ -75,8 +81,8 @@ def sweep(case) -> list[str]:
 
     sets = [build(case, i, "cuda") for i in range(input_set_count(_set_bytes(build(case, 0, "cuda")), "cuda"))]
     want = reference(case, sets[0])
-    kv_bytes = case.batch * case.window * case.shape.h * case.shape.d * 2 * 2
-    lines = [f"== {case.id}: {len(sets)} input sets, {kv_bytes / 1e6:.1f} MB of K/V per call"]
+    kv_bytes = case.nbytes()
+    lines = [f"== {case.id}: {len(sets)} input sets, {kv_bytes / 1e6:.1f} MB per call (the cached K/V once, q, new K/V, out)"]
     read_us = _time([_read(case, x) for x in sets], "cuda")[0][1]
     copy_us = _time([_copy(case, x) for x in sets], "cuda")[0][1]
     lines.append(f"read of the same bytes {read_us:.1f} us ({kv_bytes / read_us / 1e3:.0f} GB/s), copy {copy_us:.1f} us")
@@ -85,7 +91,7 @@ def sweep(case) -> list[str]:
     for forced in (None, *FORCED_SPLITS):
         extra = {} if forced is None else {"num_splits": forced}
         err = check(case, sets[0], _call(case, sets[0], **extra), want)
-        splits = _chosen_splits() if forced is None else forced
+        splits = _chosen_splits(case) if forced is None else forced
         if not err < 0.05:
             lines.append(f"| {splits} | - | - | - | {err:.3g} (wrong: not timed) |")
             continue
@@ -101,7 +107,7 @@ def sweep(case) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triton_swa.benchmark.splits", description=__doc__.split("\n")[0])
-    parser.add_argument("--case", action="append", help=f"a decode case id (default: {', '.join(DEFAULT_CASES)})")
+    parser.add_argument("--case", action="append", help=f"a decode or verify case id (default: {', '.join(DEFAULT_CASES)})")
     parser.add_argument("--once", metavar="CASE", help="run CASE's default call 5 times, nothing else (for a kernel profiler)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -116,7 +122,7 @@ def main(argv=None) -> int:
         for _ in range(5):
             fn()
         torch.cuda.synchronize()
-        print(f"{case.id}: {_chosen_splits()} splits")
+        print(f"{case.id}: {_chosen_splits(case)} splits")
         return 0
     for case in _cases(args.case or DEFAULT_CASES):
         print("\n".join(sweep(case)), flush=True)
