@@ -26,6 +26,7 @@ from .ops.indices import (
     build_window_page_table,
     max_window_len,
     max_window_pages,
+    window_count_of,
 )
 from .ops.kv_store import KVStorePlan, store_kv, store_kv_plan
 from .runtime import poison
@@ -43,7 +44,6 @@ from .runtime.checks import (
 from .runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
 from .runtime.launch import current_stream
 from .runtime.plans import tensor_key
-from .runtime.window import window_keys
 
 
 def _dequantize(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
@@ -417,10 +417,7 @@ class TritonSWAAttnBackend:
         """The CSR length of a step's windows from the lengths' host values (no device read)."""
         if lens_host and min(lens_host) < 0:
             raise ValueError(f"the step's {'prefix' if extend else 'sequence'} lengths must be >= 0, got {min(lens_host)}")
-        if window_left < 0:
-            return sum(lens_host)
-        keys = window_keys(window_left, extend=extend)
-        return sum(n if n < keys else keys for n in lens_host)
+        return window_count_of(lens_host, window_left, extend)
 
     def _step_indices(self, req_pool_indices, lens, lens_host, *, extend: bool, debug: bool) -> tuple:
         """The eager step's ``(full, sliding)`` indices (sliding None without sliding layers). Pages of

@@ -24,6 +24,7 @@ from triton_swa import (
     window_index_count,
     window_page_table_from_block_table,
 )
+from triton_swa.ops.indices import window_count_of
 from triton_swa.testing import assert_close, make_pool_state
 
 pytestmark = [
@@ -459,6 +460,8 @@ def test_host_helpers():
                 spans = torch.where(lens > starts, (lens - 1) // ps + 1 - first, 0)
                 assert int(spans.max()) <= max_window_pages(W, ps, C, extend=extend)
                 assert window_index_count(lens, W, lens if extend else None) == int((lens - starts).sum())
+                # the backend's count of its host lists: the same number
+                assert window_count_of(lens.tolist(), W, extend) == int((lens - starts).sum())
 
 
 def test_bad_input_raises_before_launch(device):

@@ -315,9 +315,16 @@ def window_index_count(seq_lens, window_left: int, prefix_lens=None) -> int:
         lens = _host_lens("prefix_lens", prefix_lens, True)
         if lens.shape[0] != _host_len_count(seq_lens):
             raise ValueError(f"prefix_lens must have one entry per request ({_host_len_count(seq_lens)}), got {lens.shape[0]}")
-    if window_left >= 0:
-        lens = lens.clamp(max=window_keys(window_left, extend=prefix_lens is not None))
-    return int(lens.sum())
+    return window_count_of(lens.tolist(), window_left, extend=prefix_lens is not None)
+
+
+def window_count_of(lens: list, window_left: int, extend: bool) -> int:
+    """:func:`window_index_count` of lengths already on the host (ints, each >= 0; decode lengths, or
+    with ``extend`` the cached prefixes): a backend's step counts its own lists with it."""
+    if window_left < 0:
+        return sum(lens)
+    keys = window_keys(window_left, extend=extend)
+    return sum(n if n < keys else keys for n in lens)
 
 
 def _host_len_count(x) -> int:
