@@ -968,33 +968,6 @@ def test_extend_plan_runs_layers(case, num_splits, device):
         plan.run(args["q"], args["k"], args["v"], args["k_buffer"], args["v_buffer"], nan_out()[:, :1])
 
 
-def test_extend_plan_merges_as_direct_calls(device):
-    """A plan's splits merge in place by default (one launch per run, its own counters back at zero,
-    bit for bit the direct call's), with the merge kernel when ``in_place_merge=False``."""
-    from triton_swa import swa_extend_plan
-
-    case = Case(**VERIFY, W=40, HQ=8, H=2, sinks=True)
-    built = build(case, device, seed=5)
-    args, kw = built["args"], built["kw"]
-    opts = dict(block_m=case.bm, block_n=case.bn, num_splits=3, max_extend_len=max(case.new))
-    tensors = [args[n] for n in ("q", "k", "v", "k_buffer", "v_buffer")]
-    nan_out = lambda: torch.full(tuple(built["expected"].shape), NAN, dtype=case.dtype, device=device)
-    want = swa_extend(*args.values(), **built["index"], **kw, out=nan_out(), **opts)
-    for in_place in (None, True, False):
-        plan = swa_extend_plan(*args.values(), **built["index"], **kw, **opts, in_place_merge=in_place)
-        for _ in range(2):  # the counters left at zero by the first run
-            with _spy_launches() as grids:
-                got = plan.run(*tensors, nan_out(), sinks=kw["sinks"])
-            assert grids["main"][0][0] % 3 == 0 and len(grids["merge"]) == (in_place is False), grids
-            if in_place is False:
-                assert_close(got, want, name="merge kernel against the direct call's in-place merge")
-            else:
-                assert torch.equal(got, want)
-                assert int(plan._sem.abs().sum()) == 0
-    with pytest.raises(TypeError, match="in_place_merge must be a bool or None"):
-        swa_extend_plan(*args.values(), **built["index"], **kw, **opts, in_place_merge="yes")
-
-
 FUSED_STORE_CASES = [
     (Case(**_mix(*MIX), W=11, HQ=8, H=2), None),
     (Case(**_mix(*MIX), W=11, paged=True, ps=4, sinks=True, dtype=torch.bfloat16), None),

@@ -9,24 +9,13 @@ denominator.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from ...runtime.launch import Launcher, launcher_for
 from .softmax import LOG2E, fold_sink
 
-__all__ = [
-    "MAX_SPLITS",
-    "MERGE_TILE",
-    "buffers_merge_in_place",
-    "in_place_dims",
-    "merge_block_s",
-    "merge_dv_chunks",
-    "merge_launcher",
-    "merge_partials",
-    "plan_merges_in_place",
-]
+__all__ = ["MAX_SPLITS", "MERGE_TILE", "in_place_dims", "merge_block_s", "merge_dv_chunks", "merge_launcher", "merge_partials"]
 
 # Upper bound on splits (grid size, the merge's loop, and the partial buffers' size).
 MAX_SPLITS = 64
@@ -149,28 +138,6 @@ def in_place_dims(d: int, dv: int) -> bool:
     12.5 at D 256, and eager runs are bound by the host's launches); the merge kernel for wider heads
     (in place cost 512-wide heads twice the GPU time: 39 against 18 us at decode B 1)."""
     return max(d, dv) <= 256
-
-
-def buffers_merge_in_place(k_buffer, v_buffer) -> bool | None:
-    """:func:`in_place_dims` of the buffers' head dims; None where they are not tensors (the checks
-    name them)."""
-    try:
-        return in_place_dims(k_buffer.shape[-1], v_buffer.shape[-1])
-    except (AttributeError, IndexError, TypeError):
-        return None
-
-
-def plan_merges_in_place(in_place_merge: bool | None, q, k_buffer, v_buffer) -> bool:
-    """A plan's merge of its splits: in place (by each group's last split: one launch per run) when
-    asked, or by default where :func:`buffers_merge_in_place` allows it outside a CUDA-graph capture; the
-    merge kernel otherwise."""
-    if in_place_merge is not None:
-        if not isinstance(in_place_merge, bool):
-            raise TypeError(f"in_place_merge must be a bool or None, got {type(in_place_merge).__name__}")
-        return in_place_merge
-    if not isinstance(q, torch.Tensor) or not buffers_merge_in_place(k_buffer, v_buffer):
-        return False
-    return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def merge_block_s(num_splits: int, block_dv: int, heads: int = 1) -> int:

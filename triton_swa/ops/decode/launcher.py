@@ -53,7 +53,7 @@ from ...runtime.device import device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_decode, guarded
 from ...runtime.launch import Launcher
 from ...runtime.plans import PlanCache, scale_key, tensor_key
-from .._common.merge import MAX_SPLITS, buffers_merge_in_place, merge_block_s, merge_dv_chunks, merge_launcher, plan_merges_in_place
+from .._common.merge import MAX_SPLITS, in_place_dims, merge_block_s, merge_dv_chunks, merge_launcher
 from .._common.workspace import eager_workspace
 from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import decode_block_config, decode_fit_block_n, decode_min_split_tokens, decode_num_splits, decode_resident_programs
@@ -556,12 +556,34 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return dummy
 
 
+def _in_place_dims(k_buffer, v_buffer) -> bool | None:
+    """:func:`in_place_dims` of the buffers' head dims; None where they are not tensors (the checks
+    name them)."""
+    try:
+        return in_place_dims(k_buffer.shape[-1], v_buffer.shape[-1])
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def _merges_in_place(in_place_merge: bool | None, q, k_buffer, v_buffer) -> bool:
+    """A plan's merge of its splits: in place (by each group's last split: one launch per run) when
+    asked, or by default where :func:`_in_place_dims` allows it outside a CUDA-graph capture; the
+    merge kernel otherwise."""
+    if in_place_merge is not None:
+        if not isinstance(in_place_merge, bool):
+            raise TypeError(f"in_place_merge must be a bool or None, got {type(in_place_merge).__name__}")
+        return in_place_merge
+    if not isinstance(q, torch.Tensor) or not _in_place_dims(k_buffer, v_buffer):
+        return False
+    return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _direct_tune(k_buffer, v_buffer) -> _Tune | None:
     """A direct call's default merge of its splits, the rule :func:`swa_decode_plan` defaults to: in
-    place where :func:`buffers_merge_in_place` allows it (one launch per eager call, the partials in a
+    place where :func:`_in_place_dims` allows it (one launch per eager call, the partials in a
     per-stream workspace; inside a CUDA-graph capture the merge kernel runs instead), else the merge
     kernel."""
-    return _IN_PLACE if buffers_merge_in_place(k_buffer, v_buffer) else None
+    return _IN_PLACE if _in_place_dims(k_buffer, v_buffer) else None
 
 
 def _bind_pair(plan: _Plan, main_args: tuple, merge_args: tuple):
@@ -981,7 +1003,7 @@ def swa_decode_plan(
         num_splits,
         block_n,
         logit_cap > 0,
-        _IN_PLACE if plan_merges_in_place(in_place_merge, q, k_buffer, v_buffer) else None,
+        _IN_PLACE if _merges_in_place(in_place_merge, q, k_buffer, v_buffer) else None,
     )
     given = (store_loc, store_mapping, k_new, v_new)
     new_kv = None if all(t is None for t in given) else given

@@ -71,7 +71,7 @@ from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_extend, guarded
 from ...runtime.launch import launcher_for
 from ...runtime.plans import PlanCache, scale_key, tensor_key
-from .._common.merge import MAX_SPLITS, in_place_dims, merge_block_s, merge_launcher, plan_merges_in_place
+from .._common.merge import MAX_SPLITS, in_place_dims, merge_block_s, merge_launcher
 from .._common.workspace import eager_workspace
 from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
@@ -133,7 +133,6 @@ class _Plan:
         "direct",
         "direct_fused",
         "fused",
-        "fused_constexprs",
         "counters",
         "constexprs",
         "config",
@@ -142,8 +141,7 @@ class _Plan:
 
 
 class _StoreVariant:
-    """A plan's kernel with other constexprs (a fused K/V store of one kind, an in-place merge):
-    launcher and binding, shared by the ExtendPlans that launch it."""
+    """A plan's kernel with the fused K/V store of one kind (its constexprs): launcher and binding."""
 
     __slots__ = ("launch", "bound")
 
@@ -449,7 +447,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         MERGE_S=1,
         EDGE_IN_LOOP=edge_in_loop and plain_causal,
         UPCAST_DOT=upcast,
-        # the fused K/V store: off here (a plan with store_loc launches a variant, _plan_variant)
+        # the fused K/V store: off here (a plan with store_loc launches a variant, _store_variant)
         **NO_STORE_CONSTEXPRS,
     )
     plan.launch = launcher_for(_swa_extend_kernel, constexprs, warps, stages)
@@ -462,13 +460,11 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     plan.direct = None  # the same for swa_extend's own calls (whose unread pointers are its own)
     # swa_extend's eager calls with splits merge in place where the head dims allow it (as decode's:
     # one launch; the counters, one per tile and head pack, in the per-stream workspace)
-    # (and plans', by default: ExtendPlan)
-    plan.fused, plan.fused_constexprs, plan.counters, plan.direct_fused = None, None, 0, None
-    if plan.split:
-        plan.fused_constexprs = dict(FUSED_MERGE=True, MERGE_S=merge_block_s(num_splits, constexprs["BLOCK_DV"], gp))
+    plan.fused, plan.counters, plan.direct_fused = None, 0, None
+    if plan.split and in_place_dims(D, DV):
+        fused = dict(constexprs, FUSED_MERGE=True, MERGE_S=merge_block_s(num_splits, constexprs["BLOCK_DV"], gp))
+        plan.fused = launcher_for(_swa_extend_kernel, fused, warps, stages)
         plan.counters = plan.grid[0] // num_splits * plan.grid[1] * plan.grid[2]
-        if in_place_dims(D, DV):
-            plan.fused = launcher_for(_swa_extend_kernel, {**constexprs, **plan.fused_constexprs}, warps, stages)
     return plan
 
 
@@ -805,8 +801,7 @@ def _no_store(q) -> tuple:
     return (q, q, q, q, 0, 0, 0, 0)
 
 
-def _plan_variant(plan: _Plan, constexprs: dict) -> _StoreVariant:
-    """The plan's kernel with these constexprs changed (a fused store's, an in-place merge's)."""
+def _store_variant(plan: _Plan, constexprs: dict) -> _StoreVariant:
     key = tuple(sorted(constexprs.items()))
     variant = plan.stores.get(key)
     if variant is None:
@@ -879,9 +874,8 @@ class ExtendPlan:
     Made by :func:`swa_extend_plan`. The plan holds the step's layout and windows (``qo_indptr``,
     ``prefix_lens``, the window indices or page table, the draft mask and positions: read at each
     run), tiles, splits, grids, compiled kernels and the split-KV workspace; a run checks that its
-    tensors are the planned kind in O(1) and launches the compiled kernels directly: one launch per
-    run, or two where splits merge in the merge kernel (see ``in_place_merge``). Runs of one plan
-    share its workspace and counters: issue them in order on one stream, not concurrently.
+    tensors are the planned kind in O(1) and launches the compiled kernels directly. Runs of one
+    plan share its workspace: issue them in order on one stream, not concurrently.
     """
 
     __slots__ = (
@@ -896,33 +890,20 @@ class ExtendPlan:
         "_strides",
         "_part",
         "_part_ptr",
-        "_sem",
-        "_sem_ptr",
         "_index_ptrs",
         "_bound",
         "_store",
-        "_variant",
         "__weakref__",
     )
 
-    def __init__(
-        self, inputs: _Inputs, plan: _Plan, tensors: tuple, indices: tuple, sinks, k_scale, v_scale, floats: tuple, store=None,
-        fused: bool = False,
-    ):  # fmt: skip
+    def __init__(self, inputs: _Inputs, plan: _Plan, tensors: tuple, indices: tuple, sinks, k_scale, v_scale, floats: tuple, store=None):
         self._inputs, self._plan = inputs, plan
-        # the kernel of other constexprs than the plan's (a fused store's, an in-place merge's), or None
-        constexprs = {}
-        # the fused store: (slots, mapping, their addresses, stride_loc, n_mapping), or None
+        # the fused store: (variant, slots, mapping, their addresses, stride_loc, n_mapping), or None
         self._store = None
         if store is not None:
-            store_constexprs, loc, mapping, stride_loc, n_mapping = store
+            constexprs, loc, mapping, stride_loc, n_mapping = store
             mapping = loc if mapping is None else mapping  # a stand-in where STORE_MAPPING is off
-            self._store = (loc, mapping, loc.data_ptr(), mapping.data_ptr(), stride_loc, n_mapping)
-            constexprs.update(store_constexprs)
-        fused = fused and plan.split and not plan.empty
-        if fused:
-            constexprs.update(plan.fused_constexprs)
-        self._variant = _plan_variant(plan, constexprs) if constexprs else None
+            self._store = (_store_variant(plan, constexprs), loc, mapping, loc.data_ptr(), mapping.data_ptr(), stride_loc, n_mapping)
         self._keys = tuple(tensor_key(t) for t in tensors)  # q, k, v, k_buffer, v_buffer
         self._indices, self._sinks = indices, sinks
         self._scales = (k_scale, v_scale)
@@ -931,13 +912,10 @@ class ExtendPlan:
         q = tensors[0]
         self._part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if plan.split and not plan.empty else None
         self._part_ptr = None if self._part is None else self._part.data_ptr()
-        # the in-place merge's counters (one per tile and head pack, left at zero by every run), or None
-        self._sem = torch.zeros(plan.counters, dtype=torch.int32, device=q.device) if fused else None
-        self._sem_ptr = None if self._sem is None else self._sem.data_ptr()
         self._index_ptrs = tuple(t.data_ptr() for t in indices)
         # runs launch the compiled kernels that the plan shares (see DecodePlan), when this plan's own
         # pointers are aligned too
-        own = (*self._index_ptrs, self._part_ptr or 0, self._sem_ptr or 0)
+        own = (*self._index_ptrs, self._part_ptr or 0)
         self._bound = None if all(p & 15 == 0 for p in own) else False
         # the kernel's strides: the planned tensors', a contiguous output's
         HQ, DV = inputs.HQ, inputs.DV
@@ -993,14 +971,14 @@ class ExtendPlan:
             out = poison.empty(inputs.T, inputs.HQ, inputs.DV, dtype=q.dtype, device=q.device)
         if plan.empty:
             return out
-        store, variant = self._store, self._variant
+        store = self._store
         k_buffer, v_buffer = _kv_views(inputs, plan, k_buffer, v_buffer)
         if inputs.scale_ptr:
             ks, vs = _scale_tensors(ks, ks_t, vs, vs_t, q.device)
         sinks_arg = sinks if sinks is not None else q
         scale, cap, window_left = self._floats
         strides = self._strides
-        bound = False if self._bound is False else plan.bound if variant is None else variant.bound
+        bound = False if self._bound is False else plan.bound if store is None else store[0].bound
         if bound is not False:
             # the compiled kernels, for runs whose own pointers are 16-byte aligned (as the plan's
             # stay), launched with addresses: the checks vouch for their devices
@@ -1018,16 +996,15 @@ class ExtendPlan:
             else:
                 kst, vst = stores[0].data_ptr(), stores[1].data_ptr()
                 bits |= kst | vst
-                store_args = (kst, vst, store[2], store[3], store[4], store[5], stores[0].shape[0], stores[1].shape[0])
+                store_args = (kst, vst, store[3], store[4], store[5], store[6], stores[0].shape[0], stores[1].shape[0])
             if bits & 15 == 0:
                 if bound is None:
                     bound = self._bind(q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs, stores)
                 if bound:
                     main, merge = bound
                     part = self._part_ptr if self._part is not None else ptrs[5]
-                    sem = part if self._sem is None else self._sem_ptr
                     tail = (scale, cap, window_left, plan.num_splits, plan.lse_offset, inputs.HQ, inputs.T, *strides, inputs.stride_pt)
-                    main((*ptrs, part, sem, *self._index_ptrs, sp, *scales, *tail, *store_args))
+                    main((*ptrs, part, part, *self._index_ptrs, sp, *scales, *tail, *store_args))
                     if merge is not None:
                         qo_indptr = self._index_ptrs[0]
                         merge((part, sp, ptrs[5], qo_indptr, plan.num_splits, plan.lse_offset, *strides[-2:], inputs.HQ, inputs.B))
@@ -1035,10 +1012,10 @@ class ExtendPlan:
         part = out if self._part is None else self._part
         args = _kernel_args(
             inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, strides,
-            self._store_args(stores), self._sem,
+            self._store_args(stores),
         )  # fmt: skip
-        (plan.launch if variant is None else variant.launch)(args, plan.grid)
-        if plan.split and self._sem is None:
+        (plan.launch if store is None else store[0].launch)(args, plan.grid)
+        if plan.split:
             plan.merge(_merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], strides), plan.merge_grid)
         return out
 
@@ -1047,25 +1024,23 @@ class ExtendPlan:
         store = self._store
         if store is None:
             return None
-        return (*stores, store[0], store[1], store[4], store[5], stores[0].shape[0], stores[1].shape[0])
+        return (*stores, store[1], store[2], store[5], store[6], stores[0].shape[0], stores[1].shape[0])
 
     def _bind(self, q, k, v, k_buffer, v_buffer, out, sinks_arg, ks, vs, stores=None):
-        """(main, merge) compiled for these arguments' specialisation (merge None where the splits
-        merge in place), or False (no direct launch)."""
-        inputs, plan, variant = self._inputs, self._plan, self._variant
+        """(main, merge) compiled for these arguments' specialisation, or False (no direct launch)."""
+        inputs, plan, store = self._inputs, self._plan, self._store
         scale, cap, window_left = self._floats
         part = out if self._part is None else self._part
         args = _kernel_args(
             inputs, plan, q, k, v, k_buffer, v_buffer, out, part, self._indices, sinks_arg, ks, vs, scale, cap, window_left, self._strides,
-            self._store_args(stores), self._sem,
+            self._store_args(stores),
         )  # fmt: skip
-        split = plan.split and self._sem is None
-        merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], self._strides) if split else None
-        if variant is None:
+        merge_args = _merge_args(inputs, plan, part, sinks_arg, out, self._indices[0], self._strides) if plan.split else None
+        if store is None:
             plan.bound = _bind_pair(plan, args, merge_args)
             return plan.bound
-        variant.bound = _bind_pair(plan, args, merge_args, variant.launch)
-        return variant.bound
+        store[0].bound = _bind_pair(plan, args, merge_args, store[0].launch)
+        return store[0].bound
 
 
 @guarded(check_swa_extend)
@@ -1104,7 +1079,6 @@ def swa_extend_plan(
     num_splits: int | None = None,
     store_loc: torch.Tensor | None = None,
     store_mapping: torch.Tensor | None = None,
-    in_place_merge: bool | None = None,
 ) -> ExtendPlan:
     """Check and plan :func:`swa_extend` once, for "plan once per step, run per layer".
 
@@ -1123,12 +1097,6 @@ def swa_extend_plan(
     written (no live window holds a step's new slots; padding rows write a dummy slot no window
     reads). Needs ``[slots, H, D]`` buffers.
 
-    ``in_place_merge`` (bool | None): where the prefix is split, each tile's last split merges the
-    partials (one launch per run) instead of the merge kernel (two). None chooses as
-    :func:`swa_extend`'s own eager calls do: in place for head dims up to 256 when the plan is made
-    outside a CUDA-graph capture, the merge kernel otherwise (so a plan made eagerly and the direct
-    call agree bit for bit).
-
     Raises:
         TypeError, ValueError: as :func:`swa_extend`, and as :func:`~triton_swa.store_kv` for the
             store's arguments, before anything is launched.
@@ -1138,7 +1106,6 @@ def swa_extend_plan(
     sm_scale = check_sm_scale(sm_scale, None)
     split_kv_scale("k_scale", k_scale)
     split_kv_scale("v_scale", v_scale)
-    fused = plan_merges_in_place(in_place_merge, q, k_buffer, v_buffer)
     overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits)
     args = (
         q,
@@ -1178,4 +1145,4 @@ def swa_extend_plan(
     elif store_mapping is not None:
         raise ValueError("store_mapping needs store_loc (a fused K/V store)")
     floats = (scale, logit_cap, window_left)
-    return ExtendPlan(inputs, plan, (q, k, v, k_buffer, v_buffer), indices, sinks, k_scale, v_scale, floats, store, fused)
+    return ExtendPlan(inputs, plan, (q, k, v, k_buffer, v_buffer), indices, sinks, k_scale, v_scale, floats, store)
