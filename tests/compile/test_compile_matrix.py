@@ -52,8 +52,6 @@ def test_every_kernel_compiles_for(target):
     fused = {k: [r["variant"].split() for r in attention if r["case"].endswith("-fused-store") and r["kernel"] == k] for k in KERNELS}
     assert all(len(v) == 2 and all("STORE=True" in x for x in v) for v in fused.values()), fused
     assert any("FUSED_MERGE=True" in v for v in fused["_swa_decode_kernel"]), fused
-    # an eager split extend merges in place (a direct call of a split verify case)
-    assert any("FUSED_MERGE=True" in r["variant"].split() for r in attention if r["kernel"] == "_swa_extend_kernel")
     # ptxas keeps every extend kernel's wgmma asynchronous on Hopper (C7515 would halve its rate)
     serialised = [f"{r['case']} [{r['variant']}]" for r in results if r["wgmma_serialised"]]
     assert not serialised, serialised

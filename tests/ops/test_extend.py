@@ -414,14 +414,10 @@ def test_fully_masked_rows_are_zero(device):
     assert_close(out, built["expected"])
 
 
-@pytest.mark.parametrize("merge", ["in_place", "kernel"])
 @pytest.mark.parametrize("num_splits", [None, 2], ids=["auto", "split2"])
-def test_writes_only_request_rows(num_splits, merge, device, request):
+def test_writes_only_request_rows(num_splits, device):
     """Rows past ``qo_indptr[-1]`` (CUDA-graph padding) keep what ``out`` held, also through the
-    split path's merges, in place and by the merge kernel (whose partials for those rows nobody
-    wrote)."""
-    if merge == "kernel":
-        request.getfixturevalue("merge_kernel")
+    split path's merge (whose partials for those rows nobody wrote)."""
     case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)
     built = build(case, device)
     args = built["args"]
@@ -433,8 +429,7 @@ def test_writes_only_request_rows(num_splits, merge, device, request):
     with _spy_launches() as grids:
         swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16, num_splits=num_splits)
     if num_splits:
-        assert grids["main"][0][0] % num_splits == 0
-        assert len(grids["merge"]) == (merge == "kernel")
+        assert len(grids["merge"]) == 1
     # automatic: no split on the interpreter's 4 SMs, splits on a big GPU (two key tiles of prefix)
     assert torch.isnan(out[-pad:]).all()
     assert_close(out[:-pad], built["expected"])
@@ -668,40 +663,15 @@ def split_cases() -> list:
     return [pytest.param(c, n, id=f"{c.id}-S{n}") for c, n in cases]
 
 
-@pytest.fixture
-def merge_kernel(monkeypatch):
-    """Direct calls merge their splits with the merge kernel (as inside a CUDA-graph capture, and for
-    heads wider than 256), not in place: plans made afresh without the in-place rule."""
-    import triton_swa.ops.extend.launcher as launcher
-    from triton_swa.runtime.plans import PlanCache
-
-    monkeypatch.setattr(launcher, "in_place_dims", lambda d, dv: False)
-    monkeypatch.setattr(launcher, "_CHECKED", PlanCache())
-
-
-def _assert_counters_reset():
-    """Every in-place merge leaves its stream's counters at zero (the next call counts from there)."""
-    import triton_swa.ops._common.workspace as workspace
-
-    for stream, ws in workspace._STREAMS.items():
-        assert int(ws.counters.abs().sum()) == 0, f"merge counters of {stream} not reset"
-
-
-@pytest.mark.parametrize("merge", ["in_place", "kernel"])
 @pytest.mark.parametrize("case, num_splits", split_cases())
-def test_split_matches_reference(case, num_splits, merge, device, request):
-    """Split-KV extends, merged in place by each tile's last split (an eager call's default up to head
-    dim 256: no merge launch, the counters back at zero) or by the merge kernel."""
-    if merge == "kernel":
-        request.getfixturevalue("merge_kernel")
+def test_split_matches_reference(case, num_splits, device):
     built = build(case, device, seed=11)
     out, grids = _run_split(case, built, num_splits)
     T, HQ = built["args"]["q"].shape[:2]
     tok = case.bm // (case.pack or min(_pow2_divisor(case.HQ // case.H), case.bm))
     assert grids["main"][0][0] == -(-max(case.new) // tok) * num_splits
-    assert grids["merge"] == ([] if merge == "in_place" else [(T * HQ, 1, 1)])
-    assert_close(out, built["expected"], name=f"{case.id} num_splits={num_splits} merge={merge}")
-    _assert_counters_reset()
+    assert grids["merge"] == [(T * HQ, 1, 1)]
+    assert_close(out, built["expected"], name=f"{case.id} num_splits={num_splits}")
 
 
 def test_split_cases_walk_empty_and_full_splits():
@@ -720,7 +690,7 @@ def test_split_automatic_on_a_small_launch(device):
     bound = 128 if device == "cpu" else 2048
     out, grids = _run_split(case, built, None, max_window=bound)
     programs = grids["main"][0][0] * grids["main"][0][1] * grids["main"][0][2]
-    assert grids["merge"] == [] and programs >= 2, grids  # split, merged in place
+    assert len(grids["merge"]) == 1 and programs >= 2, grids
     assert_close(out, built["expected"], name="automatic splits")
     out, grids = _run_split(case, built, 1, max_window=bound)
     assert grids["merge"] == []
@@ -809,15 +779,15 @@ def test_split_gpu_verify(case, num_splits, device):
     bound = index["page_table"].shape[1] * case.ps if case.paged else index["kv_indices"].numel()
     want = num_splits or extend_num_splits(programs, min(bound, case.W + 1), bn, sms)
     assert grids["main"][0][0] * grids["main"][0][1] * grids["main"][0][2] == programs * want
-    assert grids["merge"] == []  # eager splits merge in place (head dims up to 256)
+    assert len(grids["merge"]) == (want > 1)
     if num_splits is None and len(case.new) == 1 and sms >= 64:
         assert want > 1, "B 1 verify must split on a big GPU"
 
 
 @pytest.mark.gpu
 def test_split_cuda_graph_replay(device):
-    """A split verify captured in a CUDA graph (merged by the merge kernel there; eager calls merge in
-    place) replays what eager computes, also after new inputs are copied into the captured tensors."""
+    """A split verify captured in a CUDA graph replays what eager computes, also after new inputs
+    are copied into the captured tensors."""
     case = Case(**_mix((5000, 8)), W=1023, HQ=32, H=8, D=128, ps=16, paged=True, dtype=torch.bfloat16, bm=None, bn=None, chunk=128)
     built = build(case, device, seed=17)
     args, index, kw = built["args"], built["index"], built["kw"]
@@ -825,7 +795,7 @@ def test_split_cuda_graph_replay(device):
     eager = torch.full_like(built["expected"], NAN, dtype=case.dtype)
     with _spy_launches() as grids:
         call(eager)
-    assert grids["main"][0][0] > 1 and grids["merge"] == [], "the case must take the split path, merged in place"
+    assert len(grids["merge"]) == 1, "the case must take the split path"
     assert_close(eager, built["expected"], name="eager")
     graphed = torch.full_like(eager, NAN)
     stream = torch.cuda.Stream()
@@ -834,19 +804,17 @@ def test_split_cuda_graph_replay(device):
         call(graphed)  # compile outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with _spy_launches() as grids, torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):
         call(graphed)
-    assert len(grids["merge"]) == 1, "a capture merges with the merge kernel"
     graphed.fill_(NAN)
     graph.replay()
     torch.cuda.synchronize()
-    # the two merges sum the splits in orders of their own: close, not bit-equal
-    assert_close(graphed, eager, name="graph against eager")
+    assert torch.equal(graphed, eager)
     args["q"].copy_(torch.randn_like(args["q"]))
     graph.replay()
     call(eager)
     torch.cuda.synchronize()
-    assert_close(graphed, eager, name="graph against eager, new inputs")
+    assert torch.equal(graphed, eager)
 
 
 # ---- grid limits (issue 11, defect 4) and poisoned allocations ----

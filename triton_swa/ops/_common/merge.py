@@ -15,7 +15,7 @@ import triton.language as tl
 from ...runtime.launch import Launcher, launcher_for
 from .softmax import LOG2E, fold_sink
 
-__all__ = ["MAX_SPLITS", "MERGE_TILE", "in_place_dims", "merge_block_s", "merge_dv_chunks", "merge_launcher", "merge_partials"]
+__all__ = ["MAX_SPLITS", "MERGE_TILE", "merge_block_s", "merge_dv_chunks", "merge_launcher", "merge_partials"]
 
 # Upper bound on splits (grid size, the merge's loop, and the partial buffers' size).
 MAX_SPLITS = 64
@@ -130,14 +130,6 @@ def _swa_merge_kernel(
         HAS_SINK=HAS_SINK,
         CACHE="",
     )
-
-
-def in_place_dims(d: int, dv: int) -> bool:
-    """Whether splits of these head dims merge in place (by each group's last split, in one launch) by
-    default: up to 256 (the H200's GPU time is the same either way there, decode B 1: 8.9 us at D 128,
-    12.5 at D 256, and eager runs are bound by the host's launches); the merge kernel for wider heads
-    (in place cost 512-wide heads twice the GPU time: 39 against 18 us at decode B 1)."""
-    return max(d, dv) <= 256
 
 
 def merge_block_s(num_splits: int, block_dv: int, heads: int = 1) -> int:

@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 
 from .._common.fp8 import fp8_decode, fp8_rescale
-from .._common.merge import merge_partials
 from .._common.softmax import LOG2E, fold_sink, soft_cap
 from ..kv_store import store_slots, store_token_rows
 
@@ -226,7 +225,6 @@ def _swa_extend_kernel(
     v_buffer,
     out,
     part,
-    semaphores,
     qo_indptr,
     prefix_lens,
     kv_indptr,
@@ -289,8 +287,6 @@ def _swa_extend_kernel(
     KV_FP8: tl.constexpr,
     DOT_PREC: tl.constexpr,
     SPLIT: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
-    MERGE_S: tl.constexpr,
     EDGE_IN_LOOP: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     STORE: tl.constexpr,
@@ -307,9 +303,7 @@ def _swa_extend_kernel(
     splits of a short prefix may be empty) and the last split also takes every new-key tile; each
     writes float32 partials to ``part`` in decode's layout: the output over its keys normalised by its
     own denominator at ``[T, HQ, num_splits, Dv]``, its log2-sum-exp2 at ``lse_offset + [T, HQ,
-    num_splits]`` (zeros and ``-inf`` for an empty split). The sinks are then left to the merge: the
-    merge kernel's, or with ``FUSED_MERGE`` the tile's last split's, in place (its ``MERGE_S`` splits
-    at a time), counted by ``semaphores`` (one zeroed int32 per tile and head pack, put back to 0).
+    num_splits]`` (zeros and ``-inf`` for an empty split). The sinks are then left to the merge.
 
     ``num_rows`` (``T``: the rows of ``q``, ``k``, ``v``, ``q_positions``, ``out`` and the partials)
     bounds every token row a program touches: request ``b``'s rows ``[qo_indptr[b], qo_indptr[b + 1])``
@@ -554,23 +548,6 @@ def _swa_extend_kernel(
         o_row = (o_qt * HQ + o_h) * num_splits + i_s
         tl.store(part + lse_offset + o_row, b_lse, mask=m_row)
         tl.store(part + o_row[:, None] * DV + o_dv[None, :], b_o, mask=m_row[:, None] & m_dv[None, :])
-        if FUSED_MERGE:
-            # Publish this split (every thread's stores, then one release), count it; the tile's last
-            # split merges its rows and puts the counter back to 0 for the next call (decode's scheme).
-            tl.debug_barrier()
-            n_tiles = tl.num_programs(0) // num_splits
-            p_sem = semaphores + (i_b * tl.num_programs(1) + i_hg) * n_tiles + i_m
-            n_done = tl.atomic_add(p_sem, 1, sem="acq_rel", scope="gpu")
-            if n_done == num_splits - 1:
-                o_mh = (i_hg * GP + tl.arange(0, GP)).to(tl.int64)
-                for t in range(TOK):
-                    if m0 + t <= m_last:
-                        merge_partials(
-                            part, sinks, out, (q_start + m0 + t).to(tl.int64), o_mh, o_mh < HQ, 0, num_splits, lse_offset,
-                            stride_ot, stride_oh, HQ, DV=DV, MERGE_G=GP, BLOCK_S=MERGE_S, BLOCK_DV=BLOCK_DV,
-                            HAS_SINK=HAS_SINK, CACHE=".cg",
-                        )  # fmt: skip
-                tl.atomic_xchg(p_sem, 0, sem="relaxed", scope="gpu")
     else:
         if HAS_SINK:
             # the sink joins the denominator only; a row with no visible key stays all zeros

@@ -26,10 +26,7 @@ leave most SMs idle (verify and short extends at small batch), each query tile's
 are divided among ``num_splits`` programs (the split index rides on grid axis 0 with the query tile);
 the last split also takes the new keys. Splits write float32 partials with their log2-sum-exp2 in
 the shared layout of ``triton_swa.ops._common.merge``, whose merge kernel combines them and adds the
-sinks. An eager direct call with head dims up to 256 merges in place instead, as decode's do: each
-tile's last split merges its rows, counted by per-stream counters in the split workspace
-(``triton_swa.ops._common.workspace``): one launch per call. Inside a CUDA-graph capture, in plans
-(:class:`ExtendPlan`) and for wider heads, the merge kernel runs after the splits.
+sinks.
 Prefill and large batches keep one program per tile, which streams its whole window.
 
 GQA packing: a tile's rows are ``BLOCK_M // GP`` tokens times ``GP`` query heads of one KV head
@@ -71,7 +68,7 @@ from ...runtime.device import KV_NATIVE, device_facts, interpreting, kv_fp8_mode
 from ...runtime.guard import check_swa_extend, guarded
 from ...runtime.launch import launcher_for
 from ...runtime.plans import PlanCache, scale_key, tensor_key
-from .._common.merge import MAX_SPLITS, in_place_dims, merge_block_s, merge_launcher
+from .._common.merge import MAX_SPLITS, merge_launcher
 from .._common.workspace import eager_workspace
 from ..kv_store import NO_STORE_CONSTEXPRS, check_store_kv_args, store_view
 from .config import extend_config, extend_grid, extend_num_splits, extend_resident_programs
@@ -131,9 +128,6 @@ class _Plan:
         "kv_view",
         "bound",
         "direct",
-        "direct_fused",
-        "fused",
-        "counters",
         "constexprs",
         "config",
         "stores",
@@ -443,8 +437,6 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         # other than gfx942 have no tf32 at all)
         DOT_PREC="ieee" if dtype == torch.float32 or upcast else None,
         SPLIT=plan.split,
-        FUSED_MERGE=False,
-        MERGE_S=1,
         EDGE_IN_LOOP=edge_in_loop and plain_causal,
         UPCAST_DOT=upcast,
         # the fused K/V store: off here (a plan with store_loc launches a variant, _store_variant)
@@ -458,13 +450,6 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     plan.merge_grid = (T * HQ, 1, 1)
     plan.bound = None  # (main, merge) compiled for plans' runs, bound at the first aligned one (ExtendPlan)
     plan.direct = None  # the same for swa_extend's own calls (whose unread pointers are its own)
-    # swa_extend's eager calls with splits merge in place where the head dims allow it (as decode's:
-    # one launch; the counters, one per tile and head pack, in the per-stream workspace)
-    plan.fused, plan.counters, plan.direct_fused = None, 0, None
-    if plan.split and in_place_dims(D, DV):
-        fused = dict(constexprs, FUSED_MERGE=True, MERGE_S=merge_block_s(num_splits, constexprs["BLOCK_DV"], gp))
-        plan.fused = launcher_for(_swa_extend_kernel, fused, warps, stages)
-        plan.counters = plan.grid[0] // num_splits * plan.grid[1] * plan.grid[2]
     return plan
 
 
@@ -642,19 +627,15 @@ def swa_extend(
     if not plan.split:
         part = out
     else:
-        workspace = eager_workspace(q.device, plan.counters, plan.part_numel)
+        workspace = eager_workspace(q.device, 0, plan.part_numel)
         part = poison.empty(plan.part_numel, dtype=torch.float32, device=q.device) if workspace is None else workspace[1]
-    # an eager call merges in place where the plan allows it (inside a CUDA-graph capture: the merge kernel)
-    fused = workspace is not None and plan.fused is not None
-    sem = workspace[0] if fused else None
     scale = plan.default_scale if sm_scale is None else sm_scale
-    direct = plan.direct_fused if fused else plan.direct
+    direct = plan.direct
     if direct is not False:
         # the signature's compiled kernels, for calls whose pointers are all 16-byte aligned, launched
         # with addresses (the checks vouch for their devices); prefix_lens and q stand in for the
-        # pointers the kernel does not read, as _index_args and _no_store give them, part for sem
+        # pointers the kernel does not read, as _index_args and _no_store give them
         qp, op, pl = q.data_ptr(), out.data_ptr(), prefix_lens.data_ptr()
-        pp = op if part is out else workspace[3] if workspace is not None else part.data_ptr()
         paged, mask = inputs.paged, inputs.has_mask
         ptrs = (
             qp,
@@ -663,8 +644,7 @@ def swa_extend(
             k_buffer.data_ptr(),
             v_buffer.data_ptr(),
             op,
-            pp,
-            workspace[2] if fused else pp,
+            op if part is out else workspace[3] if workspace is not None else part.data_ptr(),
             qo_indptr.data_ptr(),
             pl,
             pl if paged else kv_indptr.data_ptr(),
@@ -677,19 +657,16 @@ def swa_extend(
             qp if sinks is None else sinks.data_ptr(),
             *((ks.data_ptr(), vs.data_ptr()) if inputs.scale_ptr else (ks, vs)),
         )
-        if reduce(or_, ptrs[: 20 if inputs.scale_ptr else 18]) & 15 == 0:
+        if reduce(or_, ptrs[: 19 if inputs.scale_ptr else 17]) & 15 == 0:
             if direct is None:
-                direct = _bind_direct(inputs, plan, args, (k_buffer, v_buffer, out, part, sem), (ks, vs, scale, logit_cap))
+                direct = _bind_direct(inputs, plan, args, (k_buffer, v_buffer, out, part), (ks, vs, scale, logit_cap))
             if direct:
                 main, merge, ints, merge_ints = direct
                 main((*ptrs, scale, logit_cap, *ints, qp, qp, qp, qp, 0, 0, 0, 0))
                 if merge is not None:
-                    merge((pp, ptrs[17], op, ptrs[8], *merge_ints))
+                    merge((ptrs[6], ptrs[16], op, ptrs[7], *merge_ints))
                 return out
-    args, merge_args = _launch_args(inputs, plan, args, (k_buffer, v_buffer, out, part, sem), (ks, vs, scale, logit_cap))
-    if fused:
-        plan.fused(args, plan.grid)
-        return out
+    args, merge_args = _launch_args(inputs, plan, args, (k_buffer, v_buffer, out, part), (ks, vs, scale, logit_cap))
     plan.launch(args, plan.grid)
     if merge_args is not None:
         plan.merge(merge_args, plan.merge_grid)
@@ -697,52 +674,40 @@ def swa_extend(
 
 
 def _launch_args(inputs: _Inputs, plan: _Plan, call: tuple, buffers: tuple, numbers: tuple) -> tuple:
-    """The kernel's and the merge kernel's arguments as tensors and numbers (the merge's None without
-    splits, or where ``sem`` is given: merged in place): ``call`` the call's signature arguments,
-    ``buffers`` ``(k_buffer, v_buffer, out, part, sem)`` as launched (:func:`_kv_views`; ``sem`` the
-    in-place merge's counters or None), ``numbers`` ``(k_scale, v_scale, sm_scale, logit_cap)``."""
+    """The kernel's and the merge's arguments as tensors and numbers (the merge's None without
+    splits): ``call`` the call's signature arguments, ``buffers`` ``(k_buffer, v_buffer, out, part)``
+    as launched (:func:`_kv_views`), ``numbers`` ``(k_scale, v_scale, sm_scale, logit_cap)``."""
     q, k, v, _, _, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts = call[:11]
     custom_mask, mask_indptr, q_positions, sinks = call[13:17]
-    k_buffer, v_buffer, out, part, sem = buffers
+    k_buffer, v_buffer, out, part = buffers
     indices = _index_args(
         inputs, qo_indptr, prefix_lens, kv_indptr, kv_indices, page_table, window_starts, custom_mask, mask_indptr, q_positions
     )
     sinks_arg = sinks if sinks is not None else q
     strides = _strides(q, k, v, k_buffer, v_buffer, out)
-    args = _kernel_args(inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, *numbers, call[20], strides, sem=sem)
-    split = plan.split and sem is None
-    merge_args = _merge_args(inputs, plan, part, sinks_arg, out, qo_indptr, strides) if split else None
+    args = _kernel_args(inputs, plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, *numbers, call[20], strides)
+    merge_args = _merge_args(inputs, plan, part, sinks_arg, out, qo_indptr, strides) if plan.split else None
     return args, merge_args
 
 
 def _bind_direct(inputs: _Inputs, plan: _Plan, call: tuple, buffers: tuple, numbers: tuple):
     """``swa_extend``'s own kernels for a plan, compiled at its first aligned call (arguments as
-    :func:`_launch_args` takes them; merging in place where ``buffers`` holds counters): ``(main,
-    merge, the kernel's integers after the scale and cap, the merge's integers)``, all fixed by the
-    signature and the plan, or False (no direct launch). Binding the in-place merge binds the merge
-    kernel's pair too: a later CUDA-graph capture compiles nothing."""
+    :func:`_launch_args` takes them): ``(main, merge, the kernel's integers after the scale and cap,
+    the merge's integers)``, all fixed by the signature and the plan, or False (no direct launch)."""
     args, merge_args = _launch_args(inputs, plan, call, buffers, numbers)
-    fused = buffers[4] is not None
-    pair = _bind_pair(plan, args, merge_args, plan.fused if fused else None)
-    # the kernel's arguments: 18 pointers, the two scales (pointers or numbers), scale, cap, then
+    pair = _bind_pair(plan, args, merge_args)
+    # the kernel's arguments: 17 pointers, the two scales (pointers or numbers), scale, cap, then
     # window_left ... stride_pt, then the fused store's eight (_no_store)
-    direct = pair and (*pair, args[22:-8], merge_args[4:] if merge_args is not None else ())
-    if not fused:
-        plan.direct = direct
-        return direct
-    plan.direct_fused = direct
-    if direct and plan.direct is None:
-        _bind_direct(inputs, plan, call, (*buffers[:4], None), numbers)
-    return direct
+    plan.direct = pair and (*pair, args[21:-8], merge_args[4:] if merge_args is not None else ())
+    return plan.direct
 
 
 def _bind_pair(plan: _Plan, args: tuple, merge_args: tuple | None, launch=None):
     """(main, merge) of a plan compiled for these arguments' specialisation, or False (no direct
-    launch); ``launch``: a store variant's or the in-place merge's launcher instead of the plan's;
-    ``merge_args`` None: no merge kernel (no splits, or merged in place)."""
+    launch); ``launch``: a store variant's launcher instead of the plan's."""
     main = (launch or plan.launch).bind(args, plan.grid)
-    merge = plan.merge.bind(merge_args, plan.merge_grid) if main is not None and merge_args is not None else None
-    return (main, merge) if main is not None and (merge is not None or merge_args is None) else False
+    merge = plan.merge.bind(merge_args, plan.merge_grid) if main is not None and plan.split else None
+    return (main, merge) if main is not None and (merge is not None or not plan.split) else False
 
 
 def _checked_plan(args: tuple, max_extend_len) -> tuple[_Inputs, _Plan]:
@@ -834,10 +799,8 @@ def _plan_store(inputs: _Inputs, k, v, k_buffer, v_buffer, store_loc, store_mapp
 
 def _kernel_args(
     inputs: _Inputs, plan: _Plan, q, k, v, k_buffer, v_buffer, out, part, indices, sinks_arg, ks, vs, scale, cap, window_left, strides,
-    store=None, sem=None,
+    store=None,
 ):  # fmt: skip
-    """The kernel's arguments in order; ``sem``: the in-place merge's counters (``part`` stands in
-    where the kernel does not merge in place)."""
     return (
         q,
         k,
@@ -846,7 +809,6 @@ def _kernel_args(
         v_buffer,
         out,
         part,
-        part if sem is None else sem,
         *indices,
         sinks_arg,
         ks,
@@ -1004,7 +966,7 @@ class ExtendPlan:
                     main, merge = bound
                     part = self._part_ptr if self._part is not None else ptrs[5]
                     tail = (scale, cap, window_left, plan.num_splits, plan.lse_offset, inputs.HQ, inputs.T, *strides, inputs.stride_pt)
-                    main((*ptrs, part, part, *self._index_ptrs, sp, *scales, *tail, *store_args))
+                    main((*ptrs, part, *self._index_ptrs, sp, *scales, *tail, *store_args))
                     if merge is not None:
                         qo_indptr = self._index_ptrs[0]
                         merge((part, sp, ptrs[5], qo_indptr, plan.num_splits, plan.lse_offset, *strides[-2:], inputs.HQ, inputs.B))
