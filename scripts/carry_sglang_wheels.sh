@@ -15,7 +15,7 @@
 # (sglang/multimodal_gen); nothing this project imports reaches them (checked by importing the
 # backend, pool, allocator, batch and layer modules and listing sys.modules). The copy carried is
 # the same wheel without those members (RECORD rewritten to match); every other file is byte for
-# byte the published one. The total must stay under 40 MiB.
+# byte the published one. The total must stay under 48 MiB (a device call carries 64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-.whl/sglang}
@@ -32,6 +32,12 @@ PINS=(
   gguf==0.19.0 partial-json-parser==0.2.1.1.post7 distro==1.9.0 sniffio==1.3.1 starlette==1.10.0
   pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0
   ipython==9.18.1 traitlets==5.16.1
+  # the engine's serving packages (scripts/setup_sglang_engine.sh's pins) that the device lacks: what
+  # sglang.Engine and launch_server import on a GPU (scripts/gpu.sh engine)
+  fastapi==0.165.0 uvicorn==0.54.0 setproctitle==1.3.8 python-multipart==0.0.34 interegular==0.3.3
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+  soundfile==0.13.1 cffi==2.1.1 pycparser==3.12 xgrammar==0.2.7 opentelemetry-api==1.45.2
+  importlib-metadata==10.2.0
 )
 
 have() {  # a wheel of this name and version is already in DEST
@@ -73,4 +79,4 @@ EOF
 
 total=$(du -cb "$DEST"/*.whl | tail -1 | cut -f1)
 echo "carry_sglang_wheels: $(ls "$DEST"/*.whl | wc -l) wheels, $(( total / 1024 / 1024 )) MiB in $DEST"
-[ "$total" -lt $(( 40 * 1024 * 1024 )) ] || { echo "over 40 MiB" >&2; exit 1; }
+[ "$total" -lt $(( 48 * 1024 * 1024 )) ] || { echo "over 48 MiB" >&2; exit 1; }

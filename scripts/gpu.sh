@@ -13,6 +13,10 @@
 #   bash scripts/gpu.sh sglang SHA     SGLang's whole Triton backend beside ours on SGLang's pools
 #                                      (`triton-swa bench --op sglang_backend`; needs .whl/sglang)
 #   bash scripts/gpu.sh demo SHA       the demo's gpu preset (needs transformers: .whl/demo)
+#   bash scripts/gpu.sh engine SHA     SGLang's own Engine on this GPU, per attention backend: the tokens against
+#                                      transformers' generate() and the backends against each other, speculative
+#                                      algorithms, speed under load (python -m triton_swa.benchmark.serve; extra
+#                                      arguments go to it; needs .whl/sglang from scripts/carry_sglang_wheels.sh)
 #   bash scripts/gpu.sh vllm SHA       the vLLM tier (tests/integration/test_vllm.py, -n 4) on vLLM 0.32's
 #                                      own classes (needs .vllm_slim: scripts/carry_vllm.sh)
 #   bash scripts/gpu.sh profile SHA    where a decode or verify case's GPU time goes (default: the wide-head
@@ -35,7 +39,7 @@
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|vllm|profile|all|verify SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|engine|vllm|profile|all|verify SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -108,6 +112,19 @@ demo() {
     2>&1 | tee "$out/demo-$sha.log" | tail -40
 }
 
+engine() {  # engine [serve args]: the engines' logs go to one archive ($out holds at most 8 files)
+  install_wheels || { echo "the carried wheels did not all install (the engine needs .whl/sglang)"; return 1; }
+  local logs=/tmp/triton_swa_engine_logs status
+  rm -rf "$logs"; mkdir -p "$logs"
+  timeout "${ENGINE_TIMEOUT_S:-570}" python3 -m triton_swa.benchmark.serve --git-sha "$sha" --dirty clean --out "$logs" "$@" 2>&1 \
+    | tee "$out/engine-$sha.log"
+  status=${PIPESTATUS[0]}
+  cp "$logs"/serve-*.csv "$logs"/serve-*.json "$out"/ 2>/dev/null
+  tar -czf "$out/engine-logs-$sha.tar.gz" -C "$logs" --exclude='serve-*' . 2>/dev/null
+  echo "== engine: exit $status"
+  return "$status"
+}
+
 vllm() {
   if [ ! -d .vllm_slim/vllm ] || ! compgen -G ".vllm_slim/wheels/*.whl" >/dev/null; then
     echo "no .vllm_slim (bash scripts/carry_vllm.sh, then carry .vllm_slim)"
@@ -169,7 +186,7 @@ step_ab() {
 }
 
 case "$what" in
-  tests | bench | hostcost | ab | sglang | demo | vllm | profile) "$what" "$@" ;;
+  tests | bench | hostcost | ab | sglang | demo | engine | vllm | profile) "$what" "$@" ;;
   verify)
     TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-290} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
     status=$?
@@ -185,7 +202,7 @@ case "$what" in
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, vllm, all, verify)"
+    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, engine, vllm, profile, all, verify)"
     exit 2
     ;;
 esac

@@ -77,23 +77,29 @@ def build_tokenizer(path: str, vocab_size: int = VOCAB_SIZE) -> int:
     return tok.get_vocab_size()
 
 
-def _gemma3_config(vocab: int, *, layers: int, window: int) -> Any:
+def _layer_types(layers: int, full_every: int) -> list[str]:
+    """Sliding layers with every ``full_every``-th one full (2: every other), the last one always full."""
+    full = {i for i in range(layers) if (i + 1) % full_every == 0} | {layers - 1}
+    return ["full_attention" if i in full else "sliding_attention" for i in range(layers)]
+
+
+def _gemma3_config(vocab: int, *, layers: int, window: int, shape: dict | None = None) -> Any:
     from transformers import Gemma3TextConfig
 
-    # every other layer sliding, the last one full
-    types = ["sliding_attention" if (i % 2 == 0 and i != layers - 1) else "full_attention" for i in range(layers)]
+    d = dict(hidden_size=64, intermediate_size=128, heads=4, kv_heads=2, head_dim=16, full_every=2, max_positions=512)
+    d.update(shape or {})
     return Gemma3TextConfig(
         vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=d["hidden_size"],
+        intermediate_size=d["intermediate_size"],
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        query_pre_attn_scalar=16,
+        num_attention_heads=d["heads"],
+        num_key_value_heads=d["kv_heads"],
+        head_dim=d["head_dim"],
+        query_pre_attn_scalar=d["head_dim"],
         sliding_window=window,
-        layer_types=types,
-        max_position_embeddings=512,
+        layer_types=_layer_types(layers, d["full_every"]),
+        max_position_embeddings=d["max_positions"],
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
@@ -108,30 +114,37 @@ def _gemma3_config(vocab: int, *, layers: int, window: int) -> Any:
     )
 
 
-# Gemma 4: sliding layers (head_dim 16, 2 KV heads) and full layers (head_dim 32, 1 KV head); the
-# last two layers reuse the KV of the last non-shared layer of their type.
-_G4 = dict(layers=6, sliding_head_dim=16, full_head_dim=32, sliding_kv_heads=2, full_kv_heads=1, kv_shared=2)
-_G4_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+# Gemma 4 (tiny): sliding layers (head_dim 16, 2 KV heads) and full layers (head_dim 32, 1 KV head),
+# every third layer full; the last two layers reuse the KV of the last non-shared layer of their type.
+_G4 = dict(
+    layers=6, hidden_size=64, intermediate_size=128, heads=4, sliding_head_dim=16, full_head_dim=32,
+    sliding_kv_heads=2, full_kv_heads=1, kv_shared=2, full_every=3, ple=8, max_positions=512,
+)
 
 
-def _gemma4_hf_kwargs(vocab: int, window: int) -> dict:
+def _g4(shape: dict | None) -> dict:
+    return dict(_G4, **(shape or {}))
+
+
+def _gemma4_hf_kwargs(vocab: int, window: int, shape: dict | None = None) -> dict:
+    g = _g4(shape)
     return dict(
         vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=_G4["layers"],
-        num_attention_heads=4,
-        num_key_value_heads=_G4["sliding_kv_heads"],
-        head_dim=_G4["sliding_head_dim"],
-        global_head_dim=_G4["full_head_dim"],
-        num_global_key_value_heads=_G4["full_kv_heads"],
+        hidden_size=g["hidden_size"],
+        intermediate_size=g["intermediate_size"],
+        num_hidden_layers=g["layers"],
+        num_attention_heads=g["heads"],
+        num_key_value_heads=g["sliding_kv_heads"],
+        head_dim=g["sliding_head_dim"],
+        global_head_dim=g["full_head_dim"],
+        num_global_key_value_heads=g["full_kv_heads"],
         attention_k_eq_v=True,  # gates num_global_key_value_heads in transformers; SGLang then drops v_proj of full layers
         sliding_window=window,
-        layer_types=list(_G4_TYPES),
-        max_position_embeddings=512,
-        hidden_size_per_layer_input=8,
+        layer_types=_layer_types(g["layers"], g["full_every"]),
+        max_position_embeddings=g["max_positions"],
+        hidden_size_per_layer_input=g["ple"],
         vocab_size_per_layer_input=vocab,
-        num_kv_shared_layers=_G4["kv_shared"],
+        num_kv_shared_layers=g["kv_shared"],
         final_logit_softcapping=30.0,
         pad_token_id=0,
         eos_token_id=1,
@@ -140,28 +153,31 @@ def _gemma4_hf_kwargs(vocab: int, window: int) -> dict:
     )
 
 
-def _gemma4_config(vocab: int, *, window: int) -> Any:
+def _gemma4_config(vocab: int, *, window: int, shape: dict | None = None) -> Any:
     from transformers import Gemma4TextConfig
 
-    cfg = Gemma4TextConfig(**_gemma4_hf_kwargs(vocab, window))
+    cfg = Gemma4TextConfig(**_gemma4_hf_kwargs(vocab, window, shape))
     cfg.architectures = ["Gemma4ForCausalLM"]
     return cfg
 
 
-def _gemma4_sglang_json(cfg_dict: dict) -> dict:
+def _gemma4_sglang_json(cfg_dict: dict, shape: dict | None = None) -> dict:
     """transformers' Gemma4TextConfig dict -> the flattened form SGLang 0.5.23 reads (see module doc)."""
+    g = _g4(shape)
     out = {k: v for k, v in cfg_dict.items() if k != "per_layer_config"}
     out.update(
-        head_dim=_G4["full_head_dim"],
-        num_key_value_heads=_G4["full_kv_heads"],
-        v_head_dim=_G4["full_head_dim"],
-        swa_head_dim=_G4["sliding_head_dim"],
-        swa_v_head_dim=_G4["sliding_head_dim"],
-        swa_num_key_value_heads=_G4["sliding_kv_heads"],
-        global_head_dim=_G4["full_head_dim"],
-        num_global_key_value_heads=_G4["full_kv_heads"],
+        head_dim=g["full_head_dim"],
+        num_key_value_heads=g["full_kv_heads"],
+        v_head_dim=g["full_head_dim"],
+        swa_head_dim=g["sliding_head_dim"],
+        swa_v_head_dim=g["sliding_head_dim"],
+        swa_num_key_value_heads=g["sliding_kv_heads"],
+        global_head_dim=g["full_head_dim"],
+        num_global_key_value_heads=g["full_kv_heads"],
         triton_swa_tiny_model="gemma4",
     )
+    if shape:
+        out["triton_swa_shape"] = dict(shape)
     return out
 
 
@@ -198,7 +214,7 @@ def load_hf_config(path: str) -> Any:
     with open(os.path.join(path, "config.json")) as f:
         raw = json.load(f)
     if raw.get("triton_swa_tiny_model") == "gemma4":
-        return _gemma4_config(raw["vocab_size"], window=raw["sliding_window"])
+        return _gemma4_config(raw["vocab_size"], window=raw["sliding_window"], shape=raw.get("triton_swa_shape"))
     return AutoConfig.from_pretrained(path)
 
 
@@ -229,53 +245,85 @@ def model_info(path: str) -> dict:
         return json.load(f)
 
 
-def build_tiny_model(family: str, path: str, seed: int = 0, *, window: int | None = None, num_layers: int | None = None) -> str:
+def build_tiny_model(
+    family: str,
+    path: str,
+    seed: int = 0,
+    *,
+    window: int | None = None,
+    num_layers: int | None = None,
+    shape: dict | None = None,
+    vocab_size: int | None = None,
+    dtype: str | None = None,
+    weights: bool = True,
+) -> str:
     """Write a tiny random-weight model of ``family`` (one of :data:`FAMILIES`) to ``path``; returns ``path``.
 
     ``window`` is the ``sliding_window`` of the config (defaults: 8 for Gemma 3, 16 for Gemma 4, 8
     for gpt-oss); ``num_layers`` overrides the layer count of Gemma 3 / gpt-oss.
+
+    For models at real sizes (the GPU engine tier, ``triton_swa.benchmark.serve``): ``shape`` overrides
+    the Gemma dims (Gemma 3: ``hidden_size``, ``intermediate_size``, ``heads``, ``kv_heads``,
+    ``head_dim``, ``full_every``, ``max_positions``; Gemma 4 also ``layers``, ``sliding_head_dim``,
+    ``full_head_dim``, ``sliding_kv_heads``, ``full_kv_heads``, ``kv_shared``, ``ple``); ``vocab_size``
+    widens the config's vocabulary past the tokenizer's (engines then run with token ids in and out);
+    ``dtype`` is the saved weights' (default float32, bfloat16 for gpt-oss); ``weights=False`` writes
+    the config and tokenizer only, for an engine's ``load_format="dummy"``.
     """
     import torch
 
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny-model family {family!r}; expected one of {FAMILIES}")
     os.makedirs(path, exist_ok=True)
-    vocab = build_tokenizer(path)
-    dtype = torch.float32
+    vocab = max(build_tokenizer(path), vocab_size or 0)
+    saved_dtype = torch.float32
     if family == "gemma3":
-        cfg, std = _gemma3_config(vocab, layers=num_layers or 4, window=window or 8), 0.15
+        cfg, std = _gemma3_config(vocab, layers=num_layers or 4, window=window or 8, shape=shape), 0.15
     elif family == "gemma3-draft":
-        cfg, std = _gemma3_config(vocab, layers=num_layers or 1, window=window or 8), 0.15
+        cfg, std = _gemma3_config(vocab, layers=num_layers or 1, window=window or 8, shape=shape), 0.15
         cfg.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
     elif family == "gemma4":
-        cfg, std = _gemma4_config(vocab, window=window or 16), 0.15
+        cfg, std = _gemma4_config(vocab, window=window or 16, shape=shape), 0.15
     else:
         cfg, std = _gpt_oss_config(vocab, layers=num_layers or 2, window=window or 8), 0.15
-        dtype = torch.bfloat16
-
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, 0.05)
-    model = model.to(dtype)
-    model.generation_config.eos_token_id = None  # the tier decodes a fixed number of tokens
-    model.save_pretrained(path, safe_serialization=True)
-    if family == "gemma4":
-        cfg_path = os.path.join(path, "config.json")
-        with open(cfg_path) as f:
-            saved = json.load(f)
-        with open(cfg_path, "w") as f:
-            json.dump(_gemma4_sglang_json(saved), f, indent=2, sort_keys=True)
+        saved_dtype = torch.bfloat16
+    if dtype is not None:
+        saved_dtype = getattr(torch, dtype)
     info = {
         "family": family,
         "seed": seed,
         "vocab_size": vocab,
         "sliding_window": cfg.sliding_window,
         "layer_types": list(cfg.layer_types),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": str(saved_dtype).removeprefix("torch."),
         "architecture": cfg.architectures[0],
+        "weights": "random" if weights else "none (load_format dummy)",
     }
+    if not weights:
+        cfg.dtype = saved_dtype
+        cfg.save_pretrained(path)
+        _finish_model_dir(path, family, shape, info)
+        return path
+
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, 0.05)
+    model = model.to(saved_dtype)
+    model.generation_config.eos_token_id = None  # the tier decodes a fixed number of tokens
+    model.save_pretrained(path, safe_serialization=True)
+    _finish_model_dir(path, family, shape, info)
+    return path
+
+
+def _finish_model_dir(path: str, family: str, shape: dict | None, info: dict) -> None:
+    """Gemma 4's config.json in SGLang's form, and the directory's ``triton_swa_tiny.json``."""
+    if family == "gemma4":
+        cfg_path = os.path.join(path, "config.json")
+        with open(cfg_path) as f:
+            saved = json.load(f)
+        with open(cfg_path, "w") as f:
+            json.dump(_gemma4_sglang_json(saved, shape), f, indent=2, sort_keys=True)
     with open(os.path.join(path, "triton_swa_tiny.json"), "w") as f:
         json.dump(info, f, indent=2)
-    return path

@@ -11,6 +11,13 @@ answer to the same question (``sglang.kernels.jit.utils.is_arch_support_pdl``).
 
 It is put on ``sys.path`` only where SGLang is installed, torch has CUDA and the real
 ``sgl_kernel`` does not import (``tests/integration/sglang_stubs.py``).
+
+The GPU engine tier (``scripts/gpu.sh engine``: SGLang's own ``Engine`` on the H200, where the real
+wheel is built for another torch and does not load) uses it too. There SGLang runs with
+``SGLANG_FORCE_FUSED_OP_BACKEND=torch``, so its fused layers (norms, activations, rotary) take their
+plain-torch ``forward_native`` paths instead of calling into this module, for every attention backend
+alike. The ops such an engine still calls are implemented below, in plain torch (the list is
+:data:`STOOD_IN`); any other name still raises when used.
 """
 
 import importlib.abc
@@ -18,8 +25,21 @@ import importlib.machinery
 import sys
 import types
 
+import torch
+
 __version__ = "0.0.0+triton-swa-test-stub"
 IS_STUB = True
+# the ops implemented here (the GPU engine tier's stand-ins), each the same for every attention backend
+STOOD_IN = ("weak_ref_tensor",)
+
+
+def weak_ref_tensor(tensor):
+    """SGLang's CUDA-graph runners keep graph outputs through ``weak_ref_tensor`` (a tensor over the
+    same memory that does not own it). This stand-in returns a view, which does keep the storage
+    alive: the same values and addresses, at the cost of holding the last captured outputs."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"weak_ref_tensor: expected a torch.Tensor, got {type(tensor).__name__}")
+    return tensor.view(tensor.shape)
 
 
 class _Unavailable:

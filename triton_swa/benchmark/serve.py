@@ -1,0 +1,560 @@
+"""SGLang's real engine on a GPU, one attention backend at a time: its tokens and its speed.
+
+``python -m triton_swa.benchmark.serve`` (``triton-swa bench --op serve`` runs the same) starts
+``sglang.Engine`` once per (model, attention backend, CUDA graphs on/off, speculative algorithm) in a
+fresh subprocess, and in that one engine start runs the phases asked for:
+
+- ``tokens``: a few prompts longer than the sliding window, greedy, with SGLang's top-2 logprobs;
+  the parent compares them with transformers' ``generate()`` on the same GPU and weights (bf16,
+  eager attention) and with the other backends' tokens;
+- ``load``: closed-loop streaming clients (``Engine.async_generate(stream=True)``) at each concurrency
+  and prompt length, ``--output-len`` tokens each (greedy, EOS ignored): output tokens per second over
+  the phase, time to first token and inter-token latency (p50 / p99).
+
+Models are written here: random weights from Gemma-like configs at real sizes (:data:`MODELS`), in
+bf16. A model whose tokens are checked has its weights written (transformers loads the same bytes);
+a speed-only model is a config with ``load_format="dummy"`` (SGLang's own seeded random init).
+
+The engine's environment on a GPU (:func:`gpu_engine_env`): ``SGLANG_PLUGINS=triton_swa`` (for every
+backend, so all run in the same set-up), ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` (SGLang's fused
+layers take their plain-torch paths: its compiled ``sgl_kernel`` is built for another torch), and
+the ``sgl_kernel`` stand-in (``tests/integration/stubs_cuda``) on ``PYTHONPATH``, where the real one
+does not import. Both are the same for every backend compared.
+
+Results: ``serve-<date>-<gpu>.csv`` (one row per phase and backend, :data:`COLUMNS`), ``serve-<sha>.json``
+(everything each run returned) and a text report on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COLUMNS", "MODELS", "ServeModel", "build_model", "gpu_engine_env", "main", "run_backend"]
+
+_ROOT = Path(__file__).resolve().parents[2]
+CUDA_STUBS = _ROOT / "tests" / "integration" / "stubs_cuda"
+TORCHVISION_STUBS = _ROOT / "tests" / "integration" / "stubs"
+
+COLUMNS = [
+    "op", "case", "provider", "out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
+    "requests", "output_tokens", "phase_s", "start_s", "accept_len", "gpu", "torch", "triton", "sglang",
+    "git_sha", "date", "dirty", "run_id", "status",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeModel:
+    """A Gemma-like model at a real size, random weights (see the module doc)."""
+
+    family: str  # tiny_models family: gemma3, gemma4
+    window: int  # Hugging Face sliding_window
+    layers: int
+    shape: dict
+    vocab_size: int
+    note: str
+
+
+# Gemma 3 1B and 12B: the published text configs' dims. Gemma 4: a Gemma-4-like shape of this
+# project's choosing (the SWAKVPool, 512-wide full layers, KV-shared layers), not a published model.
+MODELS: dict[str, ServeModel] = {
+    "gemma3-1b": ServeModel(
+        "gemma3", 512, 26,
+        dict(hidden_size=1152, intermediate_size=6912, heads=4, kv_heads=1, head_dim=256, full_every=6, max_positions=40960),
+        262144, "Gemma 3 1B's dims: 26 layers (5 sliding : 1 full, window 512), 4 q / 1 kv heads of 256",
+    ),
+    "gemma3-12b": ServeModel(
+        "gemma3", 1024, 48,
+        dict(hidden_size=3840, intermediate_size=15360, heads=16, kv_heads=8, head_dim=256, full_every=6, max_positions=40960),
+        262144, "Gemma 3 12B's dims: 48 layers (5:1, window 1024), 16 q / 8 kv heads of 256",
+    ),
+    "gemma4-like": ServeModel(
+        "gemma4", 512, 24,
+        dict(layers=24, hidden_size=2048, intermediate_size=8192, heads=8, sliding_head_dim=256, full_head_dim=512,
+             sliding_kv_heads=2, full_kv_heads=1, kv_shared=6, full_every=6, ple=256, max_positions=40960),
+        262144, "Gemma-4-like: 24 layers (5:1, window 512; the top 6 KV-shared), 8 q heads; sliding 2 kv x 256, full 1 kv x 512",
+    ),
+    # STANDALONE's draft: a 2-layer Gemma 3 of the targets' vocabulary
+    "gemma3-draft": ServeModel(
+        "gemma3", 512, 2, dict(hidden_size=640, intermediate_size=2048, heads=4, kv_heads=1, head_dim=256, full_every=2, max_positions=40960),
+        262144, "a 2-layer Gemma 3 (hidden 640), the STANDALONE draft",
+    ),
+    # tiny shapes for a CPU run of this harness (the interpreter): the plumbing, not the speed
+    "gemma3-tiny": ServeModel("gemma3", 8, 4, {}, 384, "the CPU engine tier's tiny Gemma 3"),
+    "gemma3-tiny-draft": ServeModel("gemma3", 8, 1, {}, 384, "the CPU engine tier's STANDALONE draft"),
+}
+
+
+def build_model(name: str, root: str, *, weights: bool, seed: int = 0) -> str:
+    """Write model ``name`` under ``root`` (once: an existing directory is reused); returns its path."""
+    from triton_swa.testing.tiny_models import build_tiny_model
+
+    m = MODELS[name]
+    path = os.path.join(root, f"{name}-{'w' if weights else 'dummy'}")
+    if os.path.exists(os.path.join(path, "triton_swa_tiny.json")):
+        return path
+    num_layers = m.layers if m.family != "gemma4" else None
+    build_tiny_model(
+        m.family, path, seed, window=m.window, num_layers=num_layers, shape=m.shape or None,
+        vocab_size=m.vocab_size, dtype="bfloat16" if m.shape else None, weights=weights,
+    )
+    return path
+
+
+def sgl_kernel_path(device: str) -> list[str]:
+    """The stand-in's folder when the real ``sgl_kernel`` does not import here (it loads only on the
+    torch it was built for), plus the torchvision stub where the real one does not import. On a CPU
+    (this harness's own test) the CPU engine tier's stand-in."""
+    paths = []
+    stubs = CUDA_STUBS if device == "cuda" else _ROOT / "tests" / "engine" / "stubs"
+    for probe, folder in (("import sgl_kernel", stubs), ("import torchvision.transforms", TORCHVISION_STUBS)):
+        if subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=300).returncode != 0:
+            paths.append(str(folder))
+    return paths
+
+
+def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str = "cuda") -> dict:
+    """The environment of a GPU engine subprocess (module doc); ``device="cpu"`` runs the harness on
+    SGLang's CPU engine with the kernels in Triton's interpreter (its own test)."""
+    env = dict(os.environ)
+    env.update(SGLANG_PLUGINS="triton_swa", SGLANG_FORCE_FUSED_OP_BACKEND="torch", PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    if device == "cpu":
+        env.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")
+    paths = [*pythonpath, str(_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra or {})
+    return env
+
+
+# ----------------------------------------------------------------------------------------------
+# the engine's side (a subprocess: `python -m triton_swa.benchmark.serve --worker SPEC RESULT`)
+
+
+def _write(path: str, result: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, path)
+
+
+def _prompts(n: int, length: int, seed: int, vocab: int = 384) -> list[list[int]]:
+    """``n`` prompts of ``length`` token ids (2 is <bos>), distinct from their first tokens on (no
+    radix-cache hits between them)."""
+    import random
+
+    rng = random.Random(seed)
+    return [[2] + [rng.randrange(4, vocab) for _ in range(length - 1)] for _ in range(n)]
+
+
+def _top2_gaps(meta: dict) -> list[float | None]:
+    """The top-2 logprob gap at each output token, from SGLang's ``output_top_logprobs``."""
+    gaps = []
+    for entry in meta.get("output_top_logprobs") or []:
+        vals = sorted((e[0] for e in entry or [] if e and e[0] is not None), reverse=True)
+        gaps.append(vals[0] - vals[1] if len(vals) >= 2 else None)
+    return gaps
+
+
+async def _stream_one(engine, prompt: list[int], sampling: dict) -> dict:
+    t0 = time.perf_counter()
+    stamps, count = [], 0
+    gen = engine.async_generate(input_ids=prompt, sampling_params=sampling, stream=True)
+    if asyncio.iscoroutine(gen):
+        gen = await gen
+    meta: dict = {}
+    async for chunk in gen:
+        meta = chunk.get("meta_info", {})
+        n = int(meta.get("completion_tokens", count))
+        now = time.perf_counter()
+        stamps.extend([now] * max(0, n - count))
+        count = n
+    ttft = (stamps[0] - t0) if stamps else float("nan")
+    itls = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"ttft": ttft, "itls": itls, "tokens": count, "accept_len": meta.get("spec_accept_length")}
+
+
+async def _load_phase(engine, prompt_len: int, concurrency: int, requests: int, output_len: int, seed: int) -> dict:
+    sampling = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
+    prompts = _prompts(requests, prompt_len, seed)
+    queue = list(prompts)
+    results: list[dict] = []
+
+    async def client():
+        while queue:
+            results.append(await _stream_one(engine, queue.pop(), sampling))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    phase_s = time.perf_counter() - t0
+    return {"phase_s": phase_s, "results": results}
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def worker_main(spec_path: str, result_path: str) -> int:
+    import traceback
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result: dict[str, Any] = {"ok": False, "stage": "import", "error": "", "phases": []}
+    _write(result_path, result)
+    engine = None
+    try:
+        t0 = time.monotonic()
+        import sglang
+
+        result["sglang"] = sglang.__version__
+        result["stage"] = "launch"
+        _write(result_path, result)
+        engine = sglang.Engine(**spec["engine_args"])
+        result["start_s"] = time.monotonic() - t0
+        tok = spec.get("tokens")
+        if tok:
+            result["stage"] = "tokens"
+            _write(result_path, result)
+            sampling = {"temperature": 0.0, "max_new_tokens": tok["max_new_tokens"], "ignore_eos": True}
+            outs = engine.generate(input_ids=tok["prompts"], sampling_params=sampling, return_logprob=True, top_logprobs_num=2)
+            outs = outs if isinstance(outs, list) else [outs]
+            result["tokens"] = [list(o["output_ids"]) for o in outs]
+            result["top2_gaps"] = [_top2_gaps(o.get("meta_info", {})) for o in outs]
+            result["spec"] = [
+                {k: o.get("meta_info", {}).get(k) for k in ("spec_accept_length", "spec_verify_ct", "completion_tokens")} for o in outs
+            ]
+            _write(result_path, result)
+        for i, (prompt_len, concurrency, requests) in enumerate(spec.get("load", [])):
+            result["stage"] = f"load P{prompt_len} C{concurrency}"
+            _write(result_path, result)
+            ph = engine.loop.run_until_complete(_load_phase(engine, prompt_len, concurrency, requests, spec["output_len"], 1000 + i))
+            rs = ph["results"]
+            ttfts = [r["ttft"] for r in rs]
+            itls = [x for r in rs for x in r["itls"]]
+            toks = sum(r["tokens"] for r in rs)
+            accepts = [r["accept_len"] for r in rs if r["accept_len"] is not None]
+            result["phases"].append(
+                dict(
+                    prompt_len=prompt_len, concurrency=concurrency, requests=len(rs), output_tokens=toks, phase_s=ph["phase_s"],
+                    out_tok_s=toks / ph["phase_s"], ttft_ms_p50=1e3 * _quantile(ttfts, 0.5), ttft_ms_p99=1e3 * _quantile(ttfts, 0.99),
+                    itl_ms_p50=1e3 * _quantile(itls, 0.5), itl_ms_p99=1e3 * _quantile(itls, 0.99),
+                    accept_len=statistics.mean(accepts) if accepts else None,
+                )
+            )
+            _write(result_path, result)
+        result["ok"], result["stage"] = True, "done"
+    except BaseException as e:  # noqa: BLE001 - everything is reported to the parent
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()
+        traceback.print_exc()
+    finally:
+        _write(result_path, result)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+    return 0 if result["ok"] else 1
+
+
+# ----------------------------------------------------------------------------------------------
+# the parent's side
+
+
+def run_backend(
+    model_path: str,
+    backend: str,
+    *,
+    engine_args: dict,
+    tokens: dict | None,
+    load: list[tuple[int, int, int]],
+    output_len: int,
+    pythonpath: list[str],
+    env: dict | None = None,
+    timeout_s: float = 600.0,
+    log_path: str | None = None,
+    device: str = "cuda",
+) -> dict:
+    """One engine start of ``backend`` on ``model_path`` running the phases asked for; never raises for
+    an engine failure (``ok`` False, ``stage``, ``error``, ``tracebacks``)."""
+    from triton_swa.testing.sglang_engine import _kill_group, extract_tracebacks
+
+    args = dict(engine_args, model_path=model_path, attention_backend=backend)
+    spec = {"engine_args": args, "tokens": tokens, "load": [list(x) for x in load], "output_len": output_len}
+    with tempfile.TemporaryDirectory(prefix="triton_swa_serve_") as tmp:
+        spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
+        log_path = log_path or os.path.join(tmp, "log.txt")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        t0 = time.monotonic()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "triton_swa.benchmark.serve", "--worker", spec_path, result_path],
+                cwd=tmp, env=gpu_engine_env(pythonpath, env, device), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        _kill_group(proc)
+        wall = time.monotonic() - t0
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+        result = {"ok": False, "stage": "worker", "error": f"the worker exited with {proc.returncode} and wrote no result"}
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                result = json.load(f)
+        if timed_out:
+            result["ok"] = False
+            result["error"] = f"no result within {timeout_s:.0f} s (stage reached: {result.get('stage')})"
+        result.update(backend=backend, model_path=model_path, engine_args=args, wall_s=wall, tracebacks=extract_tracebacks(text))
+        if not result["ok"]:
+            result["log_tail"] = "\n".join(text.splitlines()[-40:])
+        return result
+
+
+def hf_reference(model_path: str, prompts: list[list[int]], max_new_tokens: int, device: str) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+    """transformers' greedy ``generate()`` on ``device`` in the model's dtype, eager attention:
+    (tokens, top-2 logit gap per token, |top-1 logit| per token)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from triton_swa.testing.tiny_models import load_hf_config, model_info
+
+    dtype = getattr(torch, model_info(model_path)["dtype"])
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, config=load_hf_config(model_path), attn_implementation="eager", dtype=dtype
+    ).to(device).eval()
+    toks, gaps, tops = [], [], []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p], device=device)
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
+                eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+            )
+            toks.append(out.sequences[0, ids.shape[1]:].tolist())
+            top2 = torch.stack([s[0].float() for s in out.logits]).topk(2, dim=-1).values
+            gaps.append((top2[:, 0] - top2[:, 1]).tolist())
+            tops.append(top2[:, 0].abs().tolist())
+    del model
+    torch.cuda.empty_cache() if device == "cuda" else None
+    return toks, gaps, tops
+
+
+def bf16_tie_tol(logit: float) -> float:
+    """The near-tie rule for bf16 greedy tokens: two logits closer than 2 units in the last place of
+    bf16 at the top logit's magnitude (8 significant bits) can swap order under any correct
+    reordering of the sums."""
+    if logit <= 0 or not math.isfinite(logit):
+        return 2.0**-6
+    return 2.0 * 2.0 ** (math.floor(math.log2(logit)) - 7)
+
+
+def compare_tokens(got: list[list[int]], want: list[list[int]], gaps: list[list[float]], tops: list[list[float]]) -> dict:
+    """Per request: equal, or the first differing token with the reference's top-2 gap there and
+    whether that is a bf16 near-tie (:func:`bf16_tie_tol`)."""
+    from triton_swa.testing.sglang_engine import first_divergence
+
+    out = {"equal": 0, "near_tie": 0, "differ": 0, "requests": []}
+    for g, w, gp, tp in zip(got, want, gaps, tops):
+        i = first_divergence(g, w)
+        if i is None:
+            out["equal"] += 1
+            out["requests"].append({"equal": True})
+            continue
+        gap = gp[i] if i < len(gp) else float("nan")
+        tie = i < len(gp) and gap <= bf16_tie_tol(tp[i])
+        out["near_tie" if tie else "differ"] += 1
+        out["requests"].append({"equal": False, "first": i, "gap": gap, "tol": bf16_tie_tol(tp[i]) if i < len(tp) else None, "near_tie": tie})
+    return out
+
+
+def _spec_args(algorithm: str, draft: str | None) -> dict:
+    args: dict[str, Any] = {"speculative_algorithm": algorithm}
+    if algorithm == "NGRAM":
+        args.update(speculative_num_draft_tokens=4)
+    else:
+        args.update(speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    if draft:
+        args["speculative_draft_model_path"] = draft
+    return args
+
+
+def _environment() -> dict:
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name(0).replace(" ", "_") if torch.cuda.is_available() else "cpu"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m triton_swa.benchmark.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
+    p.add_argument("--models", default="gemma3-1b", help=f"comma-separated, of {sorted(MODELS)}")
+    p.add_argument("--backends", default="triton_swa,triton", help="SGLang attention backends, comma-separated")
+    p.add_argument("--graphs", default="on", help="on, off or on,off: CUDA graphs (off: --disable-cuda-graph)")
+    p.add_argument("--tokens", action="store_true", help="the token check (models with written weights)")
+    p.add_argument("--token-prompts", default="600,1100,1700", help="prompt lengths of the token check")
+    p.add_argument("--token-new", type=int, default=48, help="greedy tokens per prompt in the token check")
+    p.add_argument("--load", default="", help="PROMPTxCONCURRENCY[xREQUESTS],... e.g. 4096x1x2,4096x16,32768x16")
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
+    p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
+    p.add_argument("--timeout", type=float, default=480.0, help="seconds per engine start")
+    p.add_argument("--model-root", default=os.path.join(tempfile.gettempdir(), "triton_swa_serve_models"))
+    p.add_argument("--out", default=None, help="folder for the CSV, the JSON and the engines' logs")
+    p.add_argument("--git-sha", default=None)
+    p.add_argument("--dirty", default=None)
+    a = p.parse_args(argv)
+    if a.worker:
+        return worker_main(*a.worker)
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = Path(a.out or tempfile.mkdtemp(prefix="serve_"))
+    out.mkdir(parents=True, exist_ok=True)
+    env0 = _environment()
+    from triton_swa.benchmark.runner import provenance
+
+    sha, dirty = provenance(a.git_sha, a.dirty)
+    run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+    pythonpath = sgl_kernel_path(device)
+    print(f"serve: {env0}, git {sha} ({dirty}); on PYTHONPATH: {pythonpath or 'nothing (the real sgl_kernel imports)'}", flush=True)
+    load = []
+    for item in filter(None, a.load.split(",")):
+        parts = [int(x) for x in item.lower().replace("k", "000").split("x")]
+        load.append((parts[0], parts[1], parts[2] if len(parts) > 2 else max(parts[1], 2)))
+    base_args: dict[str, Any] = dict(dtype="bfloat16", random_seed=0, skip_tokenizer_init=True, log_level="warning",
+                                     mem_fraction_static=0.8, cuda_graph_max_bs_decode=64, context_length=40960)
+    if device == "cpu":
+        base_args.update(device="cpu", dtype="float32", disable_cuda_graph=True, mem_fraction_static=0.3, max_total_tokens=4096, context_length=512)
+    for kv in a.engine_arg:
+        k, v = kv.split("=", 1)
+        base_args[k] = json.loads(v)
+    records, rows = [], []
+    for name in filter(None, a.models.split(",")):
+        weights = bool(a.tokens)
+        t0 = time.monotonic()
+        path = build_model(name, a.model_root, weights=weights)
+        print(f"== {name}: {MODELS[name].note}; {'weights written' if weights else 'load_format dummy'} ({time.monotonic() - t0:.0f} s)", flush=True)
+        margs = dict(base_args) if weights else dict(base_args, load_format="dummy")
+        tokens = None
+        if a.tokens:
+            lens = [int(x) for x in a.token_prompts.split(",")]
+            if device == "cpu":
+                lens = [min(x, 40) for x in lens]
+            tokens = {"prompts": [pr for i, n in enumerate(lens) for pr in _prompts(1, n, 77 + i)], "max_new_tokens": a.token_new}
+        runs = []
+        for graphs in a.graphs.split(","):
+            for spec_algo in [""] + [s for s in a.spec.split(",") if s]:
+                for backend in a.backends.split(","):
+                    eargs = dict(margs, disable_cuda_graph=(graphs == "off") or device == "cpu")
+                    label = f"{backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
+                    if spec_algo:
+                        draft_name = "gemma3-tiny-draft" if device == "cpu" else "gemma3-draft"
+                        draft = build_model(draft_name, a.model_root, weights=True) if spec_algo == "STANDALONE" else None
+                        eargs.update(_spec_args(spec_algo, draft))
+                    log_path = str(out / f"engine-{name}-{backend}-{graphs}{'-' + spec_algo if spec_algo else ''}.log")
+                    r = run_backend(path, backend, engine_args=eargs, tokens=tokens, load=[] if spec_algo else load,
+                                    output_len=a.output_len, pythonpath=pythonpath, timeout_s=a.timeout, log_path=log_path, device=device)
+                    r.update(model=name, graphs=graphs, spec=spec_algo, label=label)
+                    status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
+                    print(f"  {label}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)", flush=True)
+                    for tb in r.get("tracebacks", [])[:2]:
+                        print("    " + "\n    ".join(tb.splitlines()[-6:]), flush=True)
+                    for ph in r.get("phases", []):
+                        print(f"    P{ph['prompt_len']} C{ph['concurrency']} x{ph['requests']}: {ph['out_tok_s']:.0f} out tok/s, "
+                              f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}", flush=True)
+                    runs.append(r)
+        if a.tokens:
+            _report_tokens(name, path, runs, tokens, device)
+        for r in runs:
+            status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
+            case_base = f"serve-{name}-{'graph' if r['graphs'] == 'on' else 'eager'}" + (f"-{r['spec']}" if r["spec"] else "")
+            phases = r.get("phases") or [None]
+            for ph in phases:
+                row = {c: "" for c in COLUMNS}
+                row.update(op="serve", provider=r["backend"], start_s=f"{r.get('start_s', 0):.1f}", sglang=r.get("sglang", ""),
+                           git_sha=sha, date=datetime.date.today().isoformat(), dirty=dirty, run_id=run_id, status=status, **env0)
+                if ph is None:
+                    row["case"] = case_base + "-tokens"
+                    accepts = [s.get("spec_accept_length") for s in r.get("spec", []) if s.get("spec_accept_length") is not None]
+                    row["accept_len"] = f"{statistics.mean(accepts):.3f}" if accepts else ""
+                else:
+                    row["case"] = f"{case_base}-P{ph['prompt_len']}-C{ph['concurrency']}-O{a.output_len}"
+                    for k in ("out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "phase_s"):
+                        row[k] = f"{ph[k]:.3f}"
+                    row.update(requests=ph["requests"], output_tokens=ph["output_tokens"],
+                               accept_len="" if ph["accept_len"] is None else f"{ph['accept_len']:.3f}")
+                rows.append(row)
+        records.extend(runs)
+    csv_path = out / f"serve-{datetime.date.today().isoformat()}-{env0['gpu']}.csv"
+    new = not csv_path.exists()
+    import csv
+
+    with open(csv_path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+    with open(out / f"serve-{sha}-{run_id}.json", "w") as f:
+        json.dump(records, f, indent=1, default=str)
+    print(f"rows: {csv_path}")
+    return 0 if all(r["ok"] for r in records) else 1
+
+
+def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device: str) -> None:
+    """Each run's tokens against transformers' (near-tie rule) and against the first backend's."""
+    t0 = time.monotonic()
+    try:
+        want, gaps, tops = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device)
+    except Exception as e:  # noqa: BLE001 - reported, the engines' rows still count
+        print(f"  transformers reference failed: {type(e).__name__}: {e}", flush=True)
+        return
+    print(f"  transformers generate(): {len(want)} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True)
+    from triton_swa.testing.sglang_engine import first_divergence
+
+    base = {}
+    for r in runs:
+        if not r.get("tokens"):
+            continue
+        c = compare_tokens(r["tokens"], want, gaps, tops)
+        r["vs_transformers"] = c
+        detail = "; ".join(f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})"
+                           for i, q in enumerate(c["requests"]) if not q["equal"])
+        key = (r["graphs"],)
+        if r["spec"] == "" and key not in base:
+            base[key] = r
+        ref = base.get(key)
+        same = ""
+        if ref is not None and ref is not r:
+            firsts = [first_divergence(x, y) for x, y in zip(r["tokens"], ref["tokens"])]
+            same = f"; vs {ref['backend']}{' (non-speculative)' if r['spec'] else ''}: {sum(f is None for f in firsts)}/{len(firsts)} equal"
+        accept = ""
+        if r["spec"]:
+            accept = "; accept length per request " + ", ".join(str(s.get("spec_accept_length")) for s in r.get("spec", []))
+        print(f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a bf16 near-tie, "
+              f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
