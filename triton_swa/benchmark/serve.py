@@ -84,7 +84,8 @@ MODELS: dict[str, ServeModel] = {
         "gemma4", 512, 24,
         dict(layers=24, hidden_size=2048, intermediate_size=8192, heads=8, sliding_head_dim=256, full_head_dim=512,
              sliding_kv_heads=2, full_kv_heads=1, kv_shared=6, full_every=6, ple=256, max_positions=40960),
-        262144, "Gemma-4-like: 24 layers (5:1, window 512; the top 6 KV-shared), 8 q heads; sliding 2 kv x 256, full 1 kv x 512",
+        32768, "Gemma-4-like: 24 layers (5:1, window 512; the top 6 KV-shared), 8 q heads; sliding 2 kv x 256, full 1 kv x 512; "
+        "vocabulary 32768 (per-layer inputs of 256 per layer and token: 200M parameters at this vocabulary)",
     ),
     # STANDALONE's draft: a 2-layer Gemma 3 of the targets' vocabulary
     "gemma3-draft": ServeModel(
@@ -133,6 +134,8 @@ def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str
     env.pop("TRITON_INTERPRET", None)
     if device == "cpu":
         env.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")
+    elif str(CUDA_STUBS) in pythonpath:
+        env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in has no wheel metadata to check
     paths = [*pythonpath, str(_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(extra or {})
