@@ -130,7 +130,10 @@ def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str
     """The environment of a GPU engine subprocess (module doc); ``device="cpu"`` runs the harness on
     SGLang's CPU engine with the kernels in Triton's interpreter (its own test)."""
     env = dict(os.environ)
-    env.update(SGLANG_PLUGINS="triton_swa", SGLANG_FORCE_FUSED_OP_BACKEND="torch", PYTHONUNBUFFERED="1")
+    # SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: the radix tree's Python core (the carried sglang wheel
+    # has no compiled Rust extensions)
+    env.update(SGLANG_PLUGINS="triton_swa", SGLANG_FORCE_FUSED_OP_BACKEND="torch", PYTHONUNBUFFERED="1",
+               SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python")
     env.pop("TRITON_INTERPRET", None)
     if device == "cpu":
         env.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")
@@ -238,7 +241,7 @@ def worker_main(spec_path: str, result_path: str) -> int:
             outs = outs if isinstance(outs, list) else [outs]
             result["tokens"] = [list(o["output_ids"]) for o in outs]
             result["top2_gaps"] = [_top2_gaps(o.get("meta_info", {})) for o in outs]
-            result["spec"] = [
+            result["spec_meta"] = [
                 {k: o.get("meta_info", {}).get(k) for k in ("spec_accept_length", "spec_verify_ct", "completion_tokens")} for o in outs
             ]
             _write(result_path, result)
@@ -500,7 +503,7 @@ def main(argv=None) -> int:
                            git_sha=sha, date=datetime.date.today().isoformat(), dirty=dirty, run_id=run_id, status=status, **env0)
                 if ph is None:
                     row["case"] = case_base + "-tokens"
-                    accepts = [s.get("spec_accept_length") for s in r.get("spec", []) if s.get("spec_accept_length") is not None]
+                    accepts = [s.get("spec_accept_length") for s in r.get("spec_meta", []) if s.get("spec_accept_length") is not None]
                     row["accept_len"] = f"{statistics.mean(accepts):.3f}" if accepts else ""
                 else:
                     row["case"] = f"{case_base}-P{ph['prompt_len']}-C{ph['concurrency']}-O{a.output_len}"
@@ -554,7 +557,7 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
             same = f"; vs {ref['backend']}{' (non-speculative)' if r['spec'] else ''}: {sum(f is None for f in firsts)}/{len(firsts)} equal"
         accept = ""
         if r["spec"]:
-            accept = "; accept length per request " + ", ".join(str(s.get("spec_accept_length")) for s in r.get("spec", []))
+            accept = "; accept length per request " + ", ".join(str(s.get("spec_accept_length")) for s in r.get("spec_meta", []))
         print(f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a bf16 near-tie, "
               f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""), flush=True)
 
