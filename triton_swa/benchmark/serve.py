@@ -65,6 +65,7 @@ class ServeModel:
     shape: dict
     vocab_size: int
     note: str
+    engine_args: dict = dataclasses.field(default_factory=dict)
 
 
 # Gemma 3 1B and 12B: the published text configs' dims. Gemma 4: a Gemma-4-like shape of this
@@ -86,6 +87,10 @@ MODELS: dict[str, ServeModel] = {
              sliding_kv_heads=2, full_kv_heads=1, kv_shared=6, full_every=6, ple=256, max_positions=40960),
         32768, "Gemma-4-like: 24 layers (5:1, window 512; the top 6 KV-shared), 8 q heads; sliding 2 kv x 256, full 1 kv x 512; "
         "vocabulary 32768 (per-layer inputs of 256 per layer and token: 200M parameters at this vocabulary)",
+        # SGLang 0.5.23's prefill CUDA graph refuses KV-shared layers for every attention backend
+        # ("invalid or duplicate attention layer_id: 16", cuda_graph_setup.index_attention_layers_by_global_id):
+        # decode graphs stay on
+        engine_args=dict(disable_prefill_cuda_graph=True),
     ),
     # STANDALONE's draft: a 2-layer Gemma 3 of the targets' vocabulary
     "gemma3-draft": ServeModel(
@@ -462,7 +467,9 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         path = build_model(name, a.model_root, weights=weights)
         print(f"== {name}: {MODELS[name].note}; {'weights written' if weights else 'load_format dummy'} ({time.monotonic() - t0:.0f} s)", flush=True)
-        margs = dict(base_args) if weights else dict(base_args, load_format="dummy")
+        margs = dict(base_args, **MODELS[name].engine_args)
+        if not weights:
+            margs["load_format"] = "dummy"
         tokens = None
         if a.tokens:
             lens = [int(x) for x in a.token_prompts.split(",")]

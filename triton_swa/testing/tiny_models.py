@@ -309,6 +309,9 @@ def build_tiny_model(
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    # the spread shrinks as 1/sqrt(width) past the tiny models' 64 (at real sizes a fixed spread makes
+    # the random network chaotic: bf16 rounding alone then decides the greedy tokens)
+    std *= (64 / cfg.hidden_size) ** 0.5
     _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, 0.05)
     model = model.to(saved_dtype)
     model.generation_config.eos_token_id = None  # the tier decodes a fixed number of tokens
