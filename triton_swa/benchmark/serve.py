@@ -428,6 +428,7 @@ def main(argv=None) -> int:
     p.add_argument("--load", default="", help="PROMPTxCONCURRENCY[xREQUESTS],... e.g. 4096x1x2,4096x16,32768x16")
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
+    p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
     p.add_argument("--timeout", type=float, default=480.0, help="seconds per engine start")
     p.add_argument("--model-root", default=os.path.join(tempfile.gettempdir(), "triton_swa_serve_models"))
@@ -450,7 +451,7 @@ def main(argv=None) -> int:
     run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
     pythonpath = sgl_kernel_path(device)
     print(f"serve: {env0}, git {sha} ({dirty}); on PYTHONPATH: {pythonpath or 'nothing (the real sgl_kernel imports)'}", flush=True)
-    load = []
+    load: list[tuple[int, int, int]] = []
     for item in filter(None, a.load.split(",")):
         parts = [int(x) for x in item.lower().replace("k", "000").split("x")]
         load.append((parts[0], parts[1], parts[2] if len(parts) > 2 else max(parts[1], 2)))
@@ -478,7 +479,8 @@ def main(argv=None) -> int:
             tokens = {"prompts": [pr for i, n in enumerate(lens) for pr in _prompts(1, n, 77 + i)], "max_new_tokens": a.token_new}
         runs = []
         for graphs in a.graphs.split(","):
-            for spec_algo in [""] + [s for s in a.spec.split(",") if s]:
+            spec_here = not a.spec_models or name in a.spec_models.split(",")
+            for spec_algo in [""] + [s for s in a.spec.split(",") if s and spec_here]:
                 for backend in a.backends.split(","):
                     eargs = dict(margs, disable_cuda_graph=(graphs == "off") or device == "cpu")
                     label = f"{backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
