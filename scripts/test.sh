@@ -14,17 +14,31 @@
 # With no arguments: the suite on two workers (pytest-xdist, work stealing), then the engine tier on
 # its own (each of its tests starts SGLang's multi-process engine, and its session shares engine runs
 # between tests). With arguments: one pytest run over them (`bash scripts/test.sh tests/ops -x`).
+#
+# Each part's wall time is printed as it ends ("time: setup 118 s") and all of them at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TIMES=()
+tier_done() { # name, start second
+  TIMES+=("$1 $((SECONDS - $2)) s")
+  echo "time: ${TIMES[-1]}"
+}
+t0=$SECONDS
 bash scripts/setup_env.sh
 bash scripts/setup_sglang.sh .venv/bin/python || echo "SGLang tier: SKIPPED (its install failed, above; tests/integration will skip)"
 bash scripts/setup_sglang_engine.sh .venv/bin/python || echo "SGLang engine tier: SKIPPED (its install failed, above; tests/engine will skip)"
 bash scripts/setup_vllm.sh .venv/bin/python || echo "vLLM tier: SKIPPED (its install failed, above; its tests will skip)"
+tier_done setup "$t0"
 PYTEST=(.venv/bin/python -m pytest -q)
 if [ "$#" -gt 0 ]; then
   exec "${PYTEST[@]}" -n "${TEST_WORKERS:-2}" --dist worksteal "$@"
 fi
 status=0
+t0=$SECONDS
 "${PYTEST[@]}" -n "${TEST_WORKERS:-2}" --dist worksteal --ignore=tests/engine || status=$?
+tier_done suite "$t0"
+t0=$SECONDS
 "${PYTEST[@]}" -p no:xdist -rA tests/engine || status=$?
+tier_done "engine tier" "$t0"
+echo "times: $(IFS=,; echo "${TIMES[*]}")"
 exit "$status"
