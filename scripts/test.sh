@@ -12,8 +12,8 @@
 #     Attention layer driving the TRITON_SWA backend (scripts/setup_vllm.sh).
 #
 # With no arguments: the suite on two workers (pytest-xdist, work stealing), then the engine tier on
-# its own (each of its tests starts SGLang's multi-process engine, and its session shares engine runs
-# between tests). With arguments: one pytest run over them (`bash scripts/test.sh tests/ops -x`).
+# its own (its tests read SGLang engine runs, each a multi-process engine in subprocesses: the session
+# starts each run once, two at a time, TRITON_SWA_ENGINE_JOBS). With arguments: one pytest run over them (`bash scripts/test.sh tests/ops -x`).
 #
 # Each part's wall time is printed as it ends ("time: setup 118 s") and all of them at the end.
 set -euo pipefail

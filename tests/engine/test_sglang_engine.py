@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -50,8 +51,8 @@ SCENARIOS = {
     # window 8: prompts of 5, 29 and 12 tokens, 40 new tokens each
     "gemma3": dict(max_new_tokens=40, dtype="float32", env={}),
     # window 16, hybrid SWA pool: SGLang evicts out-of-window SWA slots once SGLANG_SWA_EVICTION_INTERVAL
-    # tokens have left the window (default 128); 4 makes eviction happen many times in 60 tokens
-    "gemma4": dict(max_new_tokens=60, dtype="float32", env={"SGLANG_SWA_EVICTION_INTERVAL": "4"}),
+    # tokens have left the window (default 128); 4 makes eviction happen many times in 40 tokens
+    "gemma4": dict(max_new_tokens=40, dtype="float32", env={"SGLANG_SWA_EVICTION_INTERVAL": "4"}),
     # window 8, attention sinks, bf16 (SGLang's gpt-oss builds its attention in bf16)
     "gpt-oss": dict(max_new_tokens=24, dtype="bfloat16", env={}),
 }
@@ -59,12 +60,15 @@ SCENARIOS = {
 CONTROL_ALIASES = {"torch_native": "triton"}
 # one engine run's limit: the longest, a Gemma 4 speculative drift run, took 223-237 s on the 2-core CI
 # machine (engine-tier-48d0c38) and 396-427 s on a slower day of it (2026-12-02, the whole tier 1.5-1.9x
-# slower): twice that, so that a slow machine does not read as a hang
+# slower), one run at a time; 244-288 s two at a time with 40 tokens (was 60): twice the slow day's,
+# so that a slow machine does not read as a hang
 TIMEOUT_S = float(os.environ.get("TRITON_SWA_ENGINE_TIMEOUT", "900"))
+# engine runs at a time: a run's generation keeps about one core busy (Triton's interpreter in the
+# scheduler process), so on the 2-core CI machine two runs side by side take about the time of one
+ENGINE_JOBS = max(1, int(os.environ.get("TRITON_SWA_ENGINE_JOBS", "2")))
 # what SGLang calls on a CPU that only the compiled sgl_kernel provides (the stub raises this)
 STUB_MARK = "sgl_kernel is the engine tier's stub"
 
-_runs: dict = {}
 _refs: dict = {}
 _timings: list[tuple[str, float]] = []
 
@@ -72,71 +76,131 @@ _timings: list[tuple[str, float]] = []
 PLUGINS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
 
 
-@pytest.fixture(scope="session")
-def engine(engine_pythonpath, tiny_models, tmp_path_factory):
-    """``engine(family, backend, speculative=None, server=False, ...)`` -> EngineRun, each at most once
-    per session.
+def reads(specs):
+    """Declare the engine runs a test reads: ``specs(tiny_models, **params)`` -> a list of run specs
+    (:func:`run_spec`), in the order the ``runs`` fixture returns them.
+    The session starts every selected test's runs up front (:class:`_Engines`)."""
 
-    ``engine_args``, ``env``: added to the scenario's; ``plugins``: SGLang plugins besides
-    ``triton_swa`` (test plugins from ``tests/engine/plugins``, which then goes on the engine's
-    PYTHONPATH); ``step_log``: the run records per-step events in a file (the sgl_kernel stub's
-    accepted drafts per verify step, ``V <n>...``; the prefix-rule plugin's lines), returned as
-    ``run.step_log`` (list of lines).
-    """
-    from triton_swa.testing.sglang_engine import run_engine, run_server
+    def mark(test):
+        test.engine_runs = specs
+        return test
 
-    def get(
-        family: str,
-        backend: str,
-        speculative=None,
-        server: bool = False,
-        prompts=None,
-        max_new_tokens=None,
-        engine_args=None,
-        env=None,
-        plugins=(),
-        step_log: bool = False,
-    ):
+    return mark
+
+
+def run_spec(family: str, backend: str = "triton_swa", **kw) -> dict:
+    """One engine run's spec: ``speculative``, ``server`` (launch_server + HTTP), ``prompts``,
+    ``max_new_tokens``, ``engine_args`` and ``env`` (added to the scenario's), ``plugins`` (SGLang
+    plugins besides ``triton_swa`` from ``tests/engine/plugins``), ``step_log`` (the run records
+    per-step events in a file: the sgl_kernel stub's accepted drafts per verify step, ``V <n>...``;
+    the prefix-rule plugin's lines; returned as ``run.step_log``). Unset keys take the scenario's
+    values, so equal runs have equal specs."""
+    sc = SCENARIOS[family.removesuffix("-draft")]
+    spec = dict(family=family, backend=backend, prompts=PROMPTS, max_new_tokens=sc["max_new_tokens"])
+    spec.update((k, v) for k, v in kw.items() if v not in (None, False, (), {}))
+    return spec
+
+
+def plain_spec(family: str) -> dict:
+    """The scenario's non-speculative triton_swa run. Gemma 3's goes through ``launch_server`` and
+    ``POST /generate``: the one server start serves the HTTP test, transformers' check and the
+    speculative runs' comparison."""
+    return run_spec(family, server=family == "gemma3")
+
+
+class _Engines:
+    """Every engine run of the session, each at most once, ``ENGINE_JOBS`` at a time in the
+    background (threads waiting on the engines' subprocesses), the longest first; the tests read
+    them in their own order."""
+
+    def __init__(self, pythonpath, tiny_models, tmp_path_factory):
+        self.pythonpath, self.tiny_models, self.tmp = list(pythonpath), tiny_models, tmp_path_factory
+        self.pool = ThreadPoolExecutor(max_workers=ENGINE_JOBS, thread_name_prefix="engine")
+        self.futures: dict = {}
+
+    @staticmethod
+    def key(spec: dict) -> tuple:
+        return tuple(sorted((k, repr(v)) for k, v in spec.items()))
+
+    def submit(self, spec: dict):
+        key = self.key(spec)
+        if key not in self.futures:
+            log_path = str(self.tmp.mktemp("step_log") / "steps.txt") if spec.get("step_log") else None
+            self.futures[key] = self.pool.submit(self._execute, spec, log_path)
+        return self.futures[key]
+
+    def plan(self, specs) -> None:
+        for spec in sorted(specs, key=_expected_cost, reverse=True):
+            self.submit(spec)
+
+    def _execute(self, spec: dict, log_path: str | None):
+        from triton_swa.testing.sglang_engine import run_engine, run_server
+
+        family, backend = spec["family"], spec["backend"]
         sc = SCENARIOS[family.removesuffix("-draft")]
-        prompts = PROMPTS if prompts is None else prompts
-        n = sc["max_new_tokens"] if max_new_tokens is None else max_new_tokens
-        key = (family, backend, repr(speculative), server, repr(prompts), n, repr(engine_args), repr(env), tuple(plugins), step_log)
-        if key not in _runs:
-            run_env = dict(sc["env"], **(env or {}))
-            pythonpath = list(engine_pythonpath) + ([PLUGINS_DIR] if plugins else [])
-            log_path = None
-            if step_log:
-                log_path = str(tmp_path_factory.mktemp("step_log") / "steps.txt")
-                run_env.update(TRITON_SWA_STUB_VERIFY_LOG=log_path, TRITON_SWA_PREFIX_RULE_LOG=log_path)
-            kwargs = dict(
-                speculative=speculative,
-                dtype=sc["dtype"],
-                pythonpath=pythonpath,
-                env=run_env,
-                plugins=",".join(("triton_swa", *plugins)),
-                engine_args=engine_args,
+        prompts, n = spec["prompts"], spec["max_new_tokens"]
+        plugins = tuple(spec.get("plugins", ()))
+        run_env = dict(sc["env"], **(spec.get("env") or {}))
+        if log_path:
+            run_env.update(TRITON_SWA_STUB_VERIFY_LOG=log_path, TRITON_SWA_PREFIX_RULE_LOG=log_path)
+        kwargs = dict(
+            speculative=spec.get("speculative"),
+            dtype=sc["dtype"],
+            pythonpath=self.pythonpath + ([PLUGINS_DIR] if plugins else []),
+            env=run_env,
+            plugins=",".join(("triton_swa", *plugins)),
+            engine_args=spec.get("engine_args"),
+        )
+        t0 = time.monotonic()
+        if spec.get("server"):
+            result = run_server(self.tiny_models[family], backend, prompts, n, request_timeout_s=TIMEOUT_S, **kwargs)
+        else:
+            result = run_engine(
+                self.tiny_models[family], backend, prompts, n, timeout_s=TIMEOUT_S, alias_backends_in_model_checks=CONTROL_ALIASES, **kwargs
             )
-            t0 = time.monotonic()
-            if server:
-                run = run_server(tiny_models[family], backend, prompts, n, **kwargs)
-            else:
-                run = run_engine(
-                    tiny_models[family], backend, prompts, n, timeout_s=TIMEOUT_S, alias_backends_in_model_checks=CONTROL_ALIASES, **kwargs
-                )
-            _timings.append(
-                (
-                    f"{'server' if server else 'engine'} {family} {backend} {speculative or ''} {engine_args or ''} {plugins or ''}",
-                    time.monotonic() - t0,
-                )
-            )
-            run.step_log = []
-            if log_path and os.path.exists(log_path):
-                with open(log_path) as f:
-                    run.step_log = f.read().splitlines()
-            _runs[key] = run
-        return _runs[key]
+        what = " ".join(str(spec.get(k) or "") for k in ("speculative", "engine_args", "plugins"))
+        _timings.append((f"{'server' if spec.get('server') else 'engine'} {family} {backend} {what}", time.monotonic() - t0))
+        result.step_log = []
+        if log_path and os.path.exists(log_path):
+            with open(log_path) as f:
+                result.step_log = f.read().splitlines()
+        return result
 
-    return get
+
+def _expected_cost(spec: dict) -> float:
+    """A rough order of a run's time (tokens to generate, drafts by a model cost most), to start the
+    longest first."""
+    tokens = len(spec["prompts"]) * spec["max_new_tokens"]
+    speculative = spec.get("speculative")
+    if speculative is not None:
+        tokens *= 4 if speculative.draft_model_path else 2
+    return tokens * (0.3 if spec["backend"] == "torch_native" else 1.0)
+
+
+def _skipped(item) -> bool:
+    return any(m.name == "skip" or (m.args and m.args[0]) for m in item.iter_markers() if m.name in ("skip", "skipif"))
+
+
+@pytest.fixture(scope="session")
+def engine(engine_pythonpath, tiny_models, tmp_path_factory, request):
+    """The session's engine runs (:class:`_Engines`): the runs the selected tests declare
+    (:func:`reads`) start at once, in the background; ``engine.submit(spec).result()`` -> EngineRun."""
+    engines = _Engines(engine_pythonpath, tiny_models, tmp_path_factory)
+    specs = []
+    for item in request.session.items:
+        declared = getattr(getattr(item, "function", None), "engine_runs", None)
+        if declared is not None and not _skipped(item):
+            specs += declared(tiny_models, **getattr(getattr(item, "callspec", None), "params", {}))
+    engines.plan(specs)
+    yield engines
+    engines.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def runs(engine, tiny_models, request):
+    """The engine runs the test declared with :func:`reads`, in its order."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    return [engine.submit(spec).result() for spec in request.function.engine_runs(tiny_models, **params)]
 
 
 @pytest.fixture(scope="session")
@@ -172,8 +236,9 @@ def _assert_tokens_equal(run, ref, prompts=PROMPTS):
 
 
 @pytest.mark.parametrize("family", ["gemma3", "gemma4"])
-def test_torch_native_control_equals_transformers(engine, reference, family):
-    run = engine(family, "torch_native")
+@reads(lambda tm, family: [run_spec(family, "torch_native")])
+def test_torch_native_control_equals_transformers(runs, reference, family):
+    (run,) = runs
     _require_ok(run)
     _assert_tokens_equal(run, reference(family))
     if family == "gemma4":
@@ -181,8 +246,10 @@ def test_torch_native_control_equals_transformers(engine, reference, family):
 
 
 @pytest.mark.parametrize("family", ["gemma3", "gemma4"])
-def test_triton_swa_equals_transformers(engine, reference, family):
-    run = engine(family, "triton_swa")
+@reads(lambda tm, family: [plain_spec(family)])
+def test_triton_swa_equals_transformers(runs, reference, family):
+    """sglang.Engine (Gemma 4) and launch_server (Gemma 3, :func:`plain_spec`) with triton_swa."""
+    (run,) = runs
     _require_ok(run)
     _assert_tokens_equal(run, reference(family))
     if family == "gemma4":
@@ -190,21 +257,23 @@ def test_triton_swa_equals_transformers(engine, reference, family):
 
 
 @pytest.mark.parametrize("backend", ["triton_swa", "triton"])
-def test_gpt_oss_smoke(engine, backend):
+@reads(lambda tm, backend: [run_spec("gpt-oss", backend)])
+def test_gpt_oss_smoke(runs, backend):
     """gpt-oss (sinks, bf16) launches and decodes; transformers is no reference here (module doc)."""
-    run = engine("gpt-oss", backend)
+    (run,) = runs
     _require_ok(run)
     n = SCENARIOS["gpt-oss"]["max_new_tokens"]
     assert [len(o) for o in run.outputs] == [n] * len(PROMPTS)
 
 
-def test_gpt_oss_triton_swa_equals_transformers_up_to_bf16_ties(tiny_models, engine):
+@reads(lambda tm: [run_spec("gpt-oss")])
+def test_gpt_oss_triton_swa_equals_transformers_up_to_bf16_ties(tiny_models, runs):
     """gpt-oss runs in bf16, where the top two logits often tie: triton_swa's tokens equal
     transformers' up to the first step whose reference top-2 gap is within bf16 rounding (a relative
     2**-6, two bf16 spacings); after such a step the sequences legitimately part."""
     from triton_swa.testing.sglang_engine import first_divergence, hf_greedy
 
-    run = engine("gpt-oss", "triton_swa")
+    (run,) = runs
     _require_ok(run)
     ref, margins = hf_greedy(tiny_models["gpt-oss"], PROMPTS, SCENARIOS["gpt-oss"]["max_new_tokens"], dtype="bfloat16", return_margins=True)
     bad = []
@@ -215,14 +284,15 @@ def test_gpt_oss_triton_swa_equals_transformers_up_to_bf16_ties(tiny_models, eng
     assert not bad, "\n".join(bad)
 
 
-def test_triton_control_one_key_short_after_window(engine, reference, tiny_models):
+@reads(lambda tm: [run_spec("gemma3", "triton")])
+def test_triton_control_one_key_short_after_window(runs, reference, tiny_models):
     """A finding about SGLang's triton backend, not a reference: on Gemma 3 (window 8) its tokens equal
     transformers' while the sequence is shorter than the window and differ once it is past it."""
     from triton_swa.testing.sglang_engine import first_divergence
     from triton_swa.testing.tiny_models import model_info
 
     window = model_info(tiny_models["gemma3"])["sliding_window"]
-    run = engine("gemma3", "triton")
+    (run,) = runs
     _require_ok(run)
     ref = reference("gemma3")
     diverged = []
@@ -235,12 +305,16 @@ def test_triton_control_one_key_short_after_window(engine, reference, tiny_model
     assert diverged, "SGLang's triton backend now equals transformers past the window: drop this finding"
 
 
-def test_launch_server_http_triton_swa(engine, reference):
-    """python -m sglang.launch_server on 127.0.0.1 + POST /generate, with triton_swa (Gemma 3)."""
-    prompts, n = PROMPTS[:2], 16
-    run = engine("gemma3", "triton_swa", server=True, prompts=prompts, max_new_tokens=n)
+@reads(lambda tm: [plain_spec("gemma3")])
+def test_launch_server_http_triton_swa(runs, reference):
+    """python -m sglang.launch_server on 127.0.0.1 + POST /generate, with triton_swa (Gemma 3): each
+    answer reports its token count, and the tokens equal transformers'."""
+    (run,) = runs
     _require_ok(run)
-    _assert_tokens_equal(run, reference("gemma3", prompts=prompts, max_new_tokens=n), prompts=prompts)
+    assert run.engine_args.get("port") and run.backend == "triton_swa", run.engine_args
+    n = SCENARIOS["gemma3"]["max_new_tokens"]
+    assert [m.get("completion_tokens") for m in run.meta] == [n] * len(PROMPTS), run.meta
+    _assert_tokens_equal(run, reference("gemma3"))
 
 
 def _speculative_outcome(run):
@@ -265,7 +339,8 @@ def _chain(algorithm: str, draft=None):
     return Speculative(algorithm, draft_model_path=draft, num_steps=3, eagle_topk=1, num_draft_tokens=4)
 
 
-def test_standalone_speculative_triton_swa(engine, tiny_models):
+@reads(lambda tm: [run_spec("gemma3", speculative=_chain("STANDALONE", tm["gemma3"]), prompts=SPEC_PROMPTS), plain_spec("gemma3")])
+def test_standalone_speculative_triton_swa(runs):
     """STANDALONE, chain drafts, Gemma 3 drafting for itself: tokens equal the non-speculative run's,
     and drafts are accepted (mean acceptance length > 1).
 
@@ -274,25 +349,23 @@ def test_standalone_speculative_triton_swa(engine, tiny_models):
     one), so even a self-draft disagrees with the target at times; random drafts are accepted about
     never. Speculative decoding on this CPU runs on the sgl_kernel stub's stand-ins of SGLang's CPU
     ops (tests/engine/stubs)."""
-    spec = _chain("STANDALONE", tiny_models["gemma3"])
-    run = engine("gemma3", "triton_swa", speculative=spec, prompts=SPEC_PROMPTS)
+    run, plain_run = runs
     _speculative_outcome(run)
-    plain = engine("gemma3", "triton_swa")
-    _require_ok(plain)
-    assert run.outputs == plain.outputs[: len(SPEC_PROMPTS)]
+    _require_ok(plain_run)
+    assert run.outputs == plain_run.outputs[: len(SPEC_PROMPTS)]
     lengths = run.accept_lengths
     assert all(a is not None and a >= 1.0 for a in lengths), run.meta
     assert sum(lengths) / len(lengths) > 1.0, run.meta
 
 
-def test_ngram_speculative_triton_swa(engine):
+@reads(lambda tm: [run_spec("gemma3", speculative=_chain("NGRAM"), prompts=SPEC_PROMPTS), plain_spec("gemma3")])
+def test_ngram_speculative_triton_swa(runs):
     """NGRAM (no draft model): tokens equal the non-speculative run's (random prompts give n-grams
     little to match: acceptance stays near 1)."""
-    run = engine("gemma3", "triton_swa", speculative=_chain("NGRAM"), prompts=SPEC_PROMPTS)
+    run, plain_run = runs
     _speculative_outcome(run)
-    plain = engine("gemma3", "triton_swa")
-    _require_ok(plain)
-    assert run.outputs == plain.outputs[: len(SPEC_PROMPTS)]
+    _require_ok(plain_run)
+    assert run.outputs == plain_run.outputs[: len(SPEC_PROMPTS)]
     assert all(a is not None and a >= 1.0 for a in run.accept_lengths), run.meta
 
 
@@ -303,17 +376,18 @@ def test_ngram_speculative_triton_swa(engine):
 # own (kv_cache_configurator.py, the draft-worker branch). Full and SWA slot ids stay equal while
 # both allocators hand out fresh slots in lockstep; they part once freed slots come back in
 # different orders (SWA slots freed by window eviction, full ones only when a request ends). The
-# scenario makes that happen mid-run: pools of 168 slots, full and SWA alike, two requests at a
-# time and no radix cache, so the third prompt runs on slots its predecessors freed.
-DRIFT_ENGINE_ARGS = {"max_total_tokens": 168, "swa_full_tokens_ratio": 1.0, "max_running_requests": 2, "disable_radix_cache": True}
+# scenario makes that happen mid-run: pools of 128 slots, full and SWA alike, two requests at a
+# time and no radix cache, so the third prompt runs on slots its predecessors freed (the first two
+# requests take 5 + 40 and 29 + 40 slots, and drafts a few more: the fresh slots run out as the
+# third starts).
+DRIFT_ENGINE_ARGS = {"max_total_tokens": 128, "swa_full_tokens_ratio": 1.0, "max_running_requests": 2, "disable_radix_cache": True}
 PREFIX_RULE_PLUGIN = "triton_swa_prefix_rule"  # tests/engine/plugins
 
 
-def _drift_run(engine, tiny_models, rule: str, writes: str = "pool", prompts=None, max_new_tokens=None):
+def _drift_run(tiny_models, rule: str, writes: str = "pool", prompts=None, max_new_tokens=None) -> dict:
     env = {"TRITON_SWA_PREFIX_RULE": rule, "TRITON_SWA_PREFIX_RULE_WRITES": writes}
-    return engine(
+    return run_spec(
         "gemma4",
-        "triton_swa",
         speculative=_chain("STANDALONE", tiny_models["gemma4"]),
         prompts=prompts,
         max_new_tokens=max_new_tokens,
@@ -346,34 +420,33 @@ def _windows(rows, size: int = 8) -> str:
     return " ".join(f"{1 + _mean(rows[i : i + size]):.2f}" for i in range(0, len(rows), size))
 
 
-def test_standalone_gemma4_draft_has_its_own_swa_pool(engine, tiny_models):
+@reads(lambda tm: [_drift_run(tm, "policy"), plain_spec("gemma4")])
+def test_standalone_gemma4_draft_has_its_own_swa_pool(runs):
     """STANDALONE on Gemma 4 (hybrid SWA pool), Gemma 4 drafting for itself: tokens equal the
     non-speculative run's, drafts are accepted, and SGLang built two SWAKVPools (the target's and
     the draft's own)."""
-    run = _drift_run(engine, tiny_models, "policy")
+    run, plain_run = runs
     _speculative_outcome(run)
-    plain = engine("gemma4", "triton_swa")
-    _require_ok(plain)
-    assert run.outputs == plain.outputs
+    _require_ok(plain_run)
+    assert run.outputs == plain_run.outputs
     lengths = run.accept_lengths
     assert sum(lengths) / len(lengths) > 1.0, run.meta
     assert sum("SWAKVPool mem usage" in line for line in run.info) == 2, run.info
 
 
-def test_prefix_rule_collapses_acceptance_once_slots_drift(engine, tiny_models):
+@reads(lambda tm: [_drift_run(tm, "policy"), _drift_run(tm, "legacy"), plain_spec("gemma4")])
+def test_prefix_rule_collapses_acceptance_once_slots_drift(runs):
     """The seed's failure, live in SGLang's engine: with the pre-fix rule (draft workers only, write
     ids from the layer's pool as the seed had them) the draft's sliding layers read SWA buffers at
     full slots. Until the slot spaces drift that reads the right K/V, and acceptance step for step
     equals the policy's; once they drift, the draft's proposals turn to noise and acceptance
     collapses while the policy's holds. The target keeps the policy: both runs' tokens equal the
     non-speculative run's."""
-    policy = _drift_run(engine, tiny_models, "policy")
-    legacy = _drift_run(engine, tiny_models, "legacy")
+    policy, legacy, plain_run = runs
     _speculative_outcome(policy)
     _speculative_outcome(legacy)
-    plain = engine("gemma4", "triton_swa")
-    _require_ok(plain)
-    assert policy.outputs == plain.outputs and legacy.outputs == plain.outputs
+    _require_ok(plain_run)
+    assert policy.outputs == plain_run.outputs and legacy.outputs == plain_run.outputs
     assert any(line.startswith("R draft resolves None") for line in legacy.step_log), legacy.step_log[:5]
     assert not any(line.startswith("R ") for line in policy.step_log)
 
@@ -393,29 +466,31 @@ def test_prefix_rule_collapses_acceptance_once_slots_drift(engine, tiny_models):
     assert _mean(l_after) <= 0.5 * _mean(p_after), (l_after, p_after)
 
 
-def test_prefix_rule_is_refused_at_the_first_draft_write(engine, tiny_models):
+@reads(lambda tm: [_drift_run(tm, "legacy", writes="adapter", prompts=PROMPTS[:1], max_new_tokens=4)])
+def test_prefix_rule_is_refused_at_the_first_draft_write(runs):
     """The same pre-fix rule through the SGLang adapter as it is: the draft resolves no SWA pool, has
     no SWA write ids, and its first write into an SWA sub-pool raises (SGLang 0.5.23's SWAKVPool takes
     no untranslated write) instead of decoding wrong."""
-    run = _drift_run(engine, tiny_models, "legacy", writes="adapter", prompts=PROMPTS[:1], max_new_tokens=4)
+    (run,) = runs
     assert not run.ok
     text = run.error + "\n".join(run.tracebacks)
     assert "writes an SWA sub-pool but the step has no SWA write ids" in text, run.describe()
 
 
-def test_cpu_graph_triton_swa_equals_transformers(engine, reference):
+CPU_GRAPH_TOKENS = 24
+
+
+CPU_GRAPH_ARGS = {"disable_cuda_graph": False, "enable_torch_compile": True}
+
+
+@reads(lambda tm: [run_spec("gemma3", prompts=SPEC_PROMPTS, max_new_tokens=CPU_GRAPH_TOKENS, engine_args=CPU_GRAPH_ARGS)])
+def test_cpu_graph_triton_swa_equals_transformers(runs, reference):
     """SGLang's CPU graph runner (decode). On a CPU SGLang captures it only with
     ``enable_torch_compile`` (``disable_cuda_graph=False`` alone leaves decode eager: cuda_graph_setup.py
     skips the capture). The runner then registers fake kernels for compiled ``torch.ops.sgl_kernel``
     ops, which only the real sgl_kernel defines."""
-    n = 24
-    run = engine(
-        "gemma3",
-        "triton_swa",
-        prompts=SPEC_PROMPTS,
-        max_new_tokens=n,
-        engine_args={"disable_cuda_graph": False, "enable_torch_compile": True},
-    )
+    n = CPU_GRAPH_TOKENS
+    (run,) = runs
     text = run.error + "\n".join(run.tracebacks)
     if not run.ok and "operator sgl_kernel::" in text and "does not exist" in text:
         pytest.xfail(f"SGLang's CPU graph runner needs the compiled sgl_kernel's torch ops: {run.error}")
@@ -426,14 +501,12 @@ def test_cpu_graph_triton_swa_equals_transformers(engine, reference):
 
 @pytest.mark.skipif(not os.environ.get("TRITON_SWA_ENGINE_PROBES"), reason="probe of SGLang on a CPU; TRITON_SWA_ENGINE_PROBES=1 runs it")
 @pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "DFLASH"])
-def test_speculative_probe(engine, tiny_models, algorithm):
+@reads(lambda tm, algorithm: [run_spec("gemma3", speculative=_chain(algorithm, tm["gemma3-draft"]))])
+def test_speculative_probe(runs, algorithm):
     """Whether SGLang starts EAGLE / EAGLE3 / DFLASH on a CPU at all (the Gemma 3 draft is no EAGLE,
     EAGLE3 or DFlash model: SGLang's EAGLE workers call the draft's ``set_embed_and_head``, which a
     plain ``Gemma3ForCausalLM`` lacks; a failure while loading it is a probe limit, reported as such)."""
-    from triton_swa.testing.sglang_engine import Speculative
-
-    spec = Speculative(algorithm, draft_model_path=tiny_models["gemma3-draft"], num_steps=3, eagle_topk=1, num_draft_tokens=4)
-    run = engine("gemma3", "triton_swa", speculative=spec)
+    (run,) = runs
     if not run.ok and "set_embed" in run.error:
         pytest.xfail(f"{algorithm} needs a draft model of its own architecture (not built here): {run.error}")
     _speculative_outcome(run)
