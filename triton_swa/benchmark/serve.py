@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COLUMNS", "MODELS", "ServeModel", "build_model", "gpu_engine_env", "main", "run_backend"]
+__all__ = ["COLUMNS", "MODELS", "ServeModel", "build_model", "compare_tokens", "gpu_engine_env", "main", "run_backend", "tie_tol"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 CUDA_STUBS = _ROOT / "tests" / "integration" / "stubs_cuda"
@@ -74,12 +74,12 @@ MODELS: dict[str, ServeModel] = {
     "gemma3-1b": ServeModel(
         "gemma3", 512, 26,
         dict(hidden_size=1152, intermediate_size=6912, heads=4, kv_heads=1, head_dim=256, full_every=6, max_positions=40960),
-        262144, "Gemma 3 1B's dims: 26 layers (5 sliding : 1 full, window 512), 4 q / 1 kv heads of 256",
+        262144, "Gemma 3 1B's dims: 26 layers (every 6th full, and the last; window 512), 4 q / 1 kv heads of 256",
     ),
     "gemma3-12b": ServeModel(
         "gemma3", 1024, 48,
         dict(hidden_size=3840, intermediate_size=15360, heads=16, kv_heads=8, head_dim=256, full_every=6, max_positions=40960),
-        262144, "Gemma 3 12B's dims: 48 layers (5:1, window 1024), 16 q / 8 kv heads of 256",
+        262144, "Gemma 3 12B's dims: 48 layers (every 6th full; window 1024), 16 q / 8 kv heads of 256",
     ),
     "gemma4-like": ServeModel(
         "gemma4", 512, 24,
@@ -340,17 +340,19 @@ def run_backend(
         return result
 
 
-def hf_reference(model_path: str, prompts: list[list[int]], max_new_tokens: int, device: str) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
-    """transformers' greedy ``generate()`` on ``device`` in the model's dtype, eager attention:
-    (tokens, top-2 logit gap per token, |top-1 logit| per token)."""
+def hf_reference(
+    model_path: str, prompts: list[list[int]], max_new_tokens: int, device: str, dtype: str | None = None
+) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+    """transformers' greedy ``generate()`` on ``device`` in ``dtype`` (default: the saved weights'),
+    eager attention: (tokens, top-2 logit gap per token, |top-1 logit| per token)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from triton_swa.testing.tiny_models import load_hf_config, model_info
 
-    dtype = getattr(torch, model_info(model_path)["dtype"])
+    torch_dtype = getattr(torch, dtype or model_info(model_path)["dtype"])
     model = AutoModelForCausalLM.from_pretrained(
-        model_path, config=load_hf_config(model_path), attn_implementation="eager", dtype=dtype
+        model_path, config=load_hf_config(model_path), attn_implementation="eager", dtype=torch_dtype
     ).to(device).eval()
     toks, gaps, tops = [], [], []
     with torch.no_grad():
@@ -369,18 +371,24 @@ def hf_reference(model_path: str, prompts: list[list[int]], max_new_tokens: int,
     return toks, gaps, tops
 
 
-def bf16_tie_tol(logit: float) -> float:
-    """The near-tie rule for bf16 greedy tokens: two logits closer than 2 units in the last place of
-    bf16 at the top logit's magnitude (8 significant bits) can swap order under any correct
+SIGNIFICANT_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}
+
+
+def tie_tol(logit: float, dtype: str = "bfloat16") -> float:
+    """The near-tie rule for greedy tokens: two logits closer than 2 units in the last place of
+    ``dtype`` at the top logit's magnitude (bf16: 8 significant bits) can swap order under any correct
     reordering of the sums."""
+    bits = SIGNIFICANT_BITS[dtype]
     if logit <= 0 or not math.isfinite(logit):
-        return 2.0**-6
-    return 2.0 * 2.0 ** (math.floor(math.log2(logit)) - 7)
+        return 2.0 ** (2 - bits)
+    return 2.0 * 2.0 ** (math.floor(math.log2(logit)) - (bits - 1))
 
 
-def compare_tokens(got: list[list[int]], want: list[list[int]], gaps: list[list[float]], tops: list[list[float]]) -> dict:
+def compare_tokens(
+    got: list[list[int]], want: list[list[int]], gaps: list[list[float]], tops: list[list[float]], dtype: str = "bfloat16"
+) -> dict:
     """Per request: equal, or the first differing token with the reference's top-2 gap there and
-    whether that is a bf16 near-tie (:func:`bf16_tie_tol`)."""
+    whether that is a near-tie in ``dtype`` (:func:`tie_tol`)."""
     from triton_swa.testing.sglang_engine import first_divergence
 
     out = {"equal": 0, "near_tie": 0, "differ": 0, "requests": []}
@@ -391,9 +399,10 @@ def compare_tokens(got: list[list[int]], want: list[list[int]], gaps: list[list[
             out["requests"].append({"equal": True})
             continue
         gap = gp[i] if i < len(gp) else float("nan")
-        tie = i < len(gp) and gap <= bf16_tie_tol(tp[i])
+        tol = tie_tol(tp[i], dtype) if i < len(tp) else None
+        tie = tol is not None and gap <= tol
         out["near_tie" if tie else "differ"] += 1
-        out["requests"].append({"equal": False, "first": i, "gap": gap, "tol": bf16_tie_tol(tp[i]) if i < len(tp) else None, "near_tie": tie})
+        out["requests"].append({"equal": False, "first": i, "gap": gap, "tol": tol, "near_tie": tie})
     return out
 
 
@@ -427,6 +436,7 @@ def main(argv=None) -> int:
     p.add_argument("--token-new", type=int, default=48, help="greedy tokens per prompt in the token check")
     p.add_argument("--load", default="", help="PROMPTxCONCURRENCY[xREQUESTS],... e.g. 4096x1x2,4096x16,32768x16")
     p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--dtype", default="bfloat16", help="the engines' and transformers' dtype (float32 separates a defect from bf16 rounding)")
     p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
     p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
@@ -455,7 +465,7 @@ def main(argv=None) -> int:
     for item in filter(None, a.load.split(",")):
         parts = [int(x) for x in item.lower().replace("k", "000").split("x")]
         load.append((parts[0], parts[1], parts[2] if len(parts) > 2 else max(parts[1], 2)))
-    base_args: dict[str, Any] = dict(dtype="bfloat16", random_seed=0, skip_tokenizer_init=True, log_level="warning",
+    base_args: dict[str, Any] = dict(dtype=a.dtype, random_seed=0, skip_tokenizer_init=True, log_level="warning",
                                      mem_fraction_static=0.8, cuda_graph_max_bs_decode=64, context_length=40960)
     if device == "cpu":
         base_args.update(device="cpu", dtype="float32", disable_cuda_graph=True, mem_fraction_static=0.3, max_total_tokens=4096, context_length=512)
@@ -501,7 +511,7 @@ def main(argv=None) -> int:
                               f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}", flush=True)
                     runs.append(r)
         if a.tokens:
-            _report_tokens(name, path, runs, tokens, device)
+            _report_tokens(name, path, runs, tokens, device, None if device == "cpu" else a.dtype)
         for r in runs:
             status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
             case_base = f"serve-{name}-{'graph' if r['graphs'] == 'on' else 'eager'}" + (f"-{r['spec']}" if r["spec"] else "")
@@ -537,11 +547,11 @@ def main(argv=None) -> int:
     return 0 if all(r["ok"] for r in records) else 1
 
 
-def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device: str) -> None:
+def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device: str, dtype: str | None) -> None:
     """Each run's tokens against transformers' (near-tie rule) and against the first backend's."""
     t0 = time.monotonic()
     try:
-        want, gaps, tops = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device)
+        want, gaps, tops = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device, dtype)
     except Exception as e:  # noqa: BLE001 - reported, the engines' rows still count
         print(f"  transformers reference failed: {type(e).__name__}: {e}", flush=True)
         return
@@ -552,7 +562,7 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
     for r in runs:
         if not r.get("tokens"):
             continue
-        c = compare_tokens(r["tokens"], want, gaps, tops)
+        c = compare_tokens(r["tokens"], want, gaps, tops, dtype or "float32")
         r["vs_transformers"] = c
         detail = "; ".join(f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})"
                            for i, q in enumerate(c["requests"]) if not q["equal"])
@@ -567,7 +577,7 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
         accept = ""
         if r["spec"]:
             accept = "; accept length per request " + ", ".join(str(s.get("spec_accept_length")) for s in r.get("spec_meta", []))
-        print(f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a bf16 near-tie, "
+        print(f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a {dtype or 'float32'} near-tie, "
               f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""), flush=True)
 
 

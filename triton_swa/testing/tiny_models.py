@@ -77,16 +77,17 @@ def build_tokenizer(path: str, vocab_size: int = VOCAB_SIZE) -> int:
     return tok.get_vocab_size()
 
 
-def _layer_types(layers: int, full_every: int) -> list[str]:
-    """Sliding layers with every ``full_every``-th one full (2: every other), the last one always full."""
-    full = {i for i in range(layers) if (i + 1) % full_every == 0} | {layers - 1}
+def _layer_types(layers: int, full_every: int, last_full: bool = True) -> list[str]:
+    """Sliding layers with every ``full_every``-th one full (2: every other), and the last one (the tiny
+    models' rule; the published Gemma 3 configs follow the period alone: ``last_full=False``)."""
+    full = {i for i in range(layers) if (i + 1) % full_every == 0} | ({layers - 1} if last_full else set())
     return ["full_attention" if i in full else "sliding_attention" for i in range(layers)]
 
 
 def _gemma3_config(vocab: int, *, layers: int, window: int, shape: dict | None = None) -> Any:
     from transformers import Gemma3TextConfig
 
-    d = dict(hidden_size=64, intermediate_size=128, heads=4, kv_heads=2, head_dim=16, full_every=2, max_positions=512)
+    d = dict(hidden_size=64, intermediate_size=128, heads=4, kv_heads=2, head_dim=16, full_every=2, last_full=True, max_positions=512)
     d.update(shape or {})
     return Gemma3TextConfig(
         vocab_size=vocab,
@@ -98,7 +99,7 @@ def _gemma3_config(vocab: int, *, layers: int, window: int, shape: dict | None =
         head_dim=d["head_dim"],
         query_pre_attn_scalar=d["head_dim"],
         sliding_window=window,
-        layer_types=_layer_types(layers, d["full_every"]),
+        layer_types=_layer_types(layers, d["full_every"], d["last_full"]),
         max_position_embeddings=d["max_positions"],
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
@@ -264,7 +265,7 @@ def build_tiny_model(
 
     For models at real sizes (the GPU engine tier, ``triton_swa.benchmark.serve``): ``shape`` overrides
     the Gemma dims (Gemma 3: ``hidden_size``, ``intermediate_size``, ``heads``, ``kv_heads``,
-    ``head_dim``, ``full_every``, ``max_positions``; Gemma 4 also ``layers``, ``sliding_head_dim``,
+    ``head_dim``, ``full_every``, ``last_full``, ``max_positions``; Gemma 4 also ``layers``, ``sliding_head_dim``,
     ``full_head_dim``, ``sliding_kv_heads``, ``full_kv_heads``, ``kv_shared``, ``ple``); ``vocab_size``
     widens the config's vocabulary past the tokenizer's (engines then run with token ids in and out);
     ``dtype`` is the saved weights' (default float32, bfloat16 for gpt-oss); ``weights=False`` writes

@@ -1,0 +1,98 @@
+"""The GPU engine tier's harness (triton_swa.benchmark.serve) on this machine: its token rule, its
+models at real sizes (configs only) and its engine environment. The engine runs themselves need a GPU
+(scripts/gpu.sh engine); the same harness ran on SGLang's CPU engine while it was written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from triton_swa.benchmark import serve
+
+
+def test_tie_tol_is_two_ulps_at_the_top_logit():
+    # bf16 keeps 8 significant bits: at |logit| in [16, 32) its spacing is 2**-3
+    assert serve.tie_tol(20.0) == 0.25
+    assert serve.tie_tol(1.5) == 2 * 2.0**-7
+    assert serve.tie_tol(20.0, "float32") == 2 * 2.0 ** (4 - 23)
+    assert serve.tie_tol(0.0) > 0 and serve.tie_tol(float("nan")) > 0
+
+
+def test_compare_tokens_counts_equal_near_ties_and_real_differences():
+    want = [[5, 6, 7], [5, 6, 7], [5, 6, 7]]
+    got = [[5, 6, 7], [5, 9, 9], [8, 6, 7]]
+    gaps = [[1.0, 1.0, 1.0], [1.0, 0.1, 1.0], [3.0, 1.0, 1.0]]
+    tops = [[20.0] * 3] * 3
+    c = serve.compare_tokens(got, want, gaps, tops)
+    assert (c["equal"], c["near_tie"], c["differ"]) == (1, 1, 1)
+    assert c["requests"][1] == {"equal": False, "first": 1, "gap": 0.1, "tol": 0.25, "near_tie": True}
+    assert c["requests"][2]["first"] == 0 and not c["requests"][2]["near_tie"]
+    # a length difference is a difference too
+    assert serve.compare_tokens([[5, 6]], [[5, 6, 7]], [[1.0] * 3], [[20.0] * 3])["equal"] == 0
+
+
+@pytest.mark.parametrize("name", ["gemma3-1b", "gemma4-like"])
+def test_models_at_real_size_write_their_configs(tmp_path, name):
+    """A speed-only model is a config (load_format dummy): the dims the engine reads are the table's."""
+    path = serve.build_model(name, str(tmp_path), weights=False)
+    assert serve.build_model(name, str(tmp_path), weights=False) == path  # built once
+    assert not any(f.endswith(".safetensors") for f in os.listdir(path))
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    m = serve.MODELS[name]
+    assert cfg["vocab_size"] == m.vocab_size and cfg["sliding_window"] == m.window
+    types = cfg["layer_types"]
+    # every sixth layer full (5 sliding : 1 full), and the last one
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    assert len(types) == m.layers and full == sorted({*range(5, m.layers, 6), m.layers - 1})
+    if name == "gemma4-like":
+        # SGLang's flattened Gemma 4 form: full layers' head dim and KV heads, the sliding ones apart
+        assert (cfg["head_dim"], cfg["swa_head_dim"]) == (512, 256)
+        assert (cfg["num_key_value_heads"], cfg["swa_num_key_value_heads"]) == (1, 2)
+        assert cfg["num_kv_shared_layers"] == 6
+        from triton_swa.testing.tiny_models import load_hf_config
+
+        hf = load_hf_config(path)
+        assert (hf.hidden_size, hf.num_kv_shared_layers, hf.num_hidden_layers) == (2048, 6, 24)
+    else:
+        assert (cfg["head_dim"], cfg["num_key_value_heads"], cfg["hidden_size"]) == (256, 1, 1152)
+
+
+def test_gpu_engine_env(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = serve.gpu_engine_env([str(serve.CUDA_STUBS)])
+    assert "TRITON_INTERPRET" not in env  # the real kernels on the GPU
+    assert env["SGLANG_PLUGINS"] == "triton_swa" and env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
+    assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"  # only with the stand-in
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(serve.CUDA_STUBS)
+    assert env["PYTHONPATH"].endswith("/elsewhere")
+    assert "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK" not in serve.gpu_engine_env([])
+    cpu = serve.gpu_engine_env([], device="cpu")
+    assert cpu["TRITON_INTERPRET"] == "1" and cpu["SGLANG_USE_CPU_ENGINE"] == "1"
+
+
+def test_stand_in_weak_ref_tensor():
+    """The one op the GPU engine calls from the sgl_kernel stand-in: same memory, same values."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("sgl_kernel_stand_in", serve.CUDA_STUBS / "sgl_kernel" / "__init__.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        x = torch.arange(6.0).reshape(2, 3)
+        y = mod.weak_ref_tensor(x)
+        assert y.data_ptr() == x.data_ptr() and torch.equal(x, y) and y.shape == x.shape
+        with pytest.raises(TypeError, match="weak_ref_tensor"):
+            mod.weak_ref_tensor([x])
+        assert "weak_ref_tensor" in mod.STOOD_IN
+        with pytest.raises(RuntimeError, match="stub"):
+            mod.rmsnorm(x)  # any op not stood in stays loud
+    finally:
+        import sys
+
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__ != "sgl_kernel_stand_in"]
