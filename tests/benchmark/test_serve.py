@@ -96,3 +96,11 @@ def test_stand_in_weak_ref_tensor():
         import sys
 
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__ != "sgl_kernel_stand_in"]
+
+
+def test_bench_op_serve_hands_its_arguments_to_the_harness():
+    from triton_swa.benchmark import _serve_args
+
+    assert _serve_args(["--op", "serve", "--models", "gemma4-like"]) == ["--models", "gemma4-like"]
+    assert _serve_args(["--tokens", "--op=serve"]) == ["--tokens"]
+    assert _serve_args(["--op", "decode,prefill"]) is None and _serve_args(["--op"]) is None

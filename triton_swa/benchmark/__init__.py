@@ -22,6 +22,7 @@ has its id.
     triton-swa bench --op step --host-only [--compare ...]   # the host path alone, on the CPU (launches stubbed)
     triton-swa bench --op decode,verify --compare .ab/before --rounds 3      # (:mod:`.compare`)
     triton-swa bench --op sglang_backend    # SGLang's whole Triton backend beside ours on SGLang's pools (:mod:`.sglang_backend`)
+    triton-swa bench --op serve --models gemma4-like --tokens --load 32768x16   # SGLang's own Engine per backend (:mod:`.serve`)
 """
 
 from __future__ import annotations
@@ -157,7 +158,21 @@ def compare_step(trees, kw: dict) -> dict:
     return by_tree
 
 
+def _serve_args(argv: list[str]) -> list[str] | None:
+    """``--op serve``'s other arguments (they are :mod:`.serve`'s), or None for the op benchmarks."""
+    for i, a in enumerate(argv):
+        if a == "--op=serve" or (a == "--op" and argv[i + 1 : i + 2] == ["serve"]):
+            return argv[:i] + argv[i + (1 if "=" in a else 2) :]
+    return None
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serve_args = _serve_args(argv)
+    if serve_args is not None:
+        from .serve import main as serve
+
+        return serve(serve_args)
     import torch
 
     from . import providers as P
