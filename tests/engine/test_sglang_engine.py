@@ -48,8 +48,8 @@ def _prompt(n: int) -> list[int]:
 
 PROMPTS = [_prompt(5), _prompt(29), _prompt(12)]
 SCENARIOS = {
-    # window 8: prompts of 5, 29 and 12 tokens, 40 new tokens each
-    "gemma3": dict(max_new_tokens=40, dtype="float32", env={}),
+    # window 8: prompts of 5, 29 and 12 tokens, 24 new tokens each (every sequence passes the window)
+    "gemma3": dict(max_new_tokens=24, dtype="float32", env={}),
     # window 16, hybrid SWA pool: SGLang evicts out-of-window SWA slots once SGLANG_SWA_EVICTION_INTERVAL
     # tokens have left the window (default 128); 4 makes eviction happen many times in 40 tokens
     "gemma4": dict(max_new_tokens=40, dtype="float32", env={"SGLANG_SWA_EVICTION_INTERVAL": "4"}),
@@ -329,7 +329,7 @@ def _speculative_outcome(run):
     pytest.fail(run.describe())
 
 
-# Speculative runs: two prompts, 40 tokens; their non-speculative run is the shared plain run's first two.
+# Speculative runs: two prompts, the scenario's tokens; their non-speculative run is the shared plain run's first two.
 SPEC_PROMPTS = PROMPTS[:2]
 
 
