@@ -49,9 +49,28 @@ CUDA_STUBS = _ROOT / "tests" / "integration" / "stubs_cuda"
 TORCHVISION_STUBS = _ROOT / "tests" / "integration" / "stubs"
 
 COLUMNS = [
-    "op", "case", "provider", "out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
-    "requests", "output_tokens", "phase_s", "start_s", "accept_len", "gpu", "torch", "triton", "sglang",
-    "git_sha", "date", "dirty", "run_id", "status",
+    "op",
+    "case",
+    "provider",
+    "out_tok_s",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "requests",
+    "output_tokens",
+    "phase_s",
+    "start_s",
+    "accept_len",
+    "gpu",
+    "torch",
+    "triton",
+    "sglang",
+    "git_sha",
+    "date",
+    "dirty",
+    "run_id",
+    "status",
 ]
 
 
@@ -72,20 +91,41 @@ class ServeModel:
 # project's choosing (the SWAKVPool, 512-wide full layers, KV-shared layers), not a published model.
 MODELS: dict[str, ServeModel] = {
     "gemma3-1b": ServeModel(
-        "gemma3", 512, 26,
+        "gemma3",
+        512,
+        26,
         dict(hidden_size=1152, intermediate_size=6912, heads=4, kv_heads=1, head_dim=256, full_every=6, max_positions=40960),
-        262144, "Gemma 3 1B's dims: 26 layers (every 6th full, and the last; window 512), 4 q / 1 kv heads of 256",
+        262144,
+        "Gemma 3 1B's dims: 26 layers (every 6th full, and the last; window 512), 4 q / 1 kv heads of 256",
     ),
     "gemma3-12b": ServeModel(
-        "gemma3", 1024, 48,
+        "gemma3",
+        1024,
+        48,
         dict(hidden_size=3840, intermediate_size=15360, heads=16, kv_heads=8, head_dim=256, full_every=6, max_positions=40960),
-        262144, "Gemma 3 12B's dims: 48 layers (every 6th full; window 1024), 16 q / 8 kv heads of 256",
+        262144,
+        "Gemma 3 12B's dims: 48 layers (every 6th full; window 1024), 16 q / 8 kv heads of 256",
     ),
     "gemma4-like": ServeModel(
-        "gemma4", 512, 24,
-        dict(layers=24, hidden_size=2048, intermediate_size=8192, heads=8, sliding_head_dim=256, full_head_dim=512,
-             sliding_kv_heads=2, full_kv_heads=1, kv_shared=6, full_every=6, ple=256, max_positions=40960),
-        32768, "Gemma-4-like: 24 layers (5:1, window 512; the top 6 KV-shared), 8 q heads; sliding 2 kv x 256, full 1 kv x 512; "
+        "gemma4",
+        512,
+        24,
+        dict(
+            layers=24,
+            hidden_size=2048,
+            intermediate_size=8192,
+            heads=8,
+            sliding_head_dim=256,
+            full_head_dim=512,
+            sliding_kv_heads=2,
+            full_kv_heads=1,
+            kv_shared=6,
+            full_every=6,
+            ple=256,
+            max_positions=40960,
+        ),
+        32768,
+        "Gemma-4-like: 24 layers (5:1, window 512; the top 6 KV-shared), 8 q heads; sliding 2 kv x 256, full 1 kv x 512; "
         "vocabulary 32768 (per-layer inputs of 256 per layer and token: 200M parameters at this vocabulary)",
         # SGLang 0.5.23's prefill CUDA graph refuses KV-shared layers for every attention backend
         # ("invalid or duplicate attention layer_id: 16", cuda_graph_setup.index_attention_layers_by_global_id):
@@ -94,8 +134,12 @@ MODELS: dict[str, ServeModel] = {
     ),
     # STANDALONE's draft: a 2-layer Gemma 3 of the targets' vocabulary
     "gemma3-draft": ServeModel(
-        "gemma3", 512, 2, dict(hidden_size=640, intermediate_size=2048, heads=4, kv_heads=1, head_dim=256, full_every=2, max_positions=40960),
-        262144, "a 2-layer Gemma 3 (hidden 640), the STANDALONE draft",
+        "gemma3",
+        512,
+        2,
+        dict(hidden_size=640, intermediate_size=2048, heads=4, kv_heads=1, head_dim=256, full_every=2, max_positions=40960),
+        262144,
+        "a 2-layer Gemma 3 (hidden 640), the STANDALONE draft",
     ),
     # tiny shapes for a CPU run of this harness (the interpreter): the plumbing, not the speed
     "gemma3-tiny": ServeModel("gemma3", 8, 4, {}, 384, "the CPU engine tier's tiny Gemma 3"),
@@ -113,8 +157,15 @@ def build_model(name: str, root: str, *, weights: bool, seed: int = 0) -> str:
         return path
     num_layers = m.layers if m.family != "gemma4" else None
     build_tiny_model(
-        m.family, path, seed, window=m.window, num_layers=num_layers, shape=m.shape or None,
-        vocab_size=m.vocab_size, dtype="bfloat16" if m.shape else None, weights=weights,
+        m.family,
+        path,
+        seed,
+        window=m.window,
+        num_layers=num_layers,
+        shape=m.shape or None,
+        vocab_size=m.vocab_size,
+        dtype="bfloat16" if m.shape else None,
+        weights=weights,
     )
     return path
 
@@ -137,8 +188,12 @@ def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str
     env = dict(os.environ)
     # SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: the radix tree's Python core (the carried sglang wheel
     # has no compiled Rust extensions)
-    env.update(SGLANG_PLUGINS="triton_swa", SGLANG_FORCE_FUSED_OP_BACKEND="torch", PYTHONUNBUFFERED="1",
-               SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python")
+    env.update(
+        SGLANG_PLUGINS="triton_swa",
+        SGLANG_FORCE_FUSED_OP_BACKEND="torch",
+        PYTHONUNBUFFERED="1",
+        SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python",
+    )
     env.pop("TRITON_INTERPRET", None)
     if device == "cpu":
         env.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")
@@ -261,9 +316,16 @@ def worker_main(spec_path: str, result_path: str) -> int:
             accepts = [r["accept_len"] for r in rs if r["accept_len"] is not None]
             result["phases"].append(
                 dict(
-                    prompt_len=prompt_len, concurrency=concurrency, requests=len(rs), output_tokens=toks, phase_s=ph["phase_s"],
-                    out_tok_s=toks / ph["phase_s"], ttft_ms_p50=1e3 * _quantile(ttfts, 0.5), ttft_ms_p99=1e3 * _quantile(ttfts, 0.99),
-                    itl_ms_p50=1e3 * _quantile(itls, 0.5), itl_ms_p99=1e3 * _quantile(itls, 0.99),
+                    prompt_len=prompt_len,
+                    concurrency=concurrency,
+                    requests=len(rs),
+                    output_tokens=toks,
+                    phase_s=ph["phase_s"],
+                    out_tok_s=toks / ph["phase_s"],
+                    ttft_ms_p50=1e3 * _quantile(ttfts, 0.5),
+                    ttft_ms_p99=1e3 * _quantile(ttfts, 0.99),
+                    itl_ms_p50=1e3 * _quantile(itls, 0.5),
+                    itl_ms_p99=1e3 * _quantile(itls, 0.99),
                     accept_len=statistics.mean(accepts) if accepts else None,
                 )
             )
@@ -316,7 +378,11 @@ def run_backend(
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "triton_swa.benchmark.serve", "--worker", spec_path, result_path],
-                cwd=tmp, env=gpu_engine_env(pythonpath, env, device), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=tmp,
+                env=gpu_engine_env(pythonpath, env, device),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             timed_out = False
             try:
@@ -351,18 +417,27 @@ def hf_reference(
     from triton_swa.testing.tiny_models import load_hf_config, model_info
 
     torch_dtype = getattr(torch, dtype or model_info(model_path)["dtype"])
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, config=load_hf_config(model_path), attn_implementation="eager", dtype=torch_dtype
-    ).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(model_path, config=load_hf_config(model_path), attn_implementation="eager", dtype=torch_dtype)
+        .to(device)
+        .eval()
+    )
     toks, gaps, tops = [], [], []
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p], device=device)
             out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
-                eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=0,
+                eos_token_id=None,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
             )
-            toks.append(out.sequences[0, ids.shape[1]:].tolist())
+            toks.append(out.sequences[0, ids.shape[1] :].tolist())
             top2 = torch.stack([s[0].float() for s in out.logits]).topk(2, dim=-1).values
             gaps.append((top2[:, 0] - top2[:, 1]).tolist())
             tops.append(top2[:, 0].abs().tolist())
@@ -436,7 +511,9 @@ def main(argv=None) -> int:
     p.add_argument("--token-new", type=int, default=48, help="greedy tokens per prompt in the token check")
     p.add_argument("--load", default="", help="PROMPTxCONCURRENCY[xREQUESTS],... e.g. 4096x1x2,4096x16,32768x16")
     p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--dtype", default="bfloat16", help="the engines' and transformers' dtype (float32 separates a defect from bf16 rounding)")
+    p.add_argument(
+        "--dtype", default="bfloat16", help="the engines' and transformers' dtype (float32 separates a defect from bf16 rounding)"
+    )
     p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
     p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
@@ -465,10 +542,19 @@ def main(argv=None) -> int:
     for item in filter(None, a.load.split(",")):
         parts = [int(x) for x in item.lower().replace("k", "000").split("x")]
         load.append((parts[0], parts[1], parts[2] if len(parts) > 2 else max(parts[1], 2)))
-    base_args: dict[str, Any] = dict(dtype=a.dtype, random_seed=0, skip_tokenizer_init=True, log_level="warning",
-                                     mem_fraction_static=0.8, cuda_graph_max_bs_decode=64, context_length=40960)
+    base_args: dict[str, Any] = dict(
+        dtype=a.dtype,
+        random_seed=0,
+        skip_tokenizer_init=True,
+        log_level="warning",
+        mem_fraction_static=0.8,
+        cuda_graph_max_bs_decode=64,
+        context_length=40960,
+    )
     if device == "cpu":
-        base_args.update(device="cpu", dtype="float32", disable_cuda_graph=True, mem_fraction_static=0.3, max_total_tokens=4096, context_length=512)
+        base_args.update(
+            device="cpu", dtype="float32", disable_cuda_graph=True, mem_fraction_static=0.3, max_total_tokens=4096, context_length=512
+        )
     for kv in a.engine_arg:
         k, v = kv.split("=", 1)
         base_args[k] = json.loads(v)
@@ -477,7 +563,10 @@ def main(argv=None) -> int:
         weights = bool(a.tokens)
         t0 = time.monotonic()
         path = build_model(name, a.model_root, weights=weights)
-        print(f"== {name}: {MODELS[name].note}; {'weights written' if weights else 'load_format dummy'} ({time.monotonic() - t0:.0f} s)", flush=True)
+        print(
+            f"== {name}: {MODELS[name].note}; {'weights written' if weights else 'load_format dummy'} ({time.monotonic() - t0:.0f} s)",
+            flush=True,
+        )
         margs = dict(base_args, **MODELS[name].engine_args)
         if not weights:
             margs["load_format"] = "dummy"
@@ -499,16 +588,30 @@ def main(argv=None) -> int:
                         draft = build_model(draft_name, a.model_root, weights=True) if spec_algo == "STANDALONE" else None
                         eargs.update(_spec_args(spec_algo, draft))
                     log_path = str(out / f"engine-{name}-{backend}-{graphs}{'-' + spec_algo if spec_algo else ''}.log")
-                    r = run_backend(path, backend, engine_args=eargs, tokens=tokens, load=[] if spec_algo else load,
-                                    output_len=a.output_len, pythonpath=pythonpath, timeout_s=a.timeout, log_path=log_path, device=device)
+                    r = run_backend(
+                        path,
+                        backend,
+                        engine_args=eargs,
+                        tokens=tokens,
+                        load=[] if spec_algo else load,
+                        output_len=a.output_len,
+                        pythonpath=pythonpath,
+                        timeout_s=a.timeout,
+                        log_path=log_path,
+                        device=device,
+                    )
                     r.update(model=name, graphs=graphs, spec=spec_algo, label=label)
                     status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
                     print(f"  {label}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)", flush=True)
                     for tb in r.get("tracebacks", [])[:2]:
                         print("    " + "\n    ".join(tb.splitlines()[-6:]), flush=True)
                     for ph in r.get("phases", []):
-                        print(f"    P{ph['prompt_len']} C{ph['concurrency']} x{ph['requests']}: {ph['out_tok_s']:.0f} out tok/s, "
-                              f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}", flush=True)
+                        print(
+                            f"    P{ph['prompt_len']} C{ph['concurrency']} x{ph['requests']}: {ph['out_tok_s']:.0f} out tok/s, "
+                            f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, "
+                            f"ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}",
+                            flush=True,
+                        )
                     runs.append(r)
         if a.tokens:
             _report_tokens(name, path, runs, tokens, device, None if device == "cpu" else a.dtype)
@@ -518,8 +621,18 @@ def main(argv=None) -> int:
             phases = r.get("phases") or [None]
             for ph in phases:
                 row = {c: "" for c in COLUMNS}
-                row.update(op="serve", provider=r["backend"], start_s=f"{r.get('start_s', 0):.1f}", sglang=r.get("sglang", ""),
-                           git_sha=sha, date=datetime.date.today().isoformat(), dirty=dirty, run_id=run_id, status=status, **env0)
+                row.update(
+                    op="serve",
+                    provider=r["backend"],
+                    start_s=f"{r.get('start_s', 0):.1f}",
+                    sglang=r.get("sglang", ""),
+                    git_sha=sha,
+                    date=datetime.date.today().isoformat(),
+                    dirty=dirty,
+                    run_id=run_id,
+                    status=status,
+                    **env0,
+                )
                 if ph is None:
                     row["case"] = case_base + "-tokens"
                     accepts = [s.get("spec_accept_length") for s in r.get("spec_meta", []) if s.get("spec_accept_length") is not None]
@@ -528,8 +641,11 @@ def main(argv=None) -> int:
                     row["case"] = f"{case_base}-P{ph['prompt_len']}-C{ph['concurrency']}-O{a.output_len}"
                     for k in ("out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "phase_s"):
                         row[k] = f"{ph[k]:.3f}"
-                    row.update(requests=ph["requests"], output_tokens=ph["output_tokens"],
-                               accept_len="" if ph["accept_len"] is None else f"{ph['accept_len']:.3f}")
+                    row.update(
+                        requests=ph["requests"],
+                        output_tokens=ph["output_tokens"],
+                        accept_len="" if ph["accept_len"] is None else f"{ph['accept_len']:.3f}",
+                    )
                 rows.append(row)
         records.extend(runs)
     csv_path = out / f"serve-{datetime.date.today().isoformat()}-{env0['gpu']}.csv"
@@ -564,8 +680,11 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
             continue
         c = compare_tokens(r["tokens"], want, gaps, tops, dtype or "float32")
         r["vs_transformers"] = c
-        detail = "; ".join(f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})"
-                           for i, q in enumerate(c["requests"]) if not q["equal"])
+        detail = "; ".join(
+            f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})"
+            for i, q in enumerate(c["requests"])
+            if not q["equal"]
+        )
         key = (r["graphs"],)
         if r["spec"] == "" and key not in base:
             base[key] = r
@@ -577,8 +696,11 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
         accept = ""
         if r["spec"]:
             accept = "; accept length per request " + ", ".join(str(s.get("spec_accept_length")) for s in r.get("spec_meta", []))
-        print(f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a {dtype or 'float32'} near-tie, "
-              f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""), flush=True)
+        print(
+            f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a {dtype or 'float32'} near-tie, "
+            f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

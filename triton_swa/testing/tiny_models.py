@@ -118,8 +118,18 @@ def _gemma3_config(vocab: int, *, layers: int, window: int, shape: dict | None =
 # Gemma 4 (tiny): sliding layers (head_dim 16, 2 KV heads) and full layers (head_dim 32, 1 KV head),
 # every third layer full; the last two layers reuse the KV of the last non-shared layer of their type.
 _G4 = dict(
-    layers=6, hidden_size=64, intermediate_size=128, heads=4, sliding_head_dim=16, full_head_dim=32,
-    sliding_kv_heads=2, full_kv_heads=1, kv_shared=2, full_every=3, ple=8, max_positions=512,
+    layers=6,
+    hidden_size=64,
+    intermediate_size=128,
+    heads=4,
+    sliding_head_dim=16,
+    full_head_dim=32,
+    sliding_kv_heads=2,
+    full_kv_heads=1,
+    kv_shared=2,
+    full_every=3,
+    ple=8,
+    max_positions=512,
 )
 
 
