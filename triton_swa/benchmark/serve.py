@@ -412,38 +412,14 @@ def hf_reference(
     """transformers' greedy ``generate()`` on ``device`` in ``dtype`` (default: the saved weights'),
     eager attention: (tokens, top-2 logit gap per token, |top-1 logit| per token)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from triton_swa.testing.tiny_models import load_hf_config, model_info
+    from triton_swa.testing.sglang_engine import hf_greedy
+    from triton_swa.testing.tiny_models import model_info
 
-    torch_dtype = getattr(torch, dtype or model_info(model_path)["dtype"])
-    model = (
-        AutoModelForCausalLM.from_pretrained(model_path, config=load_hf_config(model_path), attn_implementation="eager", dtype=torch_dtype)
-        .to(device)
-        .eval()
-    )
-    toks, gaps, tops = [], [], []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p], device=device)
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=0,
-                eos_token_id=None,
-                pad_token_id=0,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-            toks.append(out.sequences[0, ids.shape[1] :].tolist())
-            top2 = torch.stack([s[0].float() for s in out.logits]).topk(2, dim=-1).values
-            gaps.append((top2[:, 0] - top2[:, 1]).tolist())
-            tops.append(top2[:, 0].abs().tolist())
-    del model
-    torch.cuda.empty_cache() if device == "cuda" else None
-    return toks, gaps, tops
+    result = hf_greedy(model_path, prompts, max_new_tokens, dtype=dtype or model_info(model_path)["dtype"], device=device, return_top2=True)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
 
 
 SIGNIFICANT_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}

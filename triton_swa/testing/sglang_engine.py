@@ -484,7 +484,14 @@ def run_server(
 
 
 def hf_greedy(
-    model_path: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, dtype: str | None = None, return_margins: bool = False
+    model_path: str,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    dtype: str | None = None,
+    return_margins: bool = False,
+    device: str = "cpu",
+    return_top2: bool = False,
 ) -> Any:
     """transformers' greedy ``generate(do_sample=False)`` of each prompt, eager attention, no EOS stop.
 
@@ -493,7 +500,9 @@ def hf_greedy(
     ``return_margins``, returns ``(tokens, margins)``: ``margins[i][t]`` is the relative gap
     ``(top1 - top2) / |top1|`` of the logits at new token ``t`` of prompt ``i``. Where it is within
     rounding (bf16 keeps 8 significant bits: a relative spacing of 2**-8 to 2**-7), another correct
-    implementation may pick the runner-up.
+    implementation may pick the runner-up. With ``return_top2`` (instead), returns ``(tokens, gaps,
+    tops)``: the absolute top-2 logit gap and ``|top1|`` at each new token. ``device``: where the
+    model runs (the GPU engine tier's reference runs on the GPU).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -504,11 +513,11 @@ def hf_greedy(
     if dtype is None:
         dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
     model = AutoModelForCausalLM.from_pretrained(model_path, config=config, attn_implementation="eager", dtype=getattr(torch, dtype))
-    model.eval()
-    outputs, margins = [], []
+    model.to(device).eval()
+    outputs, margins, gaps, tops = [], [], [], []
     with torch.no_grad():
         for prompt in prompts:
-            ids = torch.tensor([list(map(int, prompt))])
+            ids = torch.tensor([list(map(int, prompt))], device=device)
             out = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -523,6 +532,10 @@ def hf_greedy(
             outputs.append(out.sequences[0, ids.shape[1] :].tolist())
             top2 = torch.stack([step[0].float() for step in out.logits]).topk(2, dim=-1).values
             margins.append(((top2[:, 0] - top2[:, 1]) / top2[:, 0].abs().clamp_min(1e-30)).tolist())
+            gaps.append((top2[:, 0] - top2[:, 1]).tolist())
+            tops.append(top2[:, 0].abs().tolist())
+    if return_top2:
+        return outputs, gaps, tops
     return (outputs, margins) if return_margins else outputs
 
 
