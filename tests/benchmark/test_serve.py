@@ -104,3 +104,25 @@ def test_bench_op_serve_hands_its_arguments_to_the_harness():
     assert _serve_args(["--op", "serve", "--models", "gemma4-like"]) == ["--models", "gemma4-like"]
     assert _serve_args(["--tokens", "--op=serve"]) == ["--tokens"]
     assert _serve_args(["--op", "decode,prefill"]) is None and _serve_args(["--op"]) is None
+
+
+def test_drift_step_log_splits_at_the_first_drifted_write():
+    """The seed's scenario's reading of the prefix-rule plugin's log: verify steps before the first
+    draft write whose SWA slot differs from its full slot, and after it."""
+    from triton_swa.testing.sglang_engine import acceptance_windows, mean_accepted, steps_around_drift
+
+    log = ["R draft resolves None", "D 0 4", "V 3 3", "D 0 2", "V 2 3", "D 1 2", "V 0 1", "D 0 2", "V 0"]
+    before, after = steps_around_drift(log)
+    assert before == [[3, 3], [2, 3]] and after == [[0, 1], [0]]
+    assert mean_accepted(after) == 1 / 3 and mean_accepted([]) != mean_accepted([])  # NaN for none
+    assert acceptance_windows(before, size=1) == "4.00 3.50"
+
+
+def test_draft_args_pick_each_algorithms_draft(tmp_path):
+    """NGRAM drafts from the prompt; STANDALONE on a Gemma 4 drafts with the target's own weights (the
+    Gemma 3 draft's vocabulary is another), on a Gemma 3 with the 2-layer Gemma 3."""
+    assert "speculative_draft_model_path" not in serve._draft_args("NGRAM", "gemma4-like", "/target", str(tmp_path), "cuda")
+    g4 = serve._draft_args("STANDALONE", "gemma4-like", "/target", str(tmp_path), "cuda")
+    assert g4["speculative_draft_model_path"] == "/target" and g4["speculative_eagle_topk"] == 1
+    g3 = serve._draft_args("STANDALONE", "gemma3-1b", "/target", str(tmp_path), "cpu")
+    assert g3["speculative_draft_model_path"].endswith("gemma3-tiny-draft-w")

@@ -36,6 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from triton_swa.testing.sglang_engine import DRIFT_ENGINE_ARGS, acceptance_windows, mean_accepted, steps_around_drift
+
 pytestmark = pytest.mark.sglang_engine
 
 # family -> prompts (token ids; 2 is <bos>), greedy tokens per prompt, dtype, extra engine environment
@@ -371,16 +373,9 @@ def test_ngram_speculative_triton_swa(runs):
 
 # ---- the seed's failure, live: the pre-fix SWA-pool rule on a STANDALONE Gemma 4 draft ----------
 #
-# SGLang builds the STANDALONE draft of a Gemma 4 target its own SWAKVPool (its own K/V buffers)
-# on the target's SWATokenToKVPoolAllocator, registering the allocator's full->SWA mapping as its
-# own (kv_cache_configurator.py, the draft-worker branch). Full and SWA slot ids stay equal while
-# both allocators hand out fresh slots in lockstep; they part once freed slots come back in
-# different orders (SWA slots freed by window eviction, full ones only when a request ends). The
-# scenario makes that happen mid-run: pools of 128 slots, full and SWA alike, two requests at a
-# time and no radix cache, so the third prompt runs on slots its predecessors freed (the first two
-# requests take 5 + 40 and 29 + 40 slots, and drafts a few more: the fresh slots run out as the
-# third starts).
-DRIFT_ENGINE_ARGS = {"max_total_tokens": 128, "swa_full_tokens_ratio": 1.0, "max_running_requests": 2, "disable_radix_cache": True}
+# The scenario (triton_swa.testing.sglang_engine.DRIFT_ENGINE_ARGS says how the slot spaces drift):
+# the first two requests take 5 + 40 and 29 + 40 slots, and drafts a few more: the fresh slots run
+# out as the third starts.
 PREFIX_RULE_PLUGIN = "triton_swa_prefix_rule"  # tests/engine/plugins
 
 
@@ -396,28 +391,6 @@ def _drift_run(tiny_models, rule: str, writes: str = "pool", prompts=None, max_n
         plugins=(PREFIX_RULE_PLUGIN,),
         step_log=True,
     )
-
-
-def _steps_around_drift(step_log):
-    """Accepted drafts per request and verify step, before and after the first draft write whose SWA
-    slot differs from its full slot."""
-    before, after, drifted = [], [], False
-    for line in step_log:
-        kind, *values = line.split()
-        if kind == "D" and int(values[0]) > 0:
-            drifted = True
-        elif kind == "V":
-            (after if drifted else before).append([int(v) for v in values])
-    return before, after
-
-
-def _mean(rows) -> float:
-    flat = [x for row in rows for x in row]
-    return sum(flat) / len(flat) if flat else float("nan")
-
-
-def _windows(rows, size: int = 8) -> str:
-    return " ".join(f"{1 + _mean(rows[i : i + size]):.2f}" for i in range(0, len(rows), size))
 
 
 @reads(lambda tm: [_drift_run(tm, "policy"), plain_spec("gemma4")])
@@ -450,11 +423,11 @@ def test_prefix_rule_collapses_acceptance_once_slots_drift(runs):
     assert any(line.startswith("R draft resolves None") for line in legacy.step_log), legacy.step_log[:5]
     assert not any(line.startswith("R ") for line in policy.step_log)
 
-    p_before, p_after = _steps_around_drift(policy.step_log)
-    l_before, l_after = _steps_around_drift(legacy.step_log)
+    p_before, p_after = steps_around_drift(policy.step_log)
+    l_before, l_after = steps_around_drift(legacy.step_log)
     print(f"acceptance length per window of 8 verify steps (mean over requests), drift from step {len(p_before)}:")
-    print(f"  policy:  before {_windows(p_before)} | after {_windows(p_after)}  (mean after {1 + _mean(p_after):.2f})")
-    print(f"  pre-fix: before {_windows(l_before)} | after {_windows(l_after)}  (mean after {1 + _mean(l_after):.2f})")
+    for label, b, a in (("policy: ", p_before, p_after), ("pre-fix:", l_before, l_after)):
+        print(f"  {label} before {acceptance_windows(b)} | after {acceptance_windows(a)}  (mean after {1 + mean_accepted(a):.2f})")
     print(f"  per-request spec_accept_length: policy {policy.accept_lengths}, pre-fix {legacy.accept_lengths}")
     # the scenario drifts, in both runs, with steps to spare on either side
     assert len(p_before) >= 8 and len(p_after) >= 8, (len(p_before), len(p_after))
@@ -462,8 +435,8 @@ def test_prefix_rule_collapses_acceptance_once_slots_drift(runs):
     # before the drift the two rules read the same K/V: the same acceptance, step for step
     assert l_before == p_before
     # after it, the policy keeps accepting drafts and the pre-fix rule stops
-    assert _mean(p_after) >= 0.5, p_after
-    assert _mean(l_after) <= 0.5 * _mean(p_after), (l_after, p_after)
+    assert mean_accepted(p_after) >= 0.5, p_after
+    assert mean_accepted(l_after) <= 0.5 * mean_accepted(p_after), (l_after, p_after)
 
 
 @reads(lambda tm: [_drift_run(tm, "legacy", writes="adapter", prompts=PROMPTS[:1], max_new_tokens=4)])

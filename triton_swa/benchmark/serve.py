@@ -89,6 +89,20 @@ class ServeModel:
 
 # Gemma 3 1B and 12B: the published text configs' dims. Gemma 4: a Gemma-4-like shape of this
 # project's choosing (the SWAKVPool, 512-wide full layers, KV-shared layers), not a published model.
+_GEMMA4_LIKE = dict(
+    layers=24,
+    hidden_size=2048,
+    intermediate_size=8192,
+    heads=8,
+    sliding_head_dim=256,
+    full_head_dim=512,
+    sliding_kv_heads=2,
+    full_kv_heads=1,
+    kv_shared=6,
+    full_every=6,
+    ple=256,
+    max_positions=40960,
+)
 MODELS: dict[str, ServeModel] = {
     "gemma3-1b": ServeModel(
         "gemma3",
@@ -110,26 +124,24 @@ MODELS: dict[str, ServeModel] = {
         "gemma4",
         512,
         24,
-        dict(
-            layers=24,
-            hidden_size=2048,
-            intermediate_size=8192,
-            heads=8,
-            sliding_head_dim=256,
-            full_head_dim=512,
-            sliding_kv_heads=2,
-            full_kv_heads=1,
-            kv_shared=6,
-            full_every=6,
-            ple=256,
-            max_positions=40960,
-        ),
+        _GEMMA4_LIKE,
         32768,
         "Gemma-4-like: 24 layers (5:1, window 512; the top 6 KV-shared), 8 q heads; sliding 2 kv x 256, full 1 kv x 512; "
         "vocabulary 32768 (per-layer inputs of 256 per layer and token: 200M parameters at this vocabulary)",
         # SGLang 0.5.23's prefill CUDA graph refuses KV-shared layers for every attention backend
         # ("invalid or duplicate attention layer_id: 16", cuda_graph_setup.index_attention_layers_by_global_id):
         # decode graphs stay on
+        engine_args=dict(disable_prefill_cuda_graph=True),
+    ),
+    # the seed's scenario (--drift): the Gemma-4-like shape at window 16, so short requests pass the
+    # window and SGLang evicts SWA slots (SGLANG_SWA_EVICTION_INTERVAL=4) while full ones stay
+    "gemma4-drift": ServeModel(
+        "gemma4",
+        16,
+        24,
+        _GEMMA4_LIKE,
+        32768,
+        "the Gemma-4-like shape at window 16: the seed's scenario (a STANDALONE draft of its own weights)",
         engine_args=dict(disable_prefill_cuda_graph=True),
     ),
     # STANDALONE's draft: a 2-layer Gemma 3 of the targets' vocabulary
@@ -457,6 +469,22 @@ def compare_tokens(
     return out
 
 
+def _draft_args(algorithm: str, model: str, path: str, root: str, device: str) -> dict:
+    """The engine arguments of ``algorithm`` on target ``model`` (at ``path``), its draft written under
+    ``root``: NGRAM has none; STANDALONE's is a 2-layer Gemma 3 for a Gemma 3 and the target's own
+    weights for a Gemma 4 (a vocabulary the Gemma 3 draft does not share); EAGLE, EAGLE3 and DFLASH get
+    random-weight drafts of their own architectures (:mod:`triton_swa.benchmark.serve_drafts`)."""
+    if algorithm == "NGRAM":
+        return _spec_args(algorithm, None)
+    if algorithm == "STANDALONE":
+        if MODELS[model].family == "gemma4":
+            return _spec_args(algorithm, path)
+        return _spec_args(algorithm, build_model("gemma3-tiny-draft" if device == "cpu" else "gemma3-draft", root, weights=True))
+    from triton_swa.benchmark.serve_drafts import build_draft, draft_engine_args
+
+    return draft_engine_args(algorithm, build_draft(algorithm, path, root))
+
+
 def _spec_args(algorithm: str, draft: str | None) -> dict:
     args: dict[str, Any] = {"speculative_algorithm": algorithm}
     if algorithm == "NGRAM":
@@ -466,6 +494,83 @@ def _spec_args(algorithm: str, draft: str | None) -> dict:
     if draft:
         args["speculative_draft_model_path"] = draft
     return args
+
+
+DRIFT_PLUGINS = _ROOT / "tests" / "engine" / "plugins"  # the test-side prefix-rule plugin
+
+
+def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], out: Path, timeout_s: float, device: str) -> list[dict]:
+    """The seed's failure, live: ``model`` (written weights) with a STANDALONE draft of its own weights,
+    on SGLang's engine with CUDA graphs as ``base_args`` set them, three times: without speculation,
+    with the policy, and with the pre-fix rule on the draft (tests/engine/plugins/triton_swa_prefix_rule.py:
+    the draft's sliding layers read SWA buffers at full slots, writes stay right). The engine
+    arguments of :data:`~triton_swa.testing.sglang_engine.DRIFT_ENGINE_ARGS` make the slot spaces
+    drift mid-run; the plugin's step log gives each verify step's accepted drafts and the drift."""
+    from triton_swa.testing.sglang_engine import DRIFT_ENGINE_ARGS, acceptance_windows, mean_accepted, steps_around_drift
+
+    path = build_model(model, root, weights=True)
+    rng_prompts = [pr for i, n in enumerate((5, 29, 12)) for pr in _prompts(1, n, 7 + i)]
+    tokens = {"prompts": rng_prompts, "max_new_tokens": 40}
+    args = dict(base_args, **MODELS[model].engine_args, **DRIFT_ENGINE_ARGS, context_length=512)
+    runs = []
+    for rule in ("", "policy", "legacy"):
+        eargs = dict(args, **(_spec_args("STANDALONE", path) if rule else {}))
+        log_path = out / f"drift-{model}-{rule or 'plain'}-steps.txt"
+        env = {"SGLANG_SWA_EVICTION_INTERVAL": "4"}
+        if rule:
+            env.update(
+                SGLANG_PLUGINS="triton_swa,triton_swa_prefix_rule",
+                TRITON_SWA_PREFIX_RULE=rule,
+                TRITON_SWA_PREFIX_RULE_WRITES="pool",
+                TRITON_SWA_PREFIX_RULE_LOG=str(log_path),
+            )
+        r = run_backend(
+            path,
+            "triton_swa",
+            engine_args=eargs,
+            tokens=tokens,
+            load=[],
+            output_len=0,
+            pythonpath=[*pythonpath, str(DRIFT_PLUGINS)] if rule else pythonpath,
+            env=env,
+            timeout_s=timeout_s,
+            log_path=str(out / f"engine-drift-{model}-{rule or 'plain'}.log"),
+            device=device,
+        )
+        steps = log_path.read_text().splitlines() if log_path.exists() else []
+        r.update(model=model, graphs="off" if eargs.get("disable_cuda_graph") else "on", spec="STANDALONE" if rule else "")
+        r.update(label=f"drift {rule or 'no speculation'}", rule=rule or "none", step_log_lines=len(steps))
+        if rule:
+            before, after = steps_around_drift(steps)
+            r.update(
+                steps_before=len(before),
+                steps_after=len(after),
+                accept_before=1 + mean_accepted(before),
+                accept_after=1 + mean_accepted(after),
+                windows_before=acceptance_windows(before),
+                windows_after=acceptance_windows(after),
+                resolutions=[line for line in steps if line.startswith("R ")][:2],
+            )
+        status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
+        print(f"  {r['label']}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)", flush=True)
+        for tb in r.get("tracebacks", [])[:2]:
+            print("    " + "\n    ".join(tb.splitlines()[-6:]), flush=True)
+        runs.append(r)
+    plain = runs[0].get("tokens")
+    print(f"== the seed's scenario on {model} (graphs {runs[0]['graphs']}): acceptance length per window of 8 verify steps", flush=True)
+    for r in runs[1:]:
+        if not r["ok"]:
+            continue
+        same = "no plain run to compare" if plain is None else f"{sum(a == b for a, b in zip(r['tokens'], plain))}/{len(plain)} equal"
+        print(
+            f"  {r['rule']:7s} before the drift ({r['steps_before']} steps) {r['windows_before']} | after ({r['steps_after']} steps) "
+            f"{r['windows_after']}; mean after {r['accept_after']:.2f}; tokens vs no speculation: {same}; "
+            f"spec_accept_length per request {[m.get('spec_accept_length') for m in r.get('spec_meta', [])]}",
+            flush=True,
+        )
+        for line in r["resolutions"]:
+            print(f"    {line}", flush=True)
+    return runs
 
 
 def _environment() -> dict:
@@ -493,6 +598,9 @@ def main(argv=None) -> int:
     p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
     p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
+    p.add_argument(
+        "--drift", default="", metavar="MODEL", help="the seed's scenario on MODEL (gemma4-drift): the pre-fix rule against the policy"
+    )
     p.add_argument("--timeout", type=float, default=480.0, help="seconds per engine start")
     p.add_argument("--model-root", default=os.path.join(tempfile.gettempdir(), "triton_swa_serve_models"))
     p.add_argument("--out", default=None, help="folder for the CSV, the JSON and the engines' logs")
@@ -560,9 +668,7 @@ def main(argv=None) -> int:
                     eargs = dict(margs, disable_cuda_graph=(graphs == "off") or device == "cpu")
                     label = f"{backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
                     if spec_algo:
-                        draft_name = "gemma3-tiny-draft" if device == "cpu" else "gemma3-draft"
-                        draft = build_model(draft_name, a.model_root, weights=True) if spec_algo == "STANDALONE" else None
-                        eargs.update(_spec_args(spec_algo, draft))
+                        eargs.update(_draft_args(spec_algo, name, path, a.model_root, device))
                     log_path = str(out / f"engine-{name}-{backend}-{graphs}{'-' + spec_algo if spec_algo else ''}.log")
                     r = run_backend(
                         path,
@@ -624,6 +730,8 @@ def main(argv=None) -> int:
                     )
                 rows.append(row)
         records.extend(runs)
+    if a.drift:
+        records.extend(run_drift(a.drift, base_args, root=a.model_root, pythonpath=pythonpath, out=out, timeout_s=a.timeout, device=device))
     csv_path = out / f"serve-{datetime.date.today().isoformat()}-{env0['gpu']}.csv"
     new = not csv_path.exists()
     import csv

@@ -545,3 +545,40 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ---- the seed's failure, live: reading the prefix-rule plugin's step log ----------------------
+#
+# SGLang builds a STANDALONE Gemma 4 draft its own SWAKVPool on the target's allocator, sharing the
+# allocator's full->SWA mapping. Full and SWA slot ids stay equal while both sides hand out fresh
+# slots in lockstep and part once freed slots come back in other orders (SWA slots freed by window
+# eviction, full ones when a request ends). These engine arguments make that happen mid-run: pools
+# of 128 slots, full and SWA alike, two requests at a time, no radix cache, so a third prompt runs on
+# slots its predecessors freed. The plugin is tests/engine/plugins/triton_swa_prefix_rule.py.
+DRIFT_ENGINE_ARGS = {"max_total_tokens": 128, "swa_full_tokens_ratio": 1.0, "max_running_requests": 2, "disable_radix_cache": True}
+
+
+def steps_around_drift(step_log: Sequence[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Accepted drafts per request and verify step (``V`` lines), before and after the first draft
+    write whose SWA slot differs from its full slot (a ``D`` line with a count above 0)."""
+    before: list[list[int]] = []
+    after: list[list[int]] = []
+    drifted = False
+    for line in step_log:
+        kind, *values = line.split()
+        if kind == "D" and int(values[0]) > 0:
+            drifted = True
+        elif kind == "V":
+            (after if drifted else before).append([int(v) for v in values])
+    return before, after
+
+
+def mean_accepted(rows: Sequence[Sequence[int]]) -> float:
+    """The mean accepted drafts over every request of every step (NaN for none)."""
+    flat = [x for row in rows for x in row]
+    return sum(flat) / len(flat) if flat else float("nan")
+
+
+def acceptance_windows(rows: Sequence[Sequence[int]], size: int = 8) -> str:
+    """Acceptance length (1 + accepted drafts) per window of ``size`` verify steps, as text."""
+    return " ".join(f"{1 + mean_accepted(rows[i : i + size]):.2f}" for i in range(0, len(rows), size))

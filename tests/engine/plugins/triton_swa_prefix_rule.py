@@ -33,7 +33,9 @@ resolved no SWA pool:
 
 With ``TRITON_SWA_PREFIX_RULE_LOG`` set, every draft step appends ``D <drifted> <written>`` to that
 file: how many of its K/V writes went to an SWA slot other than their full slot (where an
-untranslated read of them finds other tokens' K/V), and the resolutions as ``R ...`` lines.
+untranslated read of them finds other tokens' K/V), and the resolutions as ``R ...`` lines. Verify
+steps append ``V`` and each request's accepted drafts: on a CPU the sgl_kernel stand-in writes them
+(``TRITON_SWA_STUB_VERIFY_LOG``), elsewhere this plugin (SGLang's own greedy verify).
 """
 
 from __future__ import annotations
@@ -46,6 +48,29 @@ def _record(line: str) -> None:
     if path:
         with open(path, "a") as f:
             f.write(line + "\n")
+
+
+def _record_verify_steps() -> None:
+    """``V`` lines where the CPU tier's sgl_kernel stand-in does not write them (a GPU, whose greedy
+    verify is SGLang's own ``verify_tree_greedy_func``): wrap that function where SGLang's EAGLE
+    verify calls it (``eagle_utils``), once per process, at the first draft write (the module is
+    loaded by then; verify runs in the draft worker's process)."""
+    import sys
+
+    if not os.environ.get("TRITON_SWA_PREFIX_RULE_LOG") or os.environ.get("TRITON_SWA_STUB_VERIFY_LOG"):
+        return
+    utils = sys.modules.get("sglang.srt.speculative.eagle_utils")
+    verify = getattr(utils, "verify_tree_greedy_func", None)
+    if verify is None or getattr(verify, "_triton_swa_recording", False):
+        return
+
+    def verify_tree_greedy_func(*args, **kwargs):
+        out = verify(*args, **kwargs)
+        _record("V " + " ".join(str(int(x)) for x in out[2].tolist()))
+        return out
+
+    verify_tree_greedy_func._triton_swa_recording = True
+    utils.verify_tree_greedy_func = verify_tree_greedy_func
 
 
 class _NotTheDraftsAllocator:
@@ -89,6 +114,7 @@ def register() -> None:
 
     def recording(adapter_ids):
         def _swa_write_ids(self, forward_batch):
+            _record_verify_steps()
             ids = adapter_ids(self, forward_batch)
             loc = getattr(forward_batch, "out_cache_loc", None)
             pool = self.token_to_kv_pool
