@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -597,6 +598,10 @@ def main(argv=None) -> int:
     )
     p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
     p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
+    p.add_argument("--spec-load", action="store_true", help="speculative runs run the --load phases too (default: tokens only)")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="engines side by side on the GPU, each with 1/JOBS of the memory (runs without --load only)"
+    )
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
     p.add_argument(
         "--drift", default="", metavar="MODEL", help="the seed's scenario on MODEL (gemma4-drift): the pre-fix rule against the policy"
@@ -660,41 +665,30 @@ def main(argv=None) -> int:
             if device == "cpu":
                 lens = [min(x, 40) for x in lens]
             tokens = {"prompts": [pr for i, n in enumerate(lens) for pr in _prompts(1, n, 77 + i)], "max_new_tokens": a.token_new}
-        runs = []
+        jobs = []
         for graphs in a.graphs.split(","):
             spec_here = not a.spec_models or name in a.spec_models.split(",")
             for spec_algo in [""] + [s for s in a.spec.split(",") if s and spec_here]:
                 for backend in a.backends.split(","):
                     eargs = dict(margs, disable_cuda_graph=(graphs == "off") or device == "cpu")
-                    label = f"{backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
                     if spec_algo:
                         eargs.update(_draft_args(spec_algo, name, path, a.model_root, device))
-                    log_path = str(out / f"engine-{name}-{backend}-{graphs}{'-' + spec_algo if spec_algo else ''}.log")
-                    r = run_backend(
-                        path,
-                        backend,
-                        engine_args=eargs,
-                        tokens=tokens,
-                        load=[] if spec_algo else load,
-                        output_len=a.output_len,
-                        pythonpath=pythonpath,
-                        timeout_s=a.timeout,
-                        log_path=log_path,
-                        device=device,
+                    tag = f"{name}-{backend}-{graphs}{'-' + spec_algo if spec_algo else ''}"
+                    info = dict(
+                        model=name,
+                        graphs=graphs,
+                        spec=spec_algo,
+                        label=f"{backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else ""),
                     )
-                    r.update(model=name, graphs=graphs, spec=spec_algo, label=label)
-                    status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
-                    print(f"  {label}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)", flush=True)
-                    for tb in r.get("tracebacks", [])[:2]:
-                        print("    " + "\n    ".join(tb.splitlines()[-6:]), flush=True)
-                    for ph in r.get("phases", []):
-                        print(
-                            f"    P{ph['prompt_len']} C{ph['concurrency']} x{ph['requests']}: {ph['out_tok_s']:.0f} out tok/s, "
-                            f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, "
-                            f"ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}",
-                            flush=True,
-                        )
-                    runs.append(r)
+                    run = dict(
+                        engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len
+                    )
+                    run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
+                    jobs.append((path, backend, run, info))
+        # engines side by side share the GPU's memory; only runs without a timed phase do
+        parallel = a.jobs if not any(job[2]["load"] for job in jobs) else 1
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            runs = list(pool.map(_run_job, *zip(*jobs), [parallel] * len(jobs)))
         if a.tokens:
             _report_tokens(name, path, runs, tokens, device, None if device == "cpu" else a.dtype)
         for r in runs:
@@ -745,6 +739,28 @@ def main(argv=None) -> int:
         json.dump(records, f, indent=1, default=str)
     print(f"rows: {csv_path}")
     return 0 if all(r["ok"] for r in records) else 1
+
+
+def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> dict:
+    """One :func:`run_backend` of the matrix, with ``1/share`` of its memory fraction (engines side by
+    side), labelled with ``info``; prints its outcome and phases as one block."""
+    if share > 1:
+        run = dict(
+            run, engine_args=dict(run["engine_args"], mem_fraction_static=round(run["engine_args"]["mem_fraction_static"] / share, 3))
+        )
+    r = run_backend(path, backend, **run)
+    r.update(info)
+    status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
+    lines = [f"  {r['label']}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)"]
+    lines += ["    " + "\n    ".join(tb.splitlines()[-6:]) for tb in r.get("tracebacks", [])[:2]]
+    for ph in r.get("phases", []):
+        lines.append(
+            f"    P{ph['prompt_len']} C{ph['concurrency']} x{ph['requests']}: {ph['out_tok_s']:.0f} out tok/s, "
+            f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}"
+            + (f", accept length {ph['accept_len']:.2f}" if ph.get("accept_len") else "")
+        )
+    print("\n".join(lines), flush=True)
+    return r
 
 
 def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device: str, dtype: str | None) -> None:
