@@ -558,6 +558,35 @@ def _int32_parts(sizes: tuple, device) -> list:
     return [buf.as_strided((n,), (1,), a) for a, n in zip(starts, sizes)]
 
 
+def _new_window_lists(B: int, num_indices: int, num_window: int | None, device) -> tuple:
+    """``(full, window, skip)``: new WindowIndices of ``B`` requests, ``full`` of ``num_indices``
+    entries and, unless ``num_window`` is None, ``window`` of ``num_window`` (else None), in one
+    allocation: ``[indptr, starts, indices]`` of each list, the window's ``skip`` words after the full
+    list's (a paired launch writes the second list at that offset)."""
+    if num_window is None:
+        indptr, starts, indices = _int32_parts((B + 1, B, num_indices), device)
+        return WindowIndices(indptr, indices, starts), None, 0
+    parts = _int32_parts((B + 1, B, num_indices, B + 1, B, num_window), device)
+    skip = _part_words(B + 1) + _part_words(B) + _part_words(num_indices)  # where parts[3] starts
+    return WindowIndices(parts[0], parts[2], parts[1]), WindowIndices(parts[3], parts[5], parts[4]), skip
+
+
+def _fill_window_lists(planned, full, window, skip, req_to_token, req_pool_indices, lens, shift, mapping) -> None:
+    """Build the CSR lists ``full`` and, for a paired launch, ``window`` (``skip`` words after it) by
+    the planned window kernel; ``planned`` None (an empty batch) zeroes their ``kv_indptr`` and launches
+    nothing."""
+    if planned is None:
+        full.kv_indptr.zero_()
+        if window is not None:
+            window.kv_indptr.zero_()
+        return
+    num_window = 0 if window is None else window.kv_indices.numel()
+    _fire_window(
+        planned, req_to_token, req_pool_indices, lens, shift, mapping, full.kv_indices, 0, full.kv_indptr, full.window_starts,
+        full.kv_indices.numel(), skip, num_window,
+    )  # fmt: skip
+
+
 def _mode(seq_lens, prefix_lens, window_left):
     """(lens the window ends at, shift, has_window) of decode or extend/verify."""
     extend = prefix_lens is not None
@@ -627,7 +656,7 @@ def build_window_indices(
         if num_indices is None:
             num_indices = window_index_count(seq_lens, window_left, prefix_lens)
         check_int("num_indices", num_indices, minimum=0)
-        out = WindowIndices(*_int32_parts((B + 1, num_indices, B), device))
+        out = _new_window_lists(B, num_indices, None, device)[0]
     else:
         if num_indices is not None:
             raise ValueError("give num_indices or out, not both (out's kv_indices length is the capacity)")
@@ -636,29 +665,11 @@ def build_window_indices(
         check_tensor("out.kv_indptr", out.kv_indptr, dtype=torch.int32, device=device, shape=(B + 1,), contiguous=True)
         check_tensor("out.kv_indices", out.kv_indices, dtype=torch.int32, device=device, ndim=1, contiguous=True)
         check_tensor("out.window_starts", out.window_starts, dtype=torch.int32, device=device, shape=(B,), contiguous=True)
-    if B == 0:
-        out.kv_indptr.zero_()
-        return out
-    max_extent = max_window_len(window_left, req_to_token.shape[1], extend=prefix_lens is not None)
-    _launch_window_kernel(
-        req_to_token,
-        req_pool_indices,
-        lens,
-        shift,
-        has_window,
-        mapping,
-        out.kv_indices,
-        0,
-        out.kv_indptr,
-        out.window_starts,
-        out.kv_indices.numel(),
-        False,
-        1,
-        max_extent,
-        block,
-        num_splits,
-        block_reqs,
-    )
+    planned = None  # an empty batch launches nothing
+    if B:
+        max_extent = max_window_len(window_left, req_to_token.shape[1], extend=prefix_lens is not None)
+        planned = _window_launch(B, max_extent, block, num_splits, block_reqs, has_window, mapping is not None, False, 1, device)
+    _fill_window_lists(planned, out, None, 0, req_to_token, req_pool_indices, lens, shift, mapping)
     return out
 
 
@@ -678,24 +689,8 @@ class _WindowListsPlan:
         if (tensor_key(req_pool_indices), tensor_key(lens), tensor_key(req_to_token), tensor_key(mapping)) != self._keys:
             return None
         B = self._B
-        # [indptr, starts, indices] of each list: the window's are the full list's moved by one offset
-        if not self._paired:
-            parts = _int32_parts((B + 1, B, num_full), self._device)
-            window, num_window, skip = None, 0, 0
-        else:
-            parts = _int32_parts((B + 1, B, num_full, B + 1, B, num_window), self._device)
-            window = WindowIndices(parts[3], parts[5], parts[4])
-            skip = _part_words(B + 1) + _part_words(B) + _part_words(num_full)  # where parts[3] starts
-        full = WindowIndices(parts[0], parts[2], parts[1])
-        if B == 0:
-            for built in (full, window):
-                if built is not None:
-                    built.kv_indptr.zero_()
-            return full, window
-        _fire_window(
-            self._planned, req_to_token, req_pool_indices, lens, self._shift, mapping, full.kv_indices, 0, full.kv_indptr,
-            full.window_starts, num_full, skip, num_window,
-        )  # fmt: skip
+        full, window, skip = _new_window_lists(B, num_full, num_window if self._paired else None, self._device)
+        _fill_window_lists(self._planned if B else None, full, window, skip, req_to_token, req_pool_indices, lens, self._shift, mapping)
         return full, window
 
 
