@@ -48,6 +48,8 @@ install_wheels() {
   local carried=()
   for d in .whl/sglang .whl/demo; do [ -d "$d" ] && carried+=("$d"); done
   [ ${#carried[@]} -eq 0 ] || install_carried_wheels "${carried[@]}"
+  # none carried this call: what an earlier call of this held machine installed
+  [ ${#carried[@]} -gt 0 ] || ! [ -f /tmp/site/.carried ] || install_carried_wheels
 }
 
 tests() {
@@ -112,16 +114,17 @@ demo() {
     2>&1 | tee "$out/demo-$sha.log" | tail -40
 }
 
-engine() {  # engine [serve args]: the engines' logs go to one archive ($out holds at most 8 files)
+engine() {  # engine [serve args]: the engines' logs go to one archive ($out holds at most 8 files);
+  # ENGINE_TAG names this run's files, so several engine runs of one call keep theirs apart
   install_wheels || { echo "the carried wheels did not all install (the engine needs .whl/sglang)"; return 1; }
-  local logs=/tmp/triton_swa_engine_logs status
+  local logs=/tmp/triton_swa_engine_logs status tag="$sha${ENGINE_TAG:+-$ENGINE_TAG}"
   rm -rf "$logs"; mkdir -p "$logs"
   timeout "${ENGINE_TIMEOUT_S:-570}" python3 -m triton_swa.benchmark.serve --git-sha "$sha" --dirty clean --out "$logs" "$@" 2>&1 \
-    | tee "$out/engine-$sha.log"
+    | tee "$out/engine-$tag.log"
   status=${PIPESTATUS[0]}
-  cp "$logs"/serve-*.csv "$logs"/serve-*.json "$out"/ 2>/dev/null
-  tar -czf "$out/engine-logs-$sha.tar.gz" -C "$logs" --exclude='serve-*' . 2>/dev/null
-  echo "== engine: exit $status"
+  for f in "$logs"/serve-*.csv "$logs"/serve-*.json; do [ -f "$f" ] && cp "$f" "$out/${ENGINE_TAG:+$ENGINE_TAG-}$(basename "$f")"; done
+  tar -czf "$out/engine-logs-$tag.tar.gz" -C "$logs" --exclude='serve-*' . 2>/dev/null
+  echo "== engine${ENGINE_TAG:+ $ENGINE_TAG}: exit $status"
   return "$status"
 }
 
