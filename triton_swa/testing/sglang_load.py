@@ -14,11 +14,26 @@ disconnects and aborts, edge requests; what the engine tier's load-and-fault sce
   request's outcome.
 - :func:`check_outcomes` compares every finished request's tokens with the same prompt's greedy
   reference, as the request's own limits cut it.
+- :func:`run_scenario` runs the whole scenario on one model (the reference, one server, the load,
+  the idle checks, the last request) and returns its report; :func:`scenario_problems` lists what
+  the report fails of the scenario's checks (empty: passed), :func:`report_line` says it in a line.
+  The CPU engine tier's test (``tests/engine/test_load_faults.py``) and the GPU entry
+  (``python -m triton_swa.testing.sglang_load --device cuda``, ``bash scripts/gpu.sh load SHA``) both
+  run it.
 
 The pool probe (``tests/engine/plugins/triton_swa_pool_probe.py``, a test-side SGLang plugin) writes
 the allocators' free counts each time the scheduler is idle; :func:`idle_counts` reads them.
 
-This module imports neither SGLang nor transformers; it needs ``aiohttp`` for the clients.
+On a GPU (``device="cuda"``) the server's environment is the GPU engine tier's
+(:func:`triton_swa.benchmark.serve.gpu_engine_env`: the ``sgl_kernel`` stand-in where the real one
+does not import, SGLang's plain-torch fused ops, the radix tree's Python core), with CUDA graphs on
+(decode; prefill too except on Gemma 4, whose KV-shared layers SGLang's prefill graph refuses).
+
+This module imports neither SGLang nor transformers at import time; it needs ``aiohttp`` for the
+clients.
+
+    python -m triton_swa.testing.sglang_load --device cuda --families gemma3,gemma4
+        --requests 1000 --concurrency 64 [--backend triton_swa|triton] [--spec auto|on|off] --out DIR
 """
 
 from __future__ import annotations
@@ -39,9 +54,54 @@ from typing import Any
 
 from .sglang_engine import DEFAULT_ENGINE_ARGS, _cli_args, _free_port, _http, _kill_group, engine_env, extract_tracebacks
 
-__all__ = ["LoadRequest", "Outcome", "Server", "check_outcomes", "drive", "idle_counts", "retractions", "scenario_requests"]
+__all__ = [
+    "SCENARIOS",
+    "LoadRequest",
+    "Outcome",
+    "Server",
+    "check_outcomes",
+    "drive",
+    "greedy_reference",
+    "idle_counts",
+    "main",
+    "mismatches",
+    "report_line",
+    "retraction_counts",
+    "retractions",
+    "run_scenario",
+    "scenario_engine_args",
+    "scenario_problems",
+    "scenario_requests",
+]
 
 FAULTS = ("disconnect", "abort_early", "abort_decode", "one_token", "empty", "context_limit", "over_context", "stop_token")
+# the faults among one set of requests: each fault once, the common ones several times
+FAULT_SET = ("disconnect",) * 3 + ("abort_early",) * 2 + ("abort_decode",) * 3 + ("one_token",) * 2
+FAULT_SET += ("empty", "context_limit", "over_context") + ("stop_token",) * 2
+# one set of faults per this many requests (scenario_requests' fault_scale): 64 on the CPU tier, so
+# 1000 requests on a GPU carry each fault 15 times
+REQUESTS_PER_FAULT_SET = 64
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the test-side plugins (the pool probe): a checkout's tests/engine/plugins
+PLUGINS_DIR = os.path.join(_ROOT, "tests", "engine", "plugins")
+
+# per tiny-model family (triton_swa.testing.tiny_models' defaults): its window, whether the scenario
+# serves it with STANDALONE drafts (the target drafting for itself), whether SGLang builds its
+# SWAKVPool (the SWA allocator's free count is then checked too) and its server's environment
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "gemma4": dict(window=16, speculative=True, swa_pool=True, env={"SGLANG_SWA_EVICTION_INTERVAL": "4"}),
+    "gemma3": dict(window=8, speculative=False, swa_pool=False, env={}),
+}
+# SGLang's own switch that retracts running decodes every few forward steps (one running request each
+# time, more where the pool is short): small pools press the scheduler, but whether they make it
+# retract depends on timing; the switch makes sure it does
+RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"}
+# the checks the server runs itself: triton-swa's index guard (every index a kernel reads is checked
+# first; outside CUDA-graph capture) and SGLang's strict idle memory check (raises on a leak)
+CHECK_ENV = {"TRITON_SWA_DEBUG": "1", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+# a GPU server's engine arguments over the CPU tier's DEFAULT_ENGINE_ARGS
+GPU_ENGINE_ARGS: dict[str, Any] = {"device": "cuda", "disable_cuda_graph": False, "mem_fraction_static": 0.7}
 
 
 @dataclasses.dataclass
@@ -63,7 +123,13 @@ class Outcome:
 
 
 class Server:
-    """``with Server(model, backend, ...) as srv``: SGLang's ``launch_server`` up and answering."""
+    """``with Server(model, backend, ...) as srv``: SGLang's ``launch_server`` up and answering.
+
+    ``device="cpu"``: the CPU engine tier's environment and engine arguments
+    (:func:`~triton_swa.testing.sglang_engine.engine_env`, ``DEFAULT_ENGINE_ARGS``); ``"cuda"``: the
+    GPU engine tier's environment (:func:`triton_swa.benchmark.serve.gpu_engine_env`) and
+    :data:`GPU_ENGINE_ARGS` over the same defaults. ``engine_args`` go last. ``log_path``: where the
+    server's log is written (default: a temporary file, gone after the server)."""
 
     def __init__(
         self,
@@ -75,18 +141,28 @@ class Server:
         plugins: str = "triton_swa",
         env: Mapping[str, str] | None = None,
         ready_timeout_s: float = 300.0,
+        device: str = "cpu",
+        log_path: str | None = None,
     ):
         args = dict(DEFAULT_ENGINE_ARGS)
+        if device == "cuda":
+            args.update(GPU_ENGINE_ARGS)
         args.update(model_path=model_path, attention_backend=attention_backend, enable_metrics=True)
         args.update(engine_args or {})
         self.port = _free_port()
         args.update(host="127.0.0.1", port=self.port)
         self.args = args
         self.url = f"http://127.0.0.1:{self.port}"
-        self._env = engine_env(pythonpath, plugins, env)
+        self.device = device
+        if device == "cuda":  # the GPU engine tier's environment (pythonpath: serve.sgl_kernel_path("cuda") and more)
+            from triton_swa.benchmark.serve import gpu_engine_env
+
+            self._env = gpu_engine_env([os.path.abspath(p) for p in pythonpath], dict(env or {}, SGLANG_PLUGINS=plugins), device)
+        else:
+            self._env = engine_env(pythonpath, plugins, env)
         self._ready_timeout_s = ready_timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="triton_swa_load_")
-        self.log_path = os.path.join(self._tmp.name, "server.log")
+        self.log_path = log_path or os.path.join(self._tmp.name, "server.log")
         self.proc: subprocess.Popen | None = None
         self.start_s = 0.0
 
@@ -166,8 +242,15 @@ def metrics(server: Server) -> dict[str, float]:
 def retractions(log: str) -> int:
     """Requests the scheduler retracted (its own log lines: under pool pressure, or forced by
     ``SGLANG_TEST_RETRACT``, SGLang's own switch that retracts running decodes every few steps)."""
-    pattern = r"(?:KV cache pool is full\. Retract requests\.|Testing retraction\.) #retracted_reqs: (\d+)"
-    return sum(int(n) for n in re.findall(pattern, log))
+    return sum(retraction_counts(log).values())
+
+
+def retraction_counts(log: str) -> dict[str, int]:
+    """:func:`retractions` by cause: ``{"pool": .., "forced": ..}`` (the pool was full; the test switch)."""
+    counts = {}
+    for cause, line in (("pool", r"KV cache pool is full\. Retract requests\."), ("forced", r"Testing retraction\.")):
+        counts[cause] = sum(int(n) for n in re.findall(line + r" #retracted_reqs: (\d+)", log))
+    return counts
 
 
 def idle_counts(probe_log: str) -> list[dict[str, int]]:
@@ -183,17 +266,17 @@ def idle_counts(probe_log: str) -> list[dict[str, int]]:
 
 
 def scenario_requests(
-    n: int, *, window: int, context_length: int, vocab: int = 384, seed: int = 0, max_new_tokens: int = 12
+    n: int, *, window: int, context_length: int, vocab: int = 384, seed: int = 0, max_new_tokens: int = 12, fault_scale: int = 1
 ) -> list[LoadRequest]:
-    """``n`` requests (at least 24) over three prefixes, each longer than ``window`` and each the
-    next one's start, with one of each fault among them (several of the common ones)."""
+    """``n`` requests (at least 23 per ``fault_scale``) over three prefixes, each longer than
+    ``window`` and each the next one's start, with :data:`FAULT_SET` (one of each fault, several of
+    the common ones) ``fault_scale`` times among them."""
     rng = random.Random(seed)
     p1 = [2] + [rng.randrange(4, vocab) for _ in range(window + 8)]
     p2 = p1 + [rng.randrange(4, vocab) for _ in range(window + 4)]
     p3 = p2 + [rng.randrange(4, vocab) for _ in range(2 * window)]
     prefixes = (p1, p2, p3)
-    faults = ["disconnect"] * 3 + ["abort_early"] * 2 + ["abort_decode"] * 3 + ["one_token"] * 2
-    faults += ["empty", "context_limit", "over_context"] + ["stop_token"] * 2
+    faults = list(FAULT_SET) * fault_scale
     if n < len(faults) + 8:
         raise ValueError(f"n: at least {len(faults) + 8} requests, got {n}")
     faults += [""] * (n - len(faults))
@@ -269,7 +352,9 @@ def drive(server: Server, requests: Sequence[LoadRequest], concurrency: int, tim
         queue = list(reversed(requests))
         done: dict[str, Outcome] = {}
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        # room for every client's stream and the aborts they send beside it (aiohttp's default: 100)
+        connector = aiohttp.TCPConnector(limit=max(100, concurrency + 16))
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
             async def client():
                 while queue:
@@ -329,3 +414,461 @@ def check_outcomes(
         if got != want:
             report["problems"].append(f"{req.rid} ({req.fault or 'plain'}, finish {kind}): {got} != {want}")
     return report
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole scenario on one model: what the CPU tier's test and the GPU entry run
+
+# full slots per running request: 40 (the CPU tier's 640 for 16 in flight). Requests are 19 to 100
+# tokens (prompt and output), and the three prefixes are cached once; with faults, retraction and
+# the radix cache's evictable entries taking their share, the pool runs near full and decodes grow
+# past what the scheduler admitted for (schedule_conservativeness 0.3: it admits for a small part of
+# each request's max_new_tokens)
+SLOTS_PER_REQUEST = 40
+
+
+def scenario_engine_args(
+    concurrency: int, *, context_length: int = 256, device: str = "cpu", family: str = "", slots_per_request: int = SLOTS_PER_REQUEST
+) -> dict[str, Any]:
+    """The server's engine arguments for ``concurrency`` clients: as many running requests as
+    clients, ``slots_per_request`` full slots for each (at least two whole contexts, so a request at
+    the context limit fits beside others), chunked prefill of 128 tokens (a request at the context
+    limit is prefilled in chunks), float32. On ``"cuda"``: decode CUDA graphs up to ``concurrency``
+    requests, prefill graphs off on Gemma 4 (SGLang 0.5.23's prefill graph refuses KV-shared layers).
+    At 16 clients on the CPU: the CPU tier's arguments (640 slots)."""
+    args: dict[str, Any] = dict(
+        max_total_tokens=max(slots_per_request * concurrency, 2 * context_length + 128),
+        context_length=context_length,
+        max_running_requests=concurrency,
+        chunked_prefill_size=128,
+        schedule_conservativeness=0.3,
+        log_level="warning",
+        dtype="float32",
+    )
+    if device == "cuda":
+        args.update(cuda_graph_max_bs_decode=concurrency)
+        if family == "gemma4":
+            args.update(disable_prefill_cuda_graph=True)
+    return args
+
+
+def greedy_reference(
+    model_path: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, device: str = "cpu", batched: bool = False
+) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+    """transformers' greedy tokens of each prompt (eager attention, the model's dtype, no EOS stop),
+    with the top-2 logit gap and ``|top1|`` at each new token: ``(tokens, gaps, tops)``.
+
+    ``batched=False``: :func:`~triton_swa.testing.sglang_engine.hf_greedy`, one ``generate()`` per
+    prompt. ``batched=True`` (a thousand prompts on a GPU): one ``generate()`` per distinct prompt
+    length, the prompts of that length stacked (no padding, so no row sees another: each row's tokens
+    are its prompt's alone, up to the rounding of a batched matmul)."""
+    if not batched:
+        from .sglang_engine import hf_greedy
+
+        return hf_greedy(model_path, prompts, max_new_tokens, device=device, return_top2=True)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .tiny_models import load_hf_config
+
+    config = load_hf_config(model_path)
+    dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, attn_implementation="eager", dtype=getattr(torch, dtype))
+    model.to(device).eval()
+    by_length: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(i)
+    tokens: list[list[int]] = [[] for _ in prompts]
+    gaps: list[list[float]] = [[] for _ in prompts]
+    tops: list[list[float]] = [[] for _ in prompts]
+    with torch.no_grad():
+        for length, rows in by_length.items():
+            ids = torch.tensor([list(map(int, prompts[i])) for i in rows], device=device)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=0,
+                eos_token_id=None,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            top2 = torch.stack([step.float() for step in out.logits], dim=1).topk(2, dim=-1).values  # [rows, steps, 2]
+            for j, i in enumerate(rows):
+                tokens[i] = out.sequences[j, length:].tolist()
+                gaps[i] = (top2[j, :, 0] - top2[j, :, 1]).tolist()
+                tops[i] = top2[j, :, 0].abs().tolist()
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return tokens, gaps, tops
+
+
+def mismatches(
+    requests: Sequence[LoadRequest],
+    outcomes: Sequence[Outcome],
+    reference: Mapping[str, list[int]],
+    gaps: Mapping[str, list[float]],
+    tops: Mapping[str, list[float]],
+    dtype: str = "float32",
+) -> list[dict[str, Any]]:
+    """Every request whose tokens leave the reference's (each request's tokens, however its limits or
+    a fault cut them, are a prefix of its prompt's greedy tokens): where, the two tokens, and the
+    reference's top-2 logit gap there, with whether that is a near-tie in ``dtype``
+    (:func:`triton_swa.benchmark.serve.tie_tol`: any correct reordering of the sums may swap it)."""
+    from triton_swa.benchmark.serve import tie_tol
+
+    out = []
+    for req, got in zip(requests, outcomes):
+        want = reference[req.rid]
+        at = next((t for t, (a, b) in enumerate(zip(got.output_ids, want)) if a != b), None)
+        if at is None:
+            continue
+        gap, top = gaps[req.rid][at], tops[req.rid][at]
+        row = dict(rid=req.rid, at=at, got=got.output_ids[at], want=want[at], gap=gap, top=top)
+        row["near_tie"] = gap <= tie_tol(top, dtype)
+        out.append(row)
+    return out
+
+
+# SGLang's counters kept in the report (its /metrics, summed over labels): retractions, aborts, the
+# prompt tokens the radix cache served, tokens in and out, speculative verify calls
+_COUNTERS = ("retract", "abort", "cached_tokens_total", "prompt_tokens_total", "generation_tokens_total", "spec_verify")
+
+
+def run_scenario(
+    model_path: str,
+    family: str,
+    *,
+    n_requests: int = 64,
+    concurrency: int = 16,
+    context_length: int = 256,
+    engine_args: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    pythonpath: Sequence[str] = (),
+    device: str = "cpu",
+    backend: str = "triton_swa",
+    speculative: bool | None = None,
+    probe_log_dir: str | None = None,
+    log_dir: str | None = None,
+    seed: int = 11,
+    fault_scale: int | None = None,
+    batched_reference: bool | None = None,
+    plugins_dir: str = PLUGINS_DIR,
+) -> dict[str, Any]:
+    """The load-and-fault scenario on one tiny model of ``family`` (a key of :data:`SCENARIOS`),
+    served by SGLang's ``launch_server`` with ``backend``; returns its report (JSON-able).
+
+    The reference first (transformers' greedy tokens of every prompt, :func:`greedy_reference`; batched
+    on a GPU), then one server (``engine_args`` default :func:`scenario_engine_args`; STANDALONE
+    drafts of the model itself where ``speculative``, default the family's; the environment: the
+    family's, :data:`RETRACT_ENV`, :data:`CHECK_ENV`, the pool probe's log, then ``env``): the free
+    counts at idle after ``/flush_cache``, ``n_requests`` requests from ``concurrency`` streaming
+    clients (:func:`scenario_requests` with ``fault_scale`` sets of faults, default one per
+    :data:`REQUESTS_PER_FAULT_SET` requests), idle and flushed again, the free counts again, one more
+    request. ``pythonpath``: what the engine needs (the ``sgl_kernel`` stand-in, ...); the pool
+    probe's folder ``plugins_dir`` is added. ``probe_log_dir``: where the probe writes (default: a
+    temporary folder); ``log_dir``: where the server's log and the outcomes are kept (default: not
+    kept). :func:`scenario_problems` judges the report."""
+    sc = SCENARIOS[family]
+    speculative = sc["speculative"] if speculative is None else speculative
+    scale = max(1, n_requests // REQUESTS_PER_FAULT_SET) if fault_scale is None else fault_scale
+    batched = device == "cuda" if batched_reference is None else batched_reference
+    t0 = time.monotonic()
+    requests = scenario_requests(n_requests, window=sc["window"], context_length=context_length, seed=seed, fault_scale=scale)
+    # the reference: transformers' greedy tokens of each prompt (one model load), as far as any request asks
+    longest = max(3, *(r.max_new_tokens for r in requests))
+    tokens, gaps, tops = greedy_reference(model_path, [r.input_ids for r in requests], longest, device=device, batched=batched)
+    reference = {}
+    for req, ref in zip(requests, tokens):
+        reference[req.rid] = ref
+        if req.fault == "stop_token":
+            req.stop_token_ids = [ref[2]]
+    reference_s = time.monotonic() - t0
+    tmp = None
+    if probe_log_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="triton_swa_probe_")
+        probe_log_dir = tmp.name
+    tag = f"{family}-{backend}" + ("-spec" if speculative else "")
+    probe_log = os.path.join(probe_log_dir, f"pool-probe-{tag}.txt")
+    open(probe_log, "w").close()  # the probe appends
+    if engine_args is None:
+        engine_args = scenario_engine_args(concurrency, context_length=context_length, device=device, family=family)
+    args = dict(engine_args)
+    if speculative:
+        from .sglang_engine import Speculative
+
+        args.update(Speculative("STANDALONE", draft_model_path=model_path, num_steps=3, eagle_topk=1, num_draft_tokens=4).engine_args())
+    server_env = dict(sc["env"], **RETRACT_ENV, TRITON_SWA_POOL_PROBE_LOG=probe_log, **CHECK_ENV)
+    server_env.update(env or {})
+    log_path = None
+    if log_dir is not None:
+        os.makedirs(log_dir, exist_ok=True)
+        log_path = os.path.join(log_dir, f"server-{tag}.log")
+    t1 = time.monotonic()
+    try:
+        with Server(
+            model_path,
+            backend,
+            engine_args=args,
+            pythonpath=[*pythonpath, plugins_dir],
+            plugins="triton_swa,triton_swa_pool_probe",
+            env=server_env,
+            device=device,
+            log_path=log_path,
+        ) as srv:
+            srv.post("/flush_cache", {})
+            srv.wait_idle()
+            time.sleep(1.0)  # an idle pass records the counts after the flush
+            before = idle_counts(probe_log)
+            t2 = time.monotonic()
+            outcomes = drive(srv, requests, concurrency)
+            load_s = time.monotonic() - t2
+            srv.wait_idle()
+            flush_status, _ = srv.post("/flush_cache", {})
+            time.sleep(1.0)
+            srv.wait_idle()
+            time.sleep(1.0)
+            after = idle_counts(probe_log)
+            counters = {k: v for k, v in metrics(srv).items() if any(w in k for w in _COUNTERS)}
+            # the server still answers: one more request, its tokens as transformers'
+            last_status, last_body = srv.post(
+                "/generate",
+                {"input_ids": requests[0].input_ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True}},
+            )
+            log = srv.log()
+            tracebacks = srv.tracebacks()
+            start_s = srv.start_s
+            server_args = dict(srv.args)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    report = check_outcomes(requests, outcomes, reference)
+    by_rid = {r.rid: i for i, r in enumerate(requests)}
+    report.update(
+        mismatches=mismatches(
+            requests, outcomes, reference, {k: gaps[i] for k, i in by_rid.items()}, {k: tops[i] for k, i in by_rid.items()}
+        ),
+        family=family,
+        backend=backend,
+        device=device,
+        speculative="STANDALONE" if speculative else "",
+        requests=len(requests),
+        concurrency=concurrency,
+        fault_scale=scale,
+        faults=sum(1 for r in requests if r.fault),
+        swa_pool=sc["swa_pool"],
+        retractions=retractions(log),
+        retraction_causes=retraction_counts(log),
+        metrics=counters,
+        before=before[-1] if before else None,
+        after=after[-1] if after else None,
+        flush_status=flush_status,
+        last_status=last_status,
+        last_body=last_body[:2000],
+        last_want=reference[requests[0].rid][:3],
+        tracebacks=tracebacks,
+        leak_warnings=[line for line in log.splitlines() if "memory leak" in line or "double free" in line or "use-after-free" in line],
+        reference="batched" if batched else "one prompt at a time",
+        reference_s=reference_s,
+        start_s=start_s,
+        load_s=load_s,
+        wall_s=time.monotonic() - t1,
+        engine_args={k: v for k, v in server_args.items() if k not in ("host", "port")},
+        env={k: server_env[k] for k in sorted(server_env) if k != "TRITON_SWA_POOL_PROBE_LOG"},
+    )
+    if log_dir is not None:
+        with open(os.path.join(log_dir, f"outcomes-{tag}.jsonl"), "w") as f:
+            for req, out in zip(requests, outcomes):
+                row = dict(rid=req.rid, fault=req.fault, prompt_len=len(req.input_ids), max_new_tokens=req.max_new_tokens)
+                row.update(output_ids=out.output_ids, finish=out.finish, chunks=out.chunks, error=out.error, want=reference[req.rid])
+                f.write(json.dumps(row, default=str) + "\n")
+    return report
+
+
+def scenario_problems(report: Mapping[str, Any]) -> list[str]:
+    """What ``report`` (:func:`run_scenario`'s) fails of the scenario's checks, one line each; empty
+    when it passes. The checks: no traceback in the server's log and no leak warning; every finished
+    request's tokens as the reference's, aborted and abandoned ones a prefix of them
+    (:func:`check_outcomes`); all but at most 10 per fault set finished, at least one aborted, every
+    disconnect left and every request past the context refused; at least one retraction; the pool
+    probe's free counts (full, SWA, request rows) at idle equal before and after the load (the SWA
+    count present where the model has an SWA pool); ``/flush_cache`` answered; the last request's
+    tokens as the reference's."""
+    r = report
+    n, scale = r["requests"], r.get("fault_scale", 1)
+    out = [f"traceback in the server's log:\n{tb}" for tb in r["tracebacks"]]
+    out += [f"leak warning: {line}" for line in r["leak_warnings"]]
+    out += list(r["problems"])
+    if r["finished"] < n - 10 * scale:
+        out.append(f"{r['finished']} of {n} requests finished (at least {n - 10 * scale} expected)")
+    if r["aborted"] < 1:
+        out.append("no request was aborted")
+    if r["left"] != 3 * scale:
+        out.append(f"{r['left']} requests left mid-stream ({3 * scale} disconnected)")
+    if r["refused"] != scale:
+        out.append(f"{r['refused']} requests past the context refused ({scale} sent)")
+    if r["retractions"] < 1:
+        out.append("no retraction happened: the pools did not press the scheduler")
+    before, after = r["before"], r["after"]
+    if before is None or after is None:
+        out.append("the pool probe recorded no idle state")
+    else:
+        for key in ("full", "swa", "req"):
+            if after[key] != before[key]:
+                out.append(f"{key}: {before} before the load, {after} after")
+        if r.get("swa_pool") and before["swa"] <= 0:
+            out.append(f"no SWA allocator count where the model has an SWA pool: {before}")
+    if r["flush_status"] != 200:
+        out.append(f"/flush_cache answered {r['flush_status']}")
+    if r["last_status"] != 200:
+        out.append(f"the last request answered {r['last_status']}: {r['last_body'][:300]}")
+    else:
+        try:
+            got = json.loads(r["last_body"])["output_ids"]
+        except (ValueError, KeyError, TypeError) as e:
+            got = f"unreadable ({type(e).__name__})"
+        if got != r["last_want"]:
+            out.append(f"the last request returned {got}, not {r['last_want']}")
+    return out
+
+
+def _counts(c: Mapping[str, int] | None) -> str:
+    return "none" if not c else f"{c['full']}/{c['swa']}/{c['req']}"
+
+
+def _differ(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "none differ"
+    ties = sum(1 for m in rows if m["near_tie"])
+    return f"{len(rows)} differ ({ties} at a near-tie; smallest top-2 gap {min(m['gap'] for m in rows):.3g})"
+
+
+def _cache_hits(m: Mapping[str, float]) -> str:
+    if "sglang:prompt_tokens_total" not in m:
+        return "radix cache hits unknown"
+    return f"{m.get('sglang:cached_tokens_total', 0):.0f} of {m['sglang:prompt_tokens_total']:.0f} prompt tokens from the radix cache"
+
+
+def report_line(report: Mapping[str, Any]) -> str:
+    """One line of ``report``: what was served, what the checks found, how long it took."""
+    r = report
+    causes = r.get("retraction_causes") or {}
+    spec = f" + {r['speculative']}" if r.get("speculative") else ""
+    return (
+        f"load and faults, {r['family']}{spec} ({r['backend']}, {r['device']}): {r['requests']} requests ({r['faults']} with faults) "
+        f"from {r['concurrency']} clients, {r['finished']} finished, {r['aborted']} aborted, {r['left']} left, {r['refused']} refused, "
+        f"{r['retractions']} retracted ({causes.get('pool', 0)} pool full, {causes.get('forced', 0)} forced), "
+        f"{r['compared_tokens']} tokens compared, {_differ(r.get('mismatches') or [])}, {_cache_hits(r.get('metrics') or {})}, "
+        f"idle free full/swa/req {_counts(r['before'])} -> {_counts(r['after'])}, "
+        f"{len(scenario_problems(r))} problems, {len(r['tracebacks'])} tracebacks, "
+        f"reference {r['reference_s']:.0f} s, start {r['start_s']:.0f} s, load {r['load_s']:.0f} s, wall {r['wall_s']:.0f} s"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# python -m triton_swa.testing.sglang_load
+
+
+def _parse_kv(items: Sequence[str], as_json: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = json.loads(value) if as_json else value
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser(
+        prog="python -m triton_swa.testing.sglang_load",
+        description="The load-and-fault scenario on SGLang's launch_server (tiny float32 models); exit 1 when a check fails.",
+    )
+    p.add_argument("--device", default="", help="cuda or cpu (default: cuda where torch sees one)")
+    p.add_argument("--families", default="gemma3,gemma4", help=f"comma-separated, of {sorted(SCENARIOS)}")
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=64, help="streaming clients, and the server's running requests")
+    p.add_argument("--backend", default="triton_swa", help="SGLang attention backend (triton: SGLang's own, the control)")
+    p.add_argument("--spec", default="auto", choices=("auto", "on", "off"), help="STANDALONE drafts (auto: Gemma 4 on, Gemma 3 off)")
+    p.add_argument("--context-length", type=int, default=256)
+    p.add_argument("--slots-per-request", type=int, default=SLOTS_PER_REQUEST, help="full KV slots per running request")
+    p.add_argument("--fault-scale", type=int, default=None, help=f"fault sets (default: one per {REQUESTS_PER_FAULT_SET} requests)")
+    p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--reference", default="auto", choices=("auto", "batched", "alone"), help="auto: batched on cuda")
+    p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, over the scenario's engine arguments")
+    p.add_argument("--env", action="append", default=[], help="KEY=VALUE, over the server's environment")
+    p.add_argument("--model-root", default=os.path.join(tempfile.gettempdir(), "triton_swa_load_models"))
+    p.add_argument("--out", default=None, help="folder for load-report.json, the servers' logs, outcomes and probe logs")
+    p.add_argument("--git-sha", default="")
+    a = p.parse_args(argv)
+
+    # `timeout` sends TERM: unwind, so each Server's `with` ends its process group
+    def _term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _term)
+    device = a.device
+    if not device:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from triton_swa.benchmark.serve import sgl_kernel_path
+
+    from .tiny_models import build_tiny_model
+
+    out = a.out or tempfile.mkdtemp(prefix="triton_swa_load_")
+    os.makedirs(out, exist_ok=True)
+    pythonpath = sgl_kernel_path(device)
+    print(f"load: device {device}, backend {a.backend}, git {a.git_sha or '?'}; on PYTHONPATH: {pythonpath or 'nothing'}", flush=True)
+    reports: list[dict[str, Any]] = []
+    failed = False
+    for family in filter(None, a.families.split(",")):
+        spec = None if a.spec == "auto" else a.spec == "on"
+        t0 = time.monotonic()
+        model = build_tiny_model(family, os.path.join(a.model_root, family), seed=0)
+        args = scenario_engine_args(
+            a.concurrency, context_length=a.context_length, device=device, family=family, slots_per_request=a.slots_per_request
+        )
+        args.update(_parse_kv(a.engine_arg, as_json=True))
+        print(f"== {family}: model built ({time.monotonic() - t0:.0f} s); engine args {args}", flush=True)
+        try:
+            report = run_scenario(
+                model,
+                family,
+                n_requests=a.requests,
+                concurrency=a.concurrency,
+                context_length=a.context_length,
+                engine_args=args,
+                env=_parse_kv(a.env, as_json=False),
+                pythonpath=pythonpath,
+                device=device,
+                backend=a.backend,
+                speculative=spec,
+                probe_log_dir=out,
+                log_dir=out,
+                seed=a.seed,
+                fault_scale=a.fault_scale,
+                batched_reference=None if a.reference == "auto" else a.reference == "batched",
+            )
+            report["problem_list"] = scenario_problems(report)
+            print(report_line(report), flush=True)
+            for line in report["problem_list"][:20]:
+                print("  PROBLEM " + line[:2000], flush=True)
+        except Exception as e:  # noqa: BLE001 - recorded; the next family still runs
+            report = dict(family=family, backend=a.backend, device=device, error=f"{type(e).__name__}: {e}", problem_list=[str(e)])
+            print(f"load and faults, {family} ({a.backend}, {device}): FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
+        report.update(git_sha=a.git_sha)
+        failed = failed or bool(report["problem_list"])
+        reports.append(report)
+        with open(os.path.join(out, "load-report.json"), "w") as f:
+            json.dump(reports, f, indent=1, default=str)
+    print(f"report: {os.path.join(out, 'load-report.json')}; {'FAILED' if failed else 'passed'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
