@@ -17,6 +17,11 @@
 #                                      transformers' generate() and the backends against each other, speculative
 #                                      algorithms, speed under load (python -m triton_swa.benchmark.serve; extra
 #                                      arguments go to it; needs .whl/sglang from scripts/carry_sglang_wheels.sh)
+#   bash scripts/gpu.sh load SHA       the load-and-fault scenario on SGLang's launch_server over HTTP (issue 37):
+#                                      tiny float32 Gemma 3 and Gemma 4 (+ STANDALONE), 1000 streaming requests
+#                                      from 64 clients, faults, retraction, tokens against transformers, free
+#                                      counts at idle (python -m triton_swa.testing.sglang_load; extra arguments
+#                                      go to it, e.g. --backend triton for SGLang's own; needs .whl/sglang)
 #   bash scripts/gpu.sh vllm SHA       the vLLM tier (tests/integration/test_vllm.py, -n 4) on vLLM 0.32's
 #                                      own classes (needs .vllm_slim: scripts/carry_vllm.sh)
 #   bash scripts/gpu.sh profile SHA    where a decode or verify case's GPU time goes (default: the wide-head
@@ -39,7 +44,7 @@
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|engine|vllm|profile|all|verify SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|engine|load|vllm|profile|all|verify SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -128,6 +133,23 @@ engine() {  # engine [serve args]: the engines' logs go to one archive ($out hol
   return "$status"
 }
 
+load() {  # load [sglang_load args]: the report and the servers' logs (one archive when large; $out holds at most 8 files)
+  install_wheels || { echo "the carried wheels did not all install (the server needs .whl/sglang)"; return 1; }
+  local logs=/tmp/triton_swa_load_logs status
+  rm -rf "$logs"; mkdir -p "$logs"
+  timeout -k 30 "${LOAD_TIMEOUT_S:-540}" python3 -m triton_swa.testing.sglang_load --device cuda --families gemma3,gemma4 \
+    --requests 1000 --concurrency 64 --git-sha "$sha" --out "$logs" "$@" 2>&1 | tee "$out/load-$sha.log"
+  status=${PIPESTATUS[0]}
+  cp "$logs"/load-report.json "$out/load-report-$sha.json" 2>/dev/null
+  if [ "$(du -sk "$logs" | cut -f1)" -gt 2048 ]; then
+    tar -czf "$out/load-logs-$sha.tar.gz" -C "$logs" --exclude=load-report.json .
+  else
+    tar -cf "$out/load-logs-$sha.tar" -C "$logs" --exclude=load-report.json .
+  fi
+  echo "== load: exit $status"
+  return "$status"
+}
+
 vllm() {
   if [ ! -d .vllm_slim/vllm ] || ! compgen -G ".vllm_slim/wheels/*.whl" >/dev/null; then
     echo "no .vllm_slim (bash scripts/carry_vllm.sh, then carry .vllm_slim)"
@@ -189,7 +211,7 @@ step_ab() {
 }
 
 case "$what" in
-  tests | bench | hostcost | ab | sglang | demo | engine | vllm | profile) "$what" "$@" ;;
+  tests | bench | hostcost | ab | sglang | demo | engine | load | vllm | profile) "$what" "$@" ;;
   verify)
     TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-290} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
     status=$?
@@ -205,7 +227,7 @@ case "$what" in
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, engine, vllm, profile, all, verify)"
+    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, engine, load, vllm, profile, all, verify)"
     exit 2
     ;;
 esac
