@@ -284,7 +284,7 @@ def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
     """Eager EXTEND passes the batch's longest prefix (capped at the window) as ``max_window``, so a
     prompt without a prefix takes no empty split-KV programs; verify passes the layer's bound, as
     CUDA-graph replay does."""
-    import triton_swa.backend as backend_mod
+    import triton_swa.backend.forward as forward_mod
 
     seen = []
 
@@ -297,7 +297,7 @@ def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
 
     # the checked path calls swa_extend per layer, the planned path swa_extend_plan per kind of layer
     for name in ("swa_extend", "swa_extend_plan"):
-        monkeypatch.setattr(backend_mod, name, spy(getattr(backend_mod, name)))
+        monkeypatch.setattr(forward_mod, name, spy(getattr(forward_mod, name)))
     window_left = 5
     sim = make_sim(window_left, 1, seed=2, device=device)
     runner = ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left, device=device)

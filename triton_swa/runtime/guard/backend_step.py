@@ -1,6 +1,6 @@
 """The debug checks of a backend step: the batch before its index builds, the metadata after.
 
-Extend the host checks of ``TritonSWAAttnBackend.init_forward_metadata`` (``triton_swa/backend.py``),
+Extend the host checks of ``TritonSWAAttnBackend.init_forward_metadata`` (``triton_swa/backend/metadata.py``),
 which calls both in debug mode, with the device contents of the batch and the step's metadata:
 
 - :func:`check_forward_batch` checks, before the step's index builds launch, the device contents
