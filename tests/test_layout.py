@@ -130,7 +130,8 @@ def test_engines_are_imported_lazily_or_by_their_integration():
         module = _module_name(path)
         for name, top_level in _imports(path):
             engine = name.split(".")[0]
-            if engine in ENGINES and top_level and module != f"triton_swa.integrations.{engine}":
+            integration = f"triton_swa.integrations.{engine}"
+            if engine in ENGINES and top_level and module != integration and not module.startswith(integration + "."):
                 bad.append(f"{module} imports {name} at module level")
     assert not bad, "\n".join(bad)
 
@@ -156,6 +157,14 @@ def test_importing_the_library_changes_nothing():
     assert out == "False False []", out
     out = _fresh("import sys, triton_swa_reference\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'triton_swa')))")
     assert out == "[]", out
+
+
+@pytest.mark.reference
+def test_the_vllm_integration_imports_vllm_only_for_its_classes():
+    """``import triton_swa.integrations.vllm`` (vLLM's entry point loads it in every process) imports no
+    vLLM; its classes (``triton_swa.integrations.vllm.classes``) do, on first access."""
+    out = _fresh("import sys, triton_swa.integrations.vllm\nprint('vllm' in sys.modules)")
+    assert out == "False", out
 
 
 @pytest.mark.reference
