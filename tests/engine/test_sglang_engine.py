@@ -325,7 +325,7 @@ def _speculative_outcome(run):
     if run.ok:
         return
     text = run.error + "\n" + "\n".join(run.tracebacks)
-    in_triton_swa = "triton_swa/backend.py" in text or "triton_swa/integrations/sglang.py" in text
+    in_triton_swa = "triton_swa/backend/" in text or "triton_swa/integrations/sglang.py" in text
     if not in_triton_swa and (STUB_MARK in text or "not supported by CpuSRTPlatform" in text):
         pytest.xfail(f"SGLang cannot run this on a CPU: {run.error}")
     pytest.fail(run.describe())
