@@ -10,14 +10,15 @@ import os
 import pytest
 
 from triton_swa.benchmark import serve
+from triton_swa.testing import sglang_engine
 
 
 def test_tie_tol_is_two_ulps_at_the_top_logit():
     # bf16 keeps 8 significant bits: at |logit| in [16, 32) its spacing is 2**-3
-    assert serve.tie_tol(20.0) == 0.25
-    assert serve.tie_tol(1.5) == 2 * 2.0**-7
-    assert serve.tie_tol(20.0, "float32") == 2 * 2.0 ** (4 - 23)
-    assert serve.tie_tol(0.0) > 0 and serve.tie_tol(float("nan")) > 0
+    assert sglang_engine.tie_tol(20.0) == 0.25
+    assert sglang_engine.tie_tol(1.5) == 2 * 2.0**-7
+    assert sglang_engine.tie_tol(20.0, "float32") == 2 * 2.0 ** (4 - 23)
+    assert sglang_engine.tie_tol(0.0) > 0 and sglang_engine.tie_tol(float("nan")) > 0
 
 
 def test_compare_tokens_counts_equal_near_ties_and_real_differences():
@@ -63,14 +64,14 @@ def test_models_at_real_size_write_their_configs(tmp_path, name):
 def test_gpu_engine_env(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-    env = serve.gpu_engine_env([str(serve.CUDA_STUBS)])
+    env = sglang_engine.gpu_engine_env([str(sglang_engine.CUDA_STUBS)])
     assert "TRITON_INTERPRET" not in env  # the real kernels on the GPU
     assert env["SGLANG_PLUGINS"] == "triton_swa" and env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
     assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"  # only with the stand-in
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(serve.CUDA_STUBS)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(sglang_engine.CUDA_STUBS)
     assert env["PYTHONPATH"].endswith("/elsewhere")
-    assert "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK" not in serve.gpu_engine_env([])
-    cpu = serve.gpu_engine_env([], device="cpu")
+    assert "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK" not in sglang_engine.gpu_engine_env([])
+    cpu = sglang_engine.gpu_engine_env([], device="cpu")
     assert cpu["TRITON_INTERPRET"] == "1" and cpu["SGLANG_USE_CPU_ENGINE"] == "1"
 
 
@@ -80,7 +81,7 @@ def test_stand_in_weak_ref_tensor():
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("sgl_kernel_stand_in", serve.CUDA_STUBS / "sgl_kernel" / "__init__.py")
+    spec = importlib.util.spec_from_file_location("sgl_kernel_stand_in", sglang_engine.CUDA_STUBS / "sgl_kernel" / "__init__.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     try:

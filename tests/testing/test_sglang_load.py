@@ -152,7 +152,7 @@ def test_retraction_counts_by_cause():
 
 
 def test_gpu_server_environment_and_arguments(tmp_path):
-    from triton_swa.benchmark.serve import CUDA_STUBS
+    from triton_swa.testing.sglang_engine import CUDA_STUBS
 
     srv = sl.Server(
         "/models/m",

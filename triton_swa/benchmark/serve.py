@@ -43,11 +43,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from triton_swa.testing.sglang_engine import REPO_ROOT, gpu_engine_env, sgl_kernel_path, tie_tol
+
 __all__ = ["COLUMNS", "MODELS", "ServeModel", "build_model", "compare_tokens", "gpu_engine_env", "main", "run_backend", "tie_tol"]
 
-_ROOT = Path(__file__).resolve().parents[2]
-CUDA_STUBS = _ROOT / "tests" / "integration" / "stubs_cuda"
-TORCHVISION_STUBS = _ROOT / "tests" / "integration" / "stubs"
 
 COLUMNS = [
     "op",
@@ -181,41 +180,6 @@ def build_model(name: str, root: str, *, weights: bool, seed: int = 0) -> str:
         weights=weights,
     )
     return path
-
-
-def sgl_kernel_path(device: str) -> list[str]:
-    """The stand-in's folder when the real ``sgl_kernel`` does not import here (it loads only on the
-    torch it was built for), plus the torchvision stub where the real one does not import. On a CPU
-    (this harness's own test) the CPU engine tier's stand-in."""
-    paths = []
-    stubs = CUDA_STUBS if device == "cuda" else _ROOT / "tests" / "engine" / "stubs"
-    for probe, folder in (("import sgl_kernel", stubs), ("import torchvision.transforms", TORCHVISION_STUBS)):
-        if subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=300).returncode != 0:
-            paths.append(str(folder))
-    return paths
-
-
-def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str = "cuda") -> dict:
-    """The environment of a GPU engine subprocess (module doc); ``device="cpu"`` runs the harness on
-    SGLang's CPU engine with the kernels in Triton's interpreter (its own test)."""
-    env = dict(os.environ)
-    # SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: the radix tree's Python core (the carried sglang wheel
-    # has no compiled Rust extensions)
-    env.update(
-        SGLANG_PLUGINS="triton_swa",
-        SGLANG_FORCE_FUSED_OP_BACKEND="torch",
-        PYTHONUNBUFFERED="1",
-        SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python",
-    )
-    env.pop("TRITON_INTERPRET", None)
-    if device == "cpu":
-        env.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")
-    elif str(CUDA_STUBS) in pythonpath:
-        env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in has no wheel metadata to check
-    paths = [*pythonpath, str(_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.update(extra or {})
-    return env
 
 
 # ----------------------------------------------------------------------------------------------
@@ -435,19 +399,6 @@ def hf_reference(
     return result
 
 
-SIGNIFICANT_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}
-
-
-def tie_tol(logit: float, dtype: str = "bfloat16") -> float:
-    """The near-tie rule for greedy tokens: two logits closer than 2 units in the last place of
-    ``dtype`` at the top logit's magnitude (bf16: 8 significant bits) can swap order under any correct
-    reordering of the sums."""
-    bits = SIGNIFICANT_BITS[dtype]
-    if logit <= 0 or not math.isfinite(logit):
-        return 2.0 ** (2 - bits)
-    return 2.0 * 2.0 ** (math.floor(math.log2(logit)) - (bits - 1))
-
-
 def compare_tokens(
     got: list[list[int]], want: list[list[int]], gaps: list[list[float]], tops: list[list[float]], dtype: str = "bfloat16"
 ) -> dict:
@@ -497,7 +448,7 @@ def _spec_args(algorithm: str, draft: str | None) -> dict:
     return args
 
 
-DRIFT_PLUGINS = _ROOT / "tests" / "engine" / "plugins"  # the test-side prefix-rule plugin
+DRIFT_PLUGINS = REPO_ROOT / "tests" / "engine" / "plugins"  # the test-side prefix-rule plugin
 
 
 def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], out: Path, timeout_s: float, device: str) -> list[dict]:

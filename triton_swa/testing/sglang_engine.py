@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -46,6 +47,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CONTROL_BACKENDS", "EngineRun", "Speculative", "engine_env", "first_divergence", "hf_greedy", "run_engine", "run_server"]
@@ -582,3 +584,57 @@ def mean_accepted(rows: Sequence[Sequence[int]]) -> float:
 def acceptance_windows(rows: Sequence[Sequence[int]], size: int = 8) -> str:
     """Acceptance length (1 + accepted drafts) per window of ``size`` verify steps, as text."""
     return " ".join(f"{1 + mean_accepted(rows[i : i + size]):.2f}" for i in range(0, len(rows), size))
+
+
+# ---- the GPU engine tier's environment and token rule (triton_swa.benchmark.serve, sglang_load) ----
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the tree: the test stubs live under tests/
+CUDA_STUBS = REPO_ROOT / "tests" / "integration" / "stubs_cuda"
+TORCHVISION_STUBS = REPO_ROOT / "tests" / "integration" / "stubs"
+
+
+def sgl_kernel_path(device: str) -> list[str]:
+    """The stand-in's folder when the real ``sgl_kernel`` does not import here (it loads only on the
+    torch it was built for), plus the torchvision stub where the real one does not import. On a CPU
+    (this harness's own test) the CPU engine tier's stand-in."""
+    paths = []
+    stubs = CUDA_STUBS if device == "cuda" else REPO_ROOT / "tests" / "engine" / "stubs"
+    for probe, folder in (("import sgl_kernel", stubs), ("import torchvision.transforms", TORCHVISION_STUBS)):
+        if subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=300).returncode != 0:
+            paths.append(str(folder))
+    return paths
+
+
+def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str = "cuda") -> dict:
+    """The environment of a GPU engine subprocess (triton_swa.benchmark.serve's module doc says why each
+    setting); ``device="cpu"`` is SGLang's CPU engine with the kernels in Triton's interpreter."""
+    env = dict(os.environ)
+    # SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: the radix tree's Python core (the carried sglang wheel
+    # has no compiled Rust extensions)
+    env.update(
+        SGLANG_PLUGINS="triton_swa",
+        SGLANG_FORCE_FUSED_OP_BACKEND="torch",
+        PYTHONUNBUFFERED="1",
+        SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python",
+    )
+    env.pop("TRITON_INTERPRET", None)
+    if device == "cpu":
+        env.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")
+    elif str(CUDA_STUBS) in pythonpath:
+        env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in has no wheel metadata to check
+    paths = [*pythonpath, str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra or {})
+    return env
+
+
+SIGNIFICANT_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}
+
+
+def tie_tol(logit: float, dtype: str = "bfloat16") -> float:
+    """The near-tie rule for greedy tokens: two logits closer than 2 units in the last place of
+    ``dtype`` at the top logit's magnitude (bf16: 8 significant bits) can swap order under any correct
+    reordering of the sums."""
+    bits = SIGNIFICANT_BITS[dtype]
+    if logit <= 0 or not math.isfinite(logit):
+        return 2.0 ** (2 - bits)
+    return 2.0 * 2.0 ** (math.floor(math.log2(logit)) - (bits - 1))

@@ -25,7 +25,7 @@ The pool probe (``tests/engine/plugins/triton_swa_pool_probe.py``, a test-side S
 the allocators' free counts each time the scheduler is idle; :func:`idle_counts` reads them.
 
 On a GPU (``device="cuda"``) the server's environment is the GPU engine tier's
-(:func:`triton_swa.benchmark.serve.gpu_engine_env`: the ``sgl_kernel`` stand-in where the real one
+(:func:`triton_swa.testing.sglang_engine.gpu_engine_env`: the ``sgl_kernel`` stand-in where the real one
 does not import, SGLang's plain-torch fused ops, the radix tree's Python core), with CUDA graphs on
 (decode; prefill too except on Gemma 4, whose KV-shared layers SGLang's prefill graph refuses).
 
@@ -127,7 +127,7 @@ class Server:
 
     ``device="cpu"``: the CPU engine tier's environment and engine arguments
     (:func:`~triton_swa.testing.sglang_engine.engine_env`, ``DEFAULT_ENGINE_ARGS``); ``"cuda"``: the
-    GPU engine tier's environment (:func:`triton_swa.benchmark.serve.gpu_engine_env`) and
+    GPU engine tier's environment (:func:`triton_swa.testing.sglang_engine.gpu_engine_env`) and
     :data:`GPU_ENGINE_ARGS` over the same defaults. ``engine_args`` go last. ``log_path``: where the
     server's log is written (default: a temporary file, gone after the server)."""
 
@@ -154,8 +154,8 @@ class Server:
         self.args = args
         self.url = f"http://127.0.0.1:{self.port}"
         self.device = device
-        if device == "cuda":  # the GPU engine tier's environment (pythonpath: serve.sgl_kernel_path("cuda") and more)
-            from triton_swa.benchmark.serve import gpu_engine_env
+        if device == "cuda":  # the GPU engine tier's environment (pythonpath: sgl_kernel_path("cuda") and more)
+            from triton_swa.testing.sglang_engine import gpu_engine_env
 
             self._env = gpu_engine_env([os.path.abspath(p) for p in pythonpath], dict(env or {}, SGLANG_PLUGINS=plugins), device)
         else:
@@ -517,8 +517,8 @@ def mismatches(
     """Every request whose tokens leave the reference's (each request's tokens, however its limits or
     a fault cut them, are a prefix of its prompt's greedy tokens): where, the two tokens, and the
     reference's top-2 logit gap there, with whether that is a near-tie in ``dtype``
-    (:func:`triton_swa.benchmark.serve.tie_tol`: any correct reordering of the sums may swap it)."""
-    from triton_swa.benchmark.serve import tie_tol
+    (:func:`triton_swa.testing.sglang_engine.tie_tol`: any correct reordering of the sums may swap it)."""
+    from triton_swa.testing.sglang_engine import tie_tol
 
     out = []
     for req, got in zip(requests, outcomes):
@@ -816,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    from triton_swa.benchmark.serve import sgl_kernel_path
+    from triton_swa.testing.sglang_engine import sgl_kernel_path
 
     from .tiny_models import build_tiny_model
 
