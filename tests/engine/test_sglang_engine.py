@@ -25,6 +25,12 @@ Findings this tier documents rather than hides:
   refused on the CPU platform: probes only (TRITON_SWA_ENGINE_PROBES=1).
 - The seed's failure live: ``tests/engine/plugins`` holds an SGLang plugin that puts the pre-fix
   SWA-pool rule on the draft workers of a run that names it (STANDALONE on Gemma 4).
+- Tensor parallelism (``tp_size=2``, each rank a process, gloo): SGLang's CPU all-reduce takes
+  ``torch.distributed`` wherever sgl_kernel's ``shm_allreduce`` is unavailable (no AMX, not arm64), so
+  no stand-in is needed; a second rank on one NUMA node needs ``SGLANG_CPU_OMP_THREADS_BIND``
+  (``cpu_threads_bind``). On a CPU SGLang pads heads that do not divide by ``tp_size``
+  (``adjust_config_with_unaligned_cpu_tp``) instead of replicating them: Gemma 4's one full-attention
+  KV head becomes two, its 4 query heads 8, so each rank's full layers hold 4 query heads and 1 KV head.
 """
 
 from __future__ import annotations
@@ -144,7 +150,7 @@ class _Engines:
         plugins = tuple(spec.get("plugins", ()))
         run_env = dict(sc["env"], **(spec.get("env") or {}))
         if log_path:
-            run_env.update(TRITON_SWA_STUB_VERIFY_LOG=log_path, TRITON_SWA_PREFIX_RULE_LOG=log_path)
+            run_env.update(TRITON_SWA_STUB_VERIFY_LOG=log_path, TRITON_SWA_PREFIX_RULE_LOG=log_path, TRITON_SWA_TP_PROBE_LOG=log_path)
         kwargs = dict(
             speculative=spec.get("speculative"),
             dtype=sc["dtype"],
@@ -483,6 +489,93 @@ def test_speculative_probe(runs, algorithm):
     if not run.ok and "set_embed" in run.error:
         pytest.xfail(f"{algorithm} needs a draft model of its own architecture (not built here): {run.error}")
     _speculative_outcome(run)
+
+
+# ---- tensor parallelism: tp_size=2 on the CPU (issue 41) ---------------------------------------
+TP_SIZE = 2
+TP_PROBE_PLUGIN = "triton_swa_tp_probe"  # tests/engine/plugins
+
+
+def tp_spec(family: str) -> dict:
+    """The scenario's triton_swa run with ``tp_size=2`` (each rank a process, gloo), the TP probe's log
+    as its step log."""
+    from triton_swa.testing.sglang_engine import cpu_threads_bind
+
+    return run_spec(family, engine_args={"tp_size": TP_SIZE}, env=cpu_threads_bind(TP_SIZE), plugins=(TP_PROBE_PLUGIN,), step_log=True)
+
+
+def _rank_heads(q: int, kv: int, tp: int, pad: bool) -> tuple[int, int]:
+    """(query, KV) heads of one rank under SGLang 0.5.23's CPU tensor parallelism: when the model's
+    full-attention heads do not divide by ``tp`` (``pad``), KV heads are padded up to a multiple of
+    ``tp`` and query heads keep their group size (``adjust_config_with_unaligned_cpu_tp``), then split."""
+    if pad:
+        padded = -(-kv // tp) * tp
+        q, kv = padded * (q // kv), padded
+    return q // tp, kv // tp
+
+
+def _expected_tp_layers(model_path: str, tp: int) -> dict[int, tuple[bool, int, int]]:
+    """layer id -> (sliding, query heads, KV heads) of each rank, for the layers that own their K/V."""
+    import json
+
+    with open(os.path.join(model_path, "config.json")) as f:
+        cfg = json.load(f)
+    full_q, full_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    swa_q, swa_kv = cfg.get("swa_num_attention_heads", full_q), cfg.get("swa_num_key_value_heads", full_kv)
+    pad = bool(full_q % tp or full_kv % tp)
+    types = cfg["layer_types"][: cfg["num_hidden_layers"] - (cfg.get("num_kv_shared_layers") or 0)]
+    return {
+        i: (t == "sliding_attention", *_rank_heads(*((swa_q, swa_kv) if t == "sliding_attention" else (full_q, full_kv)), tp, pad))
+        for i, t in enumerate(types)
+    }
+
+
+def _probe_lines(step_log, kind: str) -> list[dict]:
+    return [dict(f.split("=", 1) for f in line.split()[1:] if "=" in f) for line in step_log if line.startswith(kind + " ")]
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+@reads(lambda tm, family: [tp_spec(family), plain_spec(family)])
+def test_tensor_parallel_triton_swa(runs, reference, tiny_models, family):
+    """SGLang's engine with ``tp_size=2`` through triton_swa: the greedy tokens equal the ``tp_size=1``
+    run's and transformers'; both ranks built a backend, each resolving its own pools by the policy
+    (Gemma 4: the rank's SWAKVPool, translating by its allocator's full->SWA mapping), all-reducing
+    through torch.distributed (gloo); each rank's layers got the rank's share of the heads
+    (:func:`_rank_heads`), with K/V buffers of as many heads."""
+    tp_run, plain_run = runs
+    _require_ok(tp_run)
+    _require_ok(plain_run)
+    assert tp_run.outputs == plain_run.outputs, (tp_run.outputs, plain_run.outputs)
+    _assert_tokens_equal(tp_run, reference(family))
+    log = tp_run.step_log
+
+    backends = _probe_lines(log, "B")
+    assert sorted(b["tp_rank"] for b in backends) == [str(r) for r in range(TP_SIZE)], log
+    hybrid = family == "gemma4"  # SGLang disables hybrid SWA memory for Gemma3ForCausalLM
+    for b in backends:
+        assert b["tp_size"] == str(TP_SIZE) and b["draft"] == "False", b
+        assert b["policy"] == "True", b
+        assert b["swa_pool"] == ("SWAKVPool" if hybrid else "None"), b
+        assert b["mapping_is_allocators"] == ("True" if hybrid else "None"), b
+        assert b["allreduce"] == "torch.distributed:gloo", b
+    reduces = _probe_lines(log, "A")
+    assert sorted(a["tp_rank"] for a in reduces) == [str(r) for r in range(TP_SIZE)], log
+    assert all(a["backend"] == "gloo" for a in reduces), reduces
+
+    want = _expected_tp_layers(tiny_models[family], TP_SIZE)
+    for rank in range(TP_SIZE):
+        seen = {}
+        for entry in _probe_lines(log, "L"):
+            if entry["tp_rank"] != str(rank):
+                continue
+            layer = int(entry["layer"])
+            got = (entry["sliding"] == "True", int(entry["q_heads"]), int(entry["kv_heads"]))
+            assert layer in want and got == want[layer], f"rank {rank} layer {layer}: (sliding, q, kv) {got}, expected {want.get(layer)}"
+            assert entry["kv_buffer_heads"] == entry["kv_heads"], entry
+            seen[layer] = got
+        assert sorted(seen) == sorted(want), f"rank {rank} saw layers {sorted(seen)}, expected {sorted(want)}"
+    print(f"{family} tp_size={TP_SIZE}, per rank (sliding, q heads, KV heads) by layer: {want}")
+    print("\n".join(line for line in log if line.startswith("B ")))
 
 
 def test_zz_report_timings():

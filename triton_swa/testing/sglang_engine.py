@@ -638,3 +638,32 @@ def tie_tol(logit: float, dtype: str = "bfloat16") -> float:
     if logit <= 0 or not math.isfinite(logit):
         return 2.0 ** (2 - bits)
     return 2.0 * 2.0 ** (math.floor(math.log2(logit)) - (bits - 1))
+
+
+# ---- tensor parallelism on a CPU ---------------------------------------------------------------
+
+
+def cpu_threads_bind(ranks: int, cpus: Sequence[int] | None = None) -> dict[str, str]:
+    """The environment an engine of ``ranks`` CPU ranks (``tp_size * dp_size * pp_size``) needs where the
+    machine has fewer NUMA nodes than ranks: ``SGLANG_CPU_OMP_THREADS_BIND``, this process's CPUs
+    (``cpus``, default its affinity) split into ``ranks`` contiguous groups, ``|``-separated (a CPU is
+    shared when there are fewer CPUs than ranks).
+
+    Without it SGLang 0.5.23 refuses to start a second rank on one NUMA node (``numa_utils.
+    init_threads_binding``: "SGLANG_CPU_OMP_THREADS_BIND is not set, in this case, the total number of
+    ranks ... should be smaller than or equal to number of numa node on the machine"). SGLang binds
+    threads to the groups only with the compiled sgl_kernel on AMX or arm64 CPUs; elsewhere it logs them.
+    """
+    ids = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if ranks < 1 or not ids:
+        raise ValueError(f"cpu_threads_bind needs ranks >= 1 and some CPUs, got ranks={ranks}, cpus={ids}")
+    if len(ids) < ranks:
+        groups = [[ids[r % len(ids)]] for r in range(ranks)]
+    else:
+        size, extra = divmod(len(ids), ranks)
+        groups, start = [], 0
+        for r in range(ranks):
+            end = start + size + (r < extra)
+            groups.append(ids[start:end])
+            start = end
+    return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, g)) for g in groups)}

@@ -31,6 +31,12 @@ runs for the same job on GPUs (named in each function's docstring):
 ``verify_tree_greedy_cpu`` also appends each verify step's accepted-draft counts to the file named
 by ``TRITON_SWA_STUB_VERIFY_LOG`` when that is set (SGLang reports acceptance only as averages).
 
+Tensor parallelism on a CPU (``tp_size > 1``) needs no stand-in: SGLang 0.5.23 calls
+``torch.ops.sgl_kernel.shm_allreduce`` / ``shm_allgather`` (and ``initialize``, ``init_cpu_threads_env``
+at start) only where ``is_shm_available`` holds, i.e. on AMX (which it detects by
+``torch.ops.sgl_kernel.convert_weight_packed``, never registered here) or arm64 CPUs; elsewhere its
+``GroupCoordinator.all_reduce`` / ``all_gather`` take ``torch.distributed`` on the TP group (gloo).
+
 It reaches the engine's subprocesses through ``PYTHONPATH`` (triton_swa.testing.sglang_engine puts
 ``tests/engine/stubs`` there); nothing else in the repository imports it.
 """
