@@ -494,6 +494,7 @@ def hf_greedy(
     return_margins: bool = False,
     device: str = "cpu",
     return_top2: bool = False,
+    batched: bool = False,
 ) -> Any:
     """transformers' greedy ``generate(do_sample=False)`` of each prompt, eager attention, no EOS stop.
 
@@ -504,7 +505,10 @@ def hf_greedy(
     rounding (bf16 keeps 8 significant bits: a relative spacing of 2**-8 to 2**-7), another correct
     implementation may pick the runner-up. With ``return_top2`` (instead), returns ``(tokens, gaps,
     tops)``: the absolute top-2 logit gap and ``|top1|`` at each new token. ``device``: where the
-    model runs (the GPU engine tier's reference runs on the GPU).
+    model runs (the GPU engine tier's reference runs on the GPU). ``batched`` (a thousand prompts on
+    a GPU): one ``generate()`` per distinct prompt length, the prompts of that length stacked (no
+    padding, so each row's tokens are its prompt's alone, up to the rounding of a batched matmul);
+    otherwise one per prompt.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -516,10 +520,16 @@ def hf_greedy(
         dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
     model = AutoModelForCausalLM.from_pretrained(model_path, config=config, attn_implementation="eager", dtype=getattr(torch, dtype))
     model.to(device).eval()
-    outputs, margins, gaps, tops = [], [], [], []
+    groups: dict[Any, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(len(prompt) if batched else i, []).append(i)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    margins: list[list[float]] = [[] for _ in prompts]
+    gaps: list[list[float]] = [[] for _ in prompts]
+    tops: list[list[float]] = [[] for _ in prompts]
     with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([list(map(int, prompt))], device=device)
+        for rows in groups.values():
+            ids = torch.tensor([list(map(int, prompts[i])) for i in rows], device=device)
             out = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -531,11 +541,15 @@ def hf_greedy(
                 output_logits=True,
                 return_dict_in_generate=True,
             )
-            outputs.append(out.sequences[0, ids.shape[1] :].tolist())
-            top2 = torch.stack([step[0].float() for step in out.logits]).topk(2, dim=-1).values
-            margins.append(((top2[:, 0] - top2[:, 1]) / top2[:, 0].abs().clamp_min(1e-30)).tolist())
-            gaps.append((top2[:, 0] - top2[:, 1]).tolist())
-            tops.append(top2[:, 0].abs().tolist())
+            top2 = torch.stack([step.float() for step in out.logits], dim=1).topk(2, dim=-1).values  # [rows, steps, 2]
+            for j, i in enumerate(rows):
+                top1, gap = top2[j, :, 0], top2[j, :, 0] - top2[j, :, 1]
+                outputs[i] = out.sequences[j, ids.shape[1] :].tolist()
+                margins[i] = (gap / top1.abs().clamp_min(1e-30)).tolist()
+                gaps[i], tops[i] = gap.tolist(), top1.abs().tolist()
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
     if return_top2:
         return outputs, gaps, tops
     return (outputs, margins) if return_margins else outputs

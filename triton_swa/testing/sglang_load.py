@@ -455,55 +455,12 @@ def scenario_engine_args(
 def greedy_reference(
     model_path: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, device: str = "cpu", batched: bool = False
 ) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
-    """transformers' greedy tokens of each prompt (eager attention, the model's dtype, no EOS stop),
-    with the top-2 logit gap and ``|top1|`` at each new token: ``(tokens, gaps, tops)``.
+    """transformers' greedy tokens of each prompt with the top-2 logit gap and ``|top1|`` at each new
+    token, ``(tokens, gaps, tops)``: :func:`~triton_swa.testing.sglang_engine.hf_greedy`, ``batched``
+    (one ``generate()`` per prompt length) for a thousand prompts on a GPU."""
+    from .sglang_engine import hf_greedy
 
-    ``batched=False``: :func:`~triton_swa.testing.sglang_engine.hf_greedy`, one ``generate()`` per
-    prompt. ``batched=True`` (a thousand prompts on a GPU): one ``generate()`` per distinct prompt
-    length, the prompts of that length stacked (no padding, so no row sees another: each row's tokens
-    are its prompt's alone, up to the rounding of a batched matmul)."""
-    if not batched:
-        from .sglang_engine import hf_greedy
-
-        return hf_greedy(model_path, prompts, max_new_tokens, device=device, return_top2=True)
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from .tiny_models import load_hf_config
-
-    config = load_hf_config(model_path)
-    dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
-    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, attn_implementation="eager", dtype=getattr(torch, dtype))
-    model.to(device).eval()
-    by_length: dict[int, list[int]] = {}
-    for i, prompt in enumerate(prompts):
-        by_length.setdefault(len(prompt), []).append(i)
-    tokens: list[list[int]] = [[] for _ in prompts]
-    gaps: list[list[float]] = [[] for _ in prompts]
-    tops: list[list[float]] = [[] for _ in prompts]
-    with torch.no_grad():
-        for length, rows in by_length.items():
-            ids = torch.tensor([list(map(int, prompts[i])) for i in rows], device=device)
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=0,
-                eos_token_id=None,
-                pad_token_id=0,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-            top2 = torch.stack([step.float() for step in out.logits], dim=1).topk(2, dim=-1).values  # [rows, steps, 2]
-            for j, i in enumerate(rows):
-                tokens[i] = out.sequences[j, length:].tolist()
-                gaps[i] = (top2[j, :, 0] - top2[j, :, 1]).tolist()
-                tops[i] = top2[j, :, 0].abs().tolist()
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return tokens, gaps, tops
+    return hf_greedy(model_path, prompts, max_new_tokens, device=device, return_top2=True, batched=batched)
 
 
 def mismatches(
