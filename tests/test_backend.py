@@ -145,13 +145,14 @@ class Sim:
             self.evicted[i] = evict_swa_window(self.alloc, self.rtp.req_to_token, r, self.lens[i], self.window_left, self.evicted[i])
 
 
-def make_sim(window_left, page_size, seed, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
+def model_pools(size, size_swa, page_size, dtype, device, g):
+    """The pools of :func:`model_layers` (sliding layers 0 and 2, full layer 1 of its own head
+    geometry) and their allocator, both free lists shuffled by ``g``."""
     pool = SWAKVPool(
-        256,
-        96,
+        size,
+        size_swa,
         page_size,
-        torch.float32,
+        dtype,
         swa_attention_layer_ids=[0, 2],
         full_attention_layer_ids=[1],
         device=device,
@@ -161,9 +162,15 @@ def make_sim(window_left, page_size, seed, device="cpu"):
         full_head_dim=32,
         full_v_head_dim=24,
     )
-    alloc = SWATokenToKVPoolAllocator(256, 96, page_size, torch.float32, device, pool)
+    alloc = SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, pool)
     alloc.full_attn_allocator.shuffle_free_list(g)
     alloc.swa_attn_allocator.shuffle_free_list(g)
+    return pool, alloc
+
+
+def make_sim(window_left, page_size, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    pool, alloc = model_pools(256, 96, page_size, torch.float32, device, g)
     rtp = ReqToTokenPool(4, 64, device)
     rows = rtp.alloc(4)[1:]  # rows 2..4: row 1 stays unused, row 0 is padding
     return Sim(window_left, page_size, pool, alloc, rtp, rows, [0, 0, 0], [0, 0, 0], g=g, device=device)
@@ -193,41 +200,23 @@ def expected_outputs(sim, layer, q, new_k, new_v, new_counts, q_pos_of):
     return torch.cat(outs).reshape(-1, HQ * layer.v_head_dim)
 
 
+def step_batch(mode, rows, committed, new, out_cache_loc, device, spec_info=None):
+    """The step's batch: ``new[i]`` tokens after request ``i``'s ``committed[i]`` (a verify's drafts
+    are ``spec_info``'s; extend-shaped modes but EXTEND keep their mode)."""
+    if mode == ForwardMode.TARGET_VERIFY:
+        return ForwardBatch.verify(rows, committed, spec_info, out_cache_loc, device=device)
+    if mode == ForwardMode.DECODE:
+        return ForwardBatch.decode(rows, committed, out_cache_loc, device=device)
+    return ForwardBatch.extend(rows, committed, new, out_cache_loc, device=device, mode=mode)
+
+
 def run_step(sim, backend, layers, mode, new, *, draft_num=None):
     """One forward step over every layer; returns nothing, asserts each layer's output."""
-    bs = len(sim.rows)
     committed = list(sim.lens)
     sim.poison()
     out_cache_loc = sim.allocate(new)
     dev = sim.device
-    rows = torch.tensor(sim.rows, device=dev)
-    if mode == ForwardMode.TARGET_VERIFY:
-        batch = ForwardBatch(
-            mode,
-            bs,
-            rows,
-            torch.tensor(committed, device=dev),
-            out_cache_loc,
-            seq_lens_cpu=torch.tensor(committed),
-            spec_info=SpecInfo(draft_num),
-        )
-    elif mode == ForwardMode.DECODE:
-        seq = torch.tensor(committed) + 1
-        batch = ForwardBatch(mode, bs, rows, seq.to(dev), out_cache_loc, seq_lens_cpu=seq)
-    else:
-        seq = torch.tensor(committed) + torch.tensor(new)
-        batch = ForwardBatch(
-            mode,
-            bs,
-            rows,
-            seq.to(dev),
-            out_cache_loc,
-            seq_lens_cpu=seq,
-            extend_prefix_lens=torch.tensor(committed, device=dev),
-            extend_seq_lens=torch.tensor(new, device=dev),
-            extend_prefix_lens_cpu=committed,
-            extend_seq_lens_cpu=list(new),
-        )
+    batch = step_batch(mode, sim.rows, committed, new, out_cache_loc, dev, SpecInfo(draft_num))
     backend.init_forward_metadata(batch)
     t = sum(new)
     for layer in layers:
@@ -350,38 +339,9 @@ def test_draft_worker_regression_policy_vs_legacy_rule(device):
         backend = TritonSWAAttnBackend(runner) if legacy is None else legacy_backend(runner, legacy)
         sim.g = torch.Generator().manual_seed(5)
         # Prefill 9 tokens per request, then one decode step; compare the decode output.
-        loc = sim.allocate([9, 9, 9])
-        rows = torch.tensor(sim.rows, device=device)
-        seq = torch.tensor([9, 9, 9])
-        batch = ForwardBatch(
-            ForwardMode.EXTEND,
-            3,
-            rows,
-            seq.to(device),
-            loc,
-            seq_lens_cpu=seq,
-            extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=device),
-            extend_seq_lens=seq.to(device),
-            extend_prefix_lens_cpu=[0, 0, 0],
-            extend_seq_lens_cpu=[9, 9, 9],
-        )
-        backend.init_forward_metadata(batch)
-        k_all, v_all = randn(sim, 27, 2, 16), randn(sim, 27, 2, 16)
-        backend.forward(randn(sim, 27, HQ, 16), k_all, v_all, layer, batch)
-        sim.lens = [9, 9, 9]
-        loc = sim.allocate([1, 1, 1])
-        seq = torch.tensor([10, 10, 10])
-        batch = ForwardBatch(ForwardMode.DECODE, 3, rows, seq.to(device), loc, seq_lens_cpu=seq)
-        backend.init_forward_metadata(batch)
-        q, k1, v1 = randn(sim, 3, HQ, 16), randn(sim, 3, 2, 16), randn(sim, 3, 2, 16)
-        outs[name] = backend.forward(q, k1, v1, layer, batch).reshape(3, HQ, 16)
-        want = []
-        for i in range(3):
-            k = torch.cat([k_all[9 * i : 9 * i + 9], k1[i : i + 1]])
-            v = torch.cat([v_all[9 * i : 9 * i + 9], v1[i : i + 1]])
-            mask = ref.window_mask(torch.tensor([9]), torch.arange(10), w).to(device)
-            want.append(ref.attention(q[i : i + 1], k, v, mask, sm_scale=layer.scaling))
-        outs["want"] = torch.cat(want)
+        q, outs[name], history = _prefill_then_decode(backend, sim, layer, [9, 9, 9])
+        mask = ref.window_mask(torch.tensor([9]), torch.arange(10), w).to(device)
+        outs["want"] = torch.cat([ref.attention(q[i : i + 1], k, v, mask, sm_scale=layer.scaling) for i, (k, v) in enumerate(history)])
     assert_close(outs["policy"], outs["want"], name="policy-resolved draft decode")
     legacy_err = (outs["legacy"].double() - outs["want"]).abs().nan_to_num(1e9).max()
     assert legacy_err > 1e-2, "the legacy rule should read wrong K/V once SWA and full slots differ"
@@ -400,31 +360,15 @@ def test_idle_mode_builds_nothing_and_returns_empty(device):
 
 
 def _prefill_then_decode(backend, sim, layer, prefill, save_kv_cache=True):
-    """A prefill of ``prefill`` tokens per request, then one decode step; returns (q, decode output)."""
-    dev = sim.device
-    rows = torch.tensor(sim.rows, device=dev)
-    loc = sim.allocate(prefill)
-    seq = torch.tensor(prefill)
-    batch = ForwardBatch(
-        ForwardMode.EXTEND,
-        3,
-        rows,
-        seq.to(dev),
-        loc,
-        seq_lens_cpu=seq,
-        extend_prefix_lens=torch.zeros(3, dtype=torch.int64, device=dev),
-        extend_seq_lens=seq.to(dev),
-        extend_prefix_lens_cpu=[0, 0, 0],
-        extend_seq_lens_cpu=list(prefill),
-    )
+    """A prefill of ``prefill`` tokens per request, then one decode step; returns (q, decode output,
+    each request's (K, V) history)."""
+    batch = ForwardBatch.extend(sim.rows, [0, 0, 0], prefill, sim.allocate(prefill), device=sim.device)
     backend.init_forward_metadata(batch)
     t = sum(prefill)
     k, v = randn(sim, t, layer.tp_k_head_num, layer.head_dim), randn(sim, t, layer.tp_k_head_num, layer.v_head_dim)
     backend.forward(randn(sim, t, HQ, layer.head_dim), k, v, layer, batch)
     sim.lens = list(prefill)
-    loc = sim.allocate([1, 1, 1])
-    seq = seq + 1
-    batch = ForwardBatch(ForwardMode.DECODE, 3, rows, seq.to(dev), loc, seq_lens_cpu=seq)
+    batch = ForwardBatch.decode(sim.rows, prefill, sim.allocate([1, 1, 1]), device=sim.device)
     backend.init_forward_metadata(batch)
     q = randn(sim, 3, HQ, layer.head_dim)
     k1, v1 = randn(sim, 3, layer.tp_k_head_num, layer.head_dim), randn(sim, 3, layer.tp_k_head_num, layer.v_head_dim)
@@ -486,12 +430,16 @@ def test_frozen_kv_mtp_draft_reads_the_targets_swa_pool(device):
     assert torch.equal(got, out), "the draft must read exactly the target's window"
 
 
-def _graph_setup(device, page_size, window_left=6):
+def backend_setup(device, page_size, seq_lens, window_left, *, dtype=torch.float32, new_tokens=1):
+    """A mid-step pool state of ``seq_lens`` (``new_tokens`` each new), its backend, and a sliding
+    and a full layer of the pools' head geometry."""
     state = make_pool_state(
-        seq_lens=[5, 17, 30],
+        seq_lens=list(seq_lens),
         window_left=window_left,
         page_size=page_size,
         device=device,
+        dtype=dtype,
+        new_tokens=new_tokens,
         swa_head_num=2,
         swa_head_dim=16,
         full_head_num=1,
@@ -502,6 +450,35 @@ def _graph_setup(device, page_size, window_left=6):
     return state, TritonSWAAttnBackend(runner), layers
 
 
+def _graph_setup(device, page_size):
+    """Three decoding requests; graph buffers for 4 (a padded entry)."""
+    state, backend, layers = backend_setup(device, page_size, [5, 17, 30], 6)
+    backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    return state, backend, layers
+
+
+def _padded_decode(rows, lens, order=None):
+    """The requests (in ``order``) and one padding entry (row 0, length 1)."""
+    if order is not None:
+        rows, lens = rows[order], lens[order]
+    return torch.cat([rows, rows.new_zeros(1)]), torch.cat([lens, lens.new_ones(1)])
+
+
+def _replay_decode(backend, rows, lens, order):
+    req_pad, seq_pad = _padded_decode(rows, lens, order)
+    backend.init_forward_metadata_replay_cuda_graph(4, req_pad, seq_pad, int(seq_pad.sum()), None, ForwardMode.DECODE, None, seq_pad.cpu())
+
+
+def _assert_graph_equals_eager(backend, layers, rows, lens, order, q, graph_out, what):
+    """Each layer's graph output for the requests in ``order`` equals eager metadata's, bit for bit."""
+    batch = ForwardBatch(ForwardMode.DECODE, 3, rows[order], lens[order], None, seq_lens_cpu=lens[order].cpu())
+    backend.init_forward_metadata(batch)
+    for layer, got in zip(layers, graph_out):
+        eager = backend.forward_decode(q[:3, :, : layer.head_dim], None, None, layer, batch, save_kv_cache=False)
+        assert torch.equal(got[:3], eager), f"layer {layer.layer_id}: {what} differs from eager"
+        assert not torch.isnan(got[:3]).any()
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_cuda_graph_metadata_buffers_give_eager_results(device, page_size):
@@ -509,20 +486,12 @@ def test_cuda_graph_metadata_buffers_give_eager_results(device, page_size):
     gives the same outputs as eager metadata, bit for bit."""
     state, backend, layers = _graph_setup(device, page_size)
     rows, lens = state.req_pool_indices(), state.seq_lens()
-    backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
-    pad = lambda r, n: (torch.cat([r, r.new_zeros(1)]), torch.cat([n, n.new_ones(1)]))
-    backend.init_forward_metadata_capture_cuda_graph(4, 4, *pad(rows, lens), None, ForwardMode.DECODE, None)
+    backend.init_forward_metadata_capture_cuda_graph(4, 4, *_padded_decode(rows, lens), None, ForwardMode.DECODE, None)
     order = torch.tensor([2, 0, 1], device=rows.device)
-    req_pad, seq_pad = pad(rows[order], lens[order])
-    backend.init_forward_metadata_replay_cuda_graph(4, req_pad, seq_pad, int(seq_pad.sum()), None, ForwardMode.DECODE, None, seq_pad.cpu())
+    _replay_decode(backend, rows, lens, order)
     q = torch.randn(4, HQ, 32, device=device)
     graph_out = [backend.forward_decode(q[:, :, : layer.head_dim], None, None, layer, None, save_kv_cache=False) for layer in layers]
-    batch = ForwardBatch(ForwardMode.DECODE, 3, rows[order], lens[order], None, seq_lens_cpu=lens[order].cpu())
-    backend.init_forward_metadata(batch)
-    for layer, got in zip(layers, graph_out):
-        eager = backend.forward_decode(q[:3, :, : layer.head_dim], None, None, layer, batch, save_kv_cache=False)
-        assert torch.equal(got[:3], eager), f"layer {layer.layer_id}: graph metadata differs from eager"
-        assert not torch.isnan(got[:3]).any()
+    _assert_graph_equals_eager(backend, layers, rows, lens, order, q, graph_out, "graph metadata")
 
 
 @pytest.mark.gpu
@@ -530,10 +499,8 @@ def test_cuda_graph_metadata_buffers_give_eager_results(device, page_size):
 def test_cuda_graph_capture_and_replay_equal_eager(page_size):
     state, backend, layers = _graph_setup("cuda", page_size)
     rows, lens = state.req_pool_indices(), state.seq_lens()
-    backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
-    pad = lambda r, n: (torch.cat([r, r.new_zeros(1)]), torch.cat([n, n.new_ones(1)]))
     static_q = torch.randn(4, HQ, 32, device="cuda")
-    backend.init_forward_metadata_capture_cuda_graph(4, 4, *pad(rows, lens), None, ForwardMode.DECODE, None)
+    backend.init_forward_metadata_capture_cuda_graph(4, 4, *_padded_decode(rows, lens), None, ForwardMode.DECODE, None)
     run = lambda: [
         backend.forward_decode(static_q[:, :, : layer.head_dim], None, None, layer, None, save_kv_cache=False) for layer in layers
     ]
@@ -546,17 +513,11 @@ def test_cuda_graph_capture_and_replay_equal_eager(page_size):
     with torch.cuda.graph(graph):
         outs = run()
     order = torch.tensor([1, 2, 0], device="cuda")
-    req_pad, seq_pad = pad(rows[order], lens[order])
-    backend.init_forward_metadata_replay_cuda_graph(4, req_pad, seq_pad, int(seq_pad.sum()), None, ForwardMode.DECODE, None, seq_pad.cpu())
+    _replay_decode(backend, rows, lens, order)
     static_q.copy_(torch.randn(4, HQ, 32, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
-    batch = ForwardBatch(ForwardMode.DECODE, 3, rows[order], lens[order], None, seq_lens_cpu=lens[order].cpu())
-    backend.init_forward_metadata(batch)
-    for layer, got in zip(layers, outs):
-        eager = backend.forward_decode(static_q[:3, :, : layer.head_dim], None, None, layer, batch, save_kv_cache=False)
-        assert torch.equal(got[:3], eager), f"layer {layer.layer_id}: replay differs from eager"
-        assert not torch.isnan(got[:3]).any()
+    _assert_graph_equals_eager(backend, layers, rows, lens, order, static_q, outs, "replay")
 
 
 @pytest.mark.interpreter

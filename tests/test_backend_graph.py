@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import triton_swa_reference as ref
+from tests.test_backend import backend_setup
 from triton_swa.backend import LayerIndices, TritonSWAAttnBackend
 from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo
 from triton_swa.testing import assert_close, make_pool_state
@@ -50,22 +51,8 @@ def tree_spec(parents_per_request, prefix_lens, device, *, causal=True, with_mas
 
 def setup(device, page_size, seq_lens=(9, 21, 14), dtype=torch.float32):
     """Three requests mid-verify (4 drafts each allocated), SWA and full slots shuffled and evicted."""
-    state = make_pool_state(
-        seq_lens=list(seq_lens),
-        window_left=W,
-        page_size=page_size,
-        device=device,
-        dtype=dtype,
-        new_tokens=N_DRAFT,
-        swa_head_num=2,
-        swa_head_dim=16,
-        full_head_num=1,
-        full_head_dim=32,
-    )
-    runner = ModelRunner(state.kv_pool, state.allocator, state.req_to_token_pool, sliding_window_size=W, device=device)
     # full layer: 4 query heads on 1 KV head, one program per request, so the CPU's 4 "SMs" split its prefix
-    layers = [AttentionLayer(0, HQ, 2, 16, sliding_window_size=W), AttentionLayer(1, HQ, 1, 32)]
-    return state, TritonSWAAttnBackend(runner), layers
+    return backend_setup(device, page_size, seq_lens, W, dtype=dtype, new_tokens=N_DRAFT)
 
 
 def verify_batch(state, which, spec, device):

@@ -27,9 +27,10 @@ import pytest
 import torch
 
 import triton_swa_reference as ref
-from triton_swa import ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator, evict_swa_window
+from tests.test_backend import model_pools, step_batch
+from triton_swa import ReqToTokenPool, evict_swa_window
 from triton_swa.backend import TritonSWAAttnBackend
-from triton_swa.engine import AttentionLayer, ForwardBatch, ForwardMode, ModelRunner, SpecInfo
+from triton_swa.engine import AttentionLayer, ForwardMode, ModelRunner, SpecInfo
 from triton_swa.mem import check_allocator_invariants
 from triton_swa.testing import assert_close
 
@@ -78,23 +79,7 @@ class Soak:
         per_req = window_left + 1 + 12 + 2 * ps
         size_swa = -(-(3 * per_req) // ps) * ps
         self.size, self.size_swa = size, size_swa
-        self.pool = SWAKVPool(
-            size,
-            size_swa,
-            ps,
-            kv_dtype,
-            swa_attention_layer_ids=[0, 2],
-            full_attention_layer_ids=[1],
-            device=device,
-            swa_head_num=2,
-            swa_head_dim=16,
-            full_head_num=1,
-            full_head_dim=32,
-            full_v_head_dim=24,
-        )
-        self.alloc = SWATokenToKVPoolAllocator(size, size_swa, ps, kv_dtype, device, self.pool)
-        self.alloc.full_attn_allocator.shuffle_free_list(self.g)
-        self.alloc.swa_attn_allocator.shuffle_free_list(self.g)
+        self.pool, self.alloc = model_pools(size, size_swa, ps, kv_dtype, device, self.g)
         self.rtp = ReqToTokenPool(self.max_reqs, self.max_ctx, device)
         scale = dict(k_scale=0.5, v_scale=0.25) if kv_dtype == FP8 else {}
         sinks = torch.randn(HQ, generator=self.g).to(device) * 2
@@ -231,7 +216,6 @@ class Soak:
         self.stats.modes[mode.name] = self.stats.modes.get(mode.name, 0) + 1
         bs, dev = len(reqs), self.dev
         committed = [r.seq_len for r in reqs]
-        rows = torch.tensor([r.row for r in reqs], device=dev)
         spec, q_pos = None, []
         depth = None
         if parents is not None:
@@ -250,26 +234,7 @@ class Soak:
                 mask = anc.reshape(-1).repeat(bs).to(dev)
             positions = torch.cat(q_pos).to(dev) if parents is not None else None
             spec = SpecInfo(n_draft, custom_mask=mask, positions=positions)
-            batch = ForwardBatch(
-                mode, bs, rows, torch.tensor(committed, device=dev), loc, seq_lens_cpu=torch.tensor(committed), spec_info=spec
-            )
-        elif mode == ForwardMode.DECODE:
-            seq = torch.tensor(committed) + 1
-            batch = ForwardBatch(mode, bs, rows, seq.to(dev), loc, seq_lens_cpu=seq)
-        else:
-            seq = torch.tensor(committed) + torch.tensor(new)
-            batch = ForwardBatch(
-                mode,
-                bs,
-                rows,
-                seq.to(dev),
-                loc,
-                seq_lens_cpu=seq,
-                extend_prefix_lens=torch.tensor(committed, device=dev),
-                extend_seq_lens=torch.tensor(new, device=dev),
-                extend_prefix_lens_cpu=committed,
-                extend_seq_lens_cpu=list(new),
-            )
+        batch = step_batch(mode, [r.row for r in reqs], committed, new, loc, dev, spec)
         # debug: the step's indices are checked against the reference path and for live slots
         self.backend.init_forward_metadata(batch, debug=True)
         t = sum(new)
