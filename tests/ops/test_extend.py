@@ -362,40 +362,16 @@ def test_default_tiles_keep_wgmma_async():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma pipelines are Hopper's")
     for d, fp8, paged in ((128, "", False), (256, "", True), (128, "tensor", True)):
-        case = Case(
-            **_mix((700, 300), (200, 200)),
-            W=127,
-            HQ=8,
-            H=2,
-            D=d,
-            ps=16,
-            paged=paged,
-            dtype=torch.bfloat16,
-            fp8=fp8,
-            bm=None,
-            bn=None,
-            chunk=128,
-        )
+        # both cases: bf16, pages of 16, the default tiles
+        common = dict(D=d, ps=16, paged=paged, dtype=torch.bfloat16, fp8=fp8, bm=None, bn=None, chunk=128)
+        case = Case(**_mix((700, 300), (200, 200)), W=127, HQ=8, H=2, **common)
         built = build(case, "cuda")
         # unsplit, and split-KV (forced: a prefill does not split itself)
         for splits in (1, 2):
             got = run_kernel(case, built, num_splits=splits)
             assert_close(got, built["expected"], name=f"{case.id} num_splits={splits}")
         # the verify tiles, split as the heuristic splits them on a big GPU
-        verify = Case(
-            **_mix((3000, 8), (2000, 8)),
-            W=1023,
-            HQ=32,
-            H=8,
-            D=d,
-            ps=16,
-            paged=paged,
-            dtype=torch.bfloat16,
-            fp8=fp8,
-            bm=None,
-            bn=None,
-            chunk=128,
-        )
+        verify = Case(**_mix((3000, 8), (2000, 8)), W=1023, HQ=32, H=8, **common)
         built = build(verify, "cuda")
         assert_close(run_kernel(verify, built, num_splits=4), built["expected"], name=f"{verify.id} num_splits=4")
     variants = _compiled_variants()  # these nine and whatever earlier tests compiled
@@ -414,17 +390,24 @@ def test_fully_masked_rows_are_zero(device):
     assert_close(out, built["expected"])
 
 
+def _padded_case(device, pad: int):
+    """Two requests whose q/k/v carry ``pad`` more token rows past ``qo_indptr[-1]`` (CUDA-graph
+    padding); returns (case, built, built's args)."""
+    case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)
+    built = build(case, device)
+    args = built["args"]
+    for name in ("q", "k", "v"):
+        x = args[name]
+        args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
+    return case, built, args
+
+
 @pytest.mark.parametrize("num_splits", [None, 2], ids=["auto", "split2"])
 def test_writes_only_request_rows(num_splits, device):
     """Rows past ``qo_indptr[-1]`` (CUDA-graph padding) keep what ``out`` held, also through the
     split path's merge (whose partials for those rows nobody wrote)."""
-    case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)
-    built = build(case, device)
-    args = built["args"]
     pad = 3
-    for name in ("q", "k", "v"):
-        x = args[name]
-        args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
+    case, built, args = _padded_case(device, pad)
     out = torch.full((args["q"].shape[0], case.HQ, case.D), NAN, device=args["q"].device)
     with _spy_launches() as grids:
         swa_extend(*args.values(), **built["index"], **built["kw"], out=out, block_m=16, block_n=16, num_splits=num_splits)
@@ -866,13 +849,8 @@ def test_allocated_output_rows_outside_requests_stay_poisoned(num_splits, device
     from triton_swa.runtime.poison import poison_enabled
 
     assert poison_enabled()
-    case = Case(**_mix((40, 6), (9, 9)), W=20, sinks=True)
-    built = build(case, device)
-    args = built["args"]
     pad = 2
-    for name in ("q", "k", "v"):
-        x = args[name]
-        args[name] = torch.cat([x, torch.randn(pad, *x.shape[1:]).to(x)])
+    _, built, args = _padded_case(device, pad)
     got = swa_extend(*args.values(), **built["index"], **built["kw"], block_m=16, block_n=16, num_splits=num_splits)
     assert bool(got[-pad:].isnan().all())
     assert_close(got[:-pad], built["expected"])

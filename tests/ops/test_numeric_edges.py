@@ -200,8 +200,16 @@ def test_extend_edges_match_reference(case, num_splits, device):
 
 def _extend_with_sinks(case: ext.Case, built: dict, sinks: torch.Tensor, device, num_splits: int) -> torch.Tensor:
     built["kw"]["sinks"] = sinks
-    ref_kw = dict(built["kw"])
+    _rebuild_expected(case, built)
+    return ext.run_kernel(case, built, num_splits=num_splits)
+
+
+def _rebuild_expected(case: ext.Case, built: dict) -> None:
+    """``built["expected"]`` again from the reference, after a test changed ``built``'s inputs or keywords."""
     args = built["args"]
+    state = built["state"]
+    indptr, indices, _ = ref.extend_window_indices(state.req_to_token, state.req_pool_indices(), args["prefix_lens"], case.W, state.mapping)
+    dev = args["q"].device
     built["expected"] = ref.extend_attention(
         args["q"],
         args["k"],
@@ -209,19 +217,11 @@ def _extend_with_sinks(case: ext.Case, built: dict, sinks: torch.Tensor, device,
         args["k_buffer"],
         args["v_buffer"],
         args["qo_indptr"],
-        *_csr(case, built),
+        indptr.to(dev),
+        indices.to(dev),
         args["prefix_lens"],
-        **ref_kw,
+        **built["kw"],
     )
-    return ext.run_kernel(case, built, num_splits=num_splits)
-
-
-def _csr(case: ext.Case, built: dict):
-    state = built["state"]
-    indptr, indices, _ = ref.extend_window_indices(
-        state.req_to_token, state.req_pool_indices(), built["args"]["prefix_lens"], case.W, state.mapping
-    )
-    return indptr.to(built["args"]["q"].device), indices.to(built["args"]["q"].device)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2], ids=["direct", "split2"])
@@ -256,17 +256,7 @@ def test_extend_large_logits(dtype, mult, v_mult, cap, num_splits, device):
     args = built["args"]
     for name, m in (("q", mult), ("k", mult), ("v", v_mult), ("k_buffer", mult), ("v_buffer", v_mult)):
         args[name] = (args[name].float() * m).to(dtype)
-    built["expected"] = ref.extend_attention(
-        args["q"],
-        args["k"],
-        args["v"],
-        args["k_buffer"],
-        args["v_buffer"],
-        args["qo_indptr"],
-        *_csr(case, built),
-        args["prefix_lens"],
-        **built["kw"],
-    )
+    _rebuild_expected(case, built)
     got = ext.run_kernel(case, built, num_splits=num_splits)
     _assert_no_nan(got, case.id)
     if device == "cuda" and cap == 0 and mult > 1e3:
