@@ -23,6 +23,18 @@ from ..window import window_start
 from .common import _check_count, _check_page_size, _check_window_left, _defer, _duplicates, _fail, _first, _flat, _host, _tensor
 
 
+def _host_lens(op, name, lens, B, upper, bound):
+    """``lens`` on the host, checked: ``B`` entries, entry ``b`` in ``[0, upper[b]]`` (``upper`` a tensor
+    or an int; ``bound(b)`` names the upper end in the message)."""
+    h = _host(name, lens)
+    if h.numel() != B:
+        _defer(f"{name} must have B = {B} entries, got {h.numel()}")
+    b = _first((h < 0) | (h > upper))
+    if b is not None:
+        _fail(op, f"request {b} (batch index): {name}[{b}] = {int(h[b])} is outside [0, {bound(b)}]")
+    return h
+
+
 def _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, prefix_lens):
     """Host (rows, starts, ends) of every request's window after range checks of rows and lengths."""
     _check_window_left(window_left)
@@ -33,23 +45,22 @@ def _window_bounds(op, req_to_token, req_pool_indices, seq_lens, window_left, pr
     b = _first((rows < 0) | (rows >= R))
     if b is not None:
         _fail(op, f"request {b} (batch index): req_pool_indices[{b}] = {int(rows[b])} is not a row of req_to_token [0, {R})")
-    L = _host("seq_lens", seq_lens)
-    if L.numel() != B:
-        _defer(f"seq_lens must have B = {B} entries, got {L.numel()}")
-    b = _first((L < 0) | (L > C))
-    if b is not None:
-        _fail(op, f"request {b} (batch index): seq_lens[{b}] = {int(L[b])} is outside [0, max_context_len={C}]")
+    L = _host_lens(op, "seq_lens", seq_lens, B, C, lambda b: f"max_context_len={C}")
     ends = L
     if prefix_lens is not None:
-        P = _host("prefix_lens", prefix_lens)
-        if P.numel() != B:
-            _defer(f"prefix_lens must have B = {B} entries, got {P.numel()}")
-        b = _first((P < 0) | (P > L))
-        if b is not None:
-            _fail(op, f"request {b} (batch index): prefix_lens[{b}] = {int(P[b])} is outside [0, seq_lens[{b}] = {int(L[b])}]")
-        ends = P
+        ends = _host_lens(op, "prefix_lens", prefix_lens, B, L, lambda b: f"seq_lens[{b}] = {int(L[b])}")
     starts = window_start(ends, window_left, extend=prefix_lens is not None)
     return rows, starts, ends
+
+
+def _first_bad_slot(slots, upper, zero_why, past_why):
+    """The first slot below 1 (0 is ``zero_why``) or, with ``upper``, at or past it (``past_why``):
+    (its index, the slot, why), or None when all are in range."""
+    i = _first(slots < 1 if upper is None else (slots < 1) | (slots >= upper))
+    if i is None:
+        return None
+    s = int(slots[i])
+    return i, s, zero_why if s == 0 else "is negative" if s < 0 else past_why
 
 
 def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page_size=None, *, slot_rows=None, swa_rows=None) -> None:
@@ -70,17 +81,9 @@ def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page
     def name(i):
         return f"request {int(req[i])} (batch index) position {int(pos[i])}"
 
-    bad = full < 1 if upper is None else (full < 1) | (full >= upper)
-    i = _first(bad)
-    if i is not None:
-        s = int(full[i])
-        why = (
-            "is 0, the dummy slot (an unwritten req_to_token entry)"
-            if s == 0
-            else "is negative"
-            if s < 0
-            else f"is past the {upper} full slots"
-        )
+    bad = _first_bad_slot(full, upper, "is 0, the dummy slot (an unwritten req_to_token entry)", f"is past the {upper} full slots")
+    if bad is not None:
+        i, s, why = bad
         _fail(op, f"{name(i)} (req_to_token[{int(row[i])}, {int(pos[i])}]): full slot {s} {why}")
     # Requests may share full slots (a cached common prefix), one request's positions may not; two
     # different full slots never share an SWA slot.
@@ -89,17 +92,11 @@ def _check_window_slots(op, req_to_token, rows, starts, ends, mapping=None, page
     if mapping is not None:
         _tensor("mapping", mapping, 1)
         swa = mapping.detach()[full.to(mapping.device)].to("cpu", torch.int64)
-        bad = swa < 1 if swa_rows is None else (swa < 1) | (swa >= swa_rows)
-        i = _first(bad)
-        if i is not None:
-            s = int(swa[i])
-            why = (
-                "is 0: evicted or never allocated, though inside the window"
-                if s == 0
-                else "is negative"
-                if s < 0
-                else f"is past the SWA buffer's {swa_rows} rows"
-            )
+        bad = _first_bad_slot(
+            swa, swa_rows, "is 0: evicted or never allocated, though inside the window", f"is past the SWA buffer's {swa_rows} rows"
+        )
+        if bad is not None:
+            i, s, why = bad
             _fail(op, f"{name(i)}: SWA slot {s} (mapping[{int(full[i])}]) {why}")
         _duplicates(op, swa, full, lambda i: f"{name(i)} (full slot {int(full[i])}, SWA slot {int(swa[i])})")
     if page_size is not None and page_size > 1:
