@@ -375,36 +375,16 @@ class SWAKVPool(BaseSWAKVPool):
                 raise ValueError(f"{side} head geometry missing: give head_num/head_dim or their {side}_ variants")
             return value
 
-        def first(*values):
-            return next(v for v in values if v is not None)
+        def sub_pool(side, slots, num_layers, own_head_num, own_head_dim, own_v_head_dim):
+            hd = pick(side, own_head_dim, head_dim)
+            v_hd = next(v for v in (own_v_head_dim, v_head_dim, hd) if v is not None)
+            return MHATokenToKVPool(slots, page_size, dtype, pick(side, own_head_num, head_num), hd, num_layers, device, v_head_dim=v_hd)
 
         self.size, self.size_swa, self.page_size, self.dtype = size, size_swa, page_size, dtype
         self.device = _check_device("device", device)
         self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
-        swa_hd = pick("swa", swa_head_dim, head_dim)
-        self.swa_kv_pool = MHATokenToKVPool(
-            size_swa,
-            page_size,
-            dtype,
-            pick("swa", swa_head_num, head_num),
-            swa_hd,
-            len(swa_ids),
-            device,
-            v_head_dim=first(swa_v_head_dim, v_head_dim, swa_hd),
-        )
-        self.full_kv_pool = None
-        if full_ids:
-            full_hd = pick("full", full_head_dim, head_dim)
-            self.full_kv_pool = MHATokenToKVPool(
-                size,
-                page_size,
-                dtype,
-                pick("full", full_head_num, head_num),
-                full_hd,
-                len(full_ids),
-                device,
-                v_head_dim=first(full_v_head_dim, v_head_dim, full_hd),
-            )
+        self.swa_kv_pool = sub_pool("swa", size_swa, len(swa_ids), swa_head_num, swa_head_dim, swa_v_head_dim)
+        self.full_kv_pool = sub_pool("full", size, len(full_ids), full_head_num, full_head_dim, full_v_head_dim) if full_ids else None
         self.layers_mapping = {}
         for i, layer_id in enumerate(full_ids):
             self.layers_mapping[layer_id] = (i, False)
