@@ -296,6 +296,17 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
     lens = step(SGLMode.EXTEND, [3, 4], lens)  # chunked prefill over the cached window
 
 
+def write_prefix(pool, layers, row, full, g, hist):
+    """Random K/V of every layer at the full slots ``full`` (a request's committed prefix), written by
+    SGLang's own ``set_kv_buffer``; kept on the host in ``hist[(layer_id, row)] = (k, v)``."""
+    n = full.numel()
+    for layer in layers:
+        k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
+        v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
+        pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(full.device), v.to(full.device))
+        hist[(layer.layer_id, row)] = (k, v)
+
+
 @pytest.mark.parametrize("kind", ["dflash-chain", "eagle-tree", "eagle-tree-filled-after-plan"])
 def test_target_verify_with_sglangs_verify_inputs(kind, device):
     """TARGET_VERIFY with SGLang's DFlashVerifyInput (a chain, no mask) or EagleVerifyInput (a tree:
@@ -325,11 +336,7 @@ def test_target_verify_with_sglangs_verify_inputs(kind, device):
     for r, p in zip(rows, prefix):  # the committed prefixes, written by SGLang's own set_kv_buffer
         full = alloc.alloc(p)
         rtp.req_to_token[r, :p] = full.to(torch.int32)
-        for layer in layers:
-            k = torch.randn(p, layer.tp_k_head_num, layer.head_dim, generator=g)
-            v = torch.randn(p, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device), v.to(device))
-            hist[(layer.layer_id, r)] = (k, v)
+        write_prefix(pool, layers, r, full, g, hist)
     tree = kind.startswith("eagle-tree")
     parents = [-1, 0, 1, 0] if tree else [-1, 0, 1, 2]
     depth = []
@@ -420,11 +427,7 @@ def test_page_16_decode_over_sglangs_paged_allocator(device):
         t = torch.tensor([n])
         full = alloc.alloc_extend(torch.tensor([0], **on), torch.tensor([0]), t.to(device), t, torch.tensor([-1], **on), n)
         rtp.req_to_token[r, :n] = full.to(torch.int32)
-        for layer in layers:
-            k = torch.randn(n, layer.tp_k_head_num, layer.head_dim, generator=g)
-            v = torch.randn(n, layer.tp_k_head_num, layer.v_head_dim, generator=g)
-            pool.set_kv_buffer(layer, KVWriteLoc(full, swa_loc=pool.translate_loc_from_full_to_swa(full)), k.to(device), v.to(device))
-            hist[(layer.layer_id, r)] = (k, v)
+        write_prefix(pool, layers, r, full, g, hist)
     # SGLang's eviction of the first request's out-of-window pages (whole pages)
     alloc.free_swa(rtp.req_to_token[rows[0], : (lens[0] - w) // ps * ps].long())
     seq = torch.tensor(lens) + 1
