@@ -24,6 +24,12 @@
 #                                      go to it, e.g. --backend triton for SGLang's own; needs .whl/sglang)
 #   bash scripts/gpu.sh vllm SHA       the vLLM tier (tests/integration/test_vllm.py, -n 4) on vLLM 0.32's
 #                                      own classes (needs .vllm_slim: scripts/carry_vllm.sh)
+#   bash scripts/gpu.sh vllm-engine SHA  vLLM's own engine (vllm.LLM) on this GPU, TRITON_SWA beside TRITON_ATTN: tokens
+#                                      against transformers' generate(), CUDA graphs and eager, a small speed phase
+#                                      (python -m triton_swa.benchmark.vllm_serve; extra arguments go to it). vLLM
+#                                      comes in parts, one per call of the held machine (.whl/vllm_engine/callN from
+#                                      scripts/carry_vllm_engine.sh): a call short of parts stores its part and says
+#                                      which to carry next; the call that completes them installs and runs
 #   bash scripts/gpu.sh profile SHA    where a decode or verify case's GPU time goes (default: the wide-head
 #                                      decodes; --case ID ... for others): the split sweep and the time by kernel
 #                                      (python -m triton_swa.benchmark.splits), then each case's default calls
@@ -44,7 +50,7 @@
 # SHA is the commit measured: the device copy carries no .git.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|engine|load|vllm|profile|all|verify SHA [args]}
+what=${1:?usage: scripts/gpu.sh tests|bench|hostcost|ab|sglang|demo|engine|load|vllm|vllm-engine|profile|all|verify SHA [args]}
 sha=${2:?pass the git sha (the device copy has no .git)}
 shift 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -173,6 +179,56 @@ vllm() {
   return $status
 }
 
+vllm_engine() {  # vllm_engine [vllm_serve args]: gather the carried parts in /tmp, install once, run
+  local root=/tmp/vllm_engine parts=/tmp/vllm_engine/parts site=/tmp/vllm_engine/site logs=/tmp/vllm_engine/logs status
+  mkdir -p "$parts"
+  for d in .whl/vllm_engine/call*; do [ -f "$d/MANIFEST" ] && cp "$d"/vllm_engine.tar.gz.part* "$d/MANIFEST" "$parts/"; done
+  [ -f "$parts/MANIFEST" ] || { echo "no part of vLLM here: bash scripts/carry_vllm_engine.sh, then carry .whl/vllm_engine/call1"; return 2; }
+  local whole missing=() have=0 n
+  n=$(awk '$1 == "parts" {print $2}' "$parts/MANIFEST")
+  whole=$(awk '$1 == "whole" {print $2}' "$parts/MANIFEST")
+  while read -r kind name sum; do
+    [ "$kind" = part ] || continue
+    # .whl/vllm_engine/callN holds vllm_engine.tar.gz.part(N-1)
+    if [ -f "$parts/$name" ] && [ "$(sha256sum "$parts/$name" | cut -d' ' -f1)" = "$sum" ]; then
+      have=$((have + 1))
+    else
+      missing+=(".whl/vllm_engine/call$(( ${name##*part} + 1 ))")
+    fi
+  done < "$parts/MANIFEST"
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "vllm-engine: $have of $n parts on this machine (in $parts); carry ${missing[*]} in the next call of this held machine"
+    return 3
+  fi
+  if [ "$(cat "$site/.whole" 2>/dev/null)" != "$whole" ]; then
+    rm -rf "$root/unpacked" "$site"; mkdir -p "$root/unpacked"
+    cat "$parts"/vllm_engine.tar.gz.part* | tar -xz -C "$root/unpacked" || { echo "unpacking the parts failed"; return 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$root"/unpacked/wheels/*.whl \
+      || { echo "installing the carried wheels failed (made for another python? see $root/unpacked/CARRY_VLLM_ENGINE.txt)"; return 1; }
+    cp "$root/unpacked/vllm/_C_stable_libtorch.abi3.so" "$site/vllm/"
+    # FlashAttention's extensions are not carried; vllm.vllm_flash_attn needs one to import (the stand-in says why)
+    cp tests/integration/stubs_vllm_cuda/vllm_flash_attn/_vllm_fa2_C.py "$site/vllm/vllm_flash_attn/"
+    echo "$whole" > "$site/.whole"
+  fi
+  [ -d /tmp/triton_swa_meta ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+    --target /tmp/triton_swa_meta . >/dev/null 2>&1 || echo "no triton-swa metadata (vLLM will not find the TRITON_SWA plugin)"
+  # the carried wheels after the tree; the distribution metadata travels (vLLM's CUDA probe reads it)
+  export PYTHONPATH="$PYTHONPATH:$site:/tmp/triton_swa_meta" VLLM_PLUGINS=triton_swa
+  unset VLLM_TARGET_DEVICE
+  python3 -c 'import torch, triton, transformers, vllm, vllm._C_stable_libtorch
+n = [o for o in torch._C._dispatch_get_all_op_names() if o.startswith("_C")]
+print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, "vllm", vllm.__version__,
+      vllm.__file__, "| _C_stable_libtorch loaded:", len(n), "ops")' || { echo "vLLM or its extension does not import"; return 1; }
+  rm -rf "$logs"; mkdir -p "$logs"
+  timeout -k 30 "${VLLM_ENGINE_TIMEOUT_S:-560}" python3 -m triton_swa.benchmark.vllm_serve --git-sha "$sha" --dirty clean --out "$logs" "$@" 2>&1 \
+    | tee "$out/vllm-engine-$sha.log"
+  status=${PIPESTATUS[0]}
+  for f in "$logs"/vllm-serve-*.csv "$logs"/vllm-serve-*.json; do [ -f "$f" ] && cp "$f" "$out/"; done
+  tar -czf "$out/vllm-engine-logs-$sha.tar.gz" -C "$logs" --exclude='vllm-serve-*' . 2>/dev/null
+  echo "== vllm-engine: exit $status"
+  return "$status"
+}
+
 profile() {  # profile [--case ID ...]: the split sweep of those cases (default: the wide-head decodes), then ncu
   echo "git_sha $sha" > "$out/profile-$sha.log"
   timeout "${PROFILE_TIMEOUT_S:-240}" python3 -m triton_swa.benchmark.splits "$@" 2>&1 | tee -a "$out/profile-$sha.log"
@@ -212,6 +268,7 @@ step_ab() {
 
 case "$what" in
   tests | bench | hostcost | ab | sglang | demo | engine | load | vllm | profile) "$what" "$@" ;;
+  vllm-engine) vllm_engine "$@" ;;
   verify)
     TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-290} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
     status=$?
@@ -227,7 +284,7 @@ case "$what" in
     exit $status
     ;;
   *)
-    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, engine, load, vllm, profile, all, verify)"
+    echo "unknown: $what (tests, bench, hostcost, ab, sglang, demo, engine, load, vllm, vllm-engine, profile, all, verify)"
     exit 2
     ;;
 esac
