@@ -130,6 +130,15 @@ def test_the_copy_ceiling_counts_read_and_write():
     assert mine["pct_copy"] == 50.0  # the same time for half the bytes
 
 
+def test_the_launch_floor_moves_no_bytes_and_is_not_checked():
+    from triton_swa.benchmark import providers as P
+
+    case = Case("decode", SHAPES["tiny"], 2, 40)
+    (floor,) = to_csv_rows([case], [dict(case=case.id, provider="launch_floor", status="ok", us=(2.0, 2.0, 2.0))], "abc", "clean", "r")
+    assert floor["bytes"] == 0 and floor["tbps"] == 0 and floor["flops"] == 0
+    assert "launch_floor" in P.CEILINGS and "launch_floor" not in P.OPT_IN
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -40,6 +40,8 @@ Providers (a provider that cannot run a case says why, and is not timed):
 - ``copy_same_bytes``: a device copy of the case's bytes (read and write): the hardware's ceiling.
 - ``read_same_bytes``: a read-only pass over the case's bytes (a max reduction), which an attention
   kernel, reading far more than it writes, may pass.
+- ``launch_floor``: one Triton program that does nothing: what a launch costs before any byte moves
+  (the floor of a small batch's decode, where a copy of its bytes is itself mostly a launch).
 """
 
 from __future__ import annotations
@@ -649,6 +651,22 @@ def _read(case: Case, x: dict):
     return lambda: torch.amax(src, dim=0, out=dst[:1].view(()))
 
 
+_EMPTY_KERNEL = []
+
+
+def _launch_floor(case: Case, x: dict):
+    if not _EMPTY_KERNEL:
+        import triton
+
+        @triton.jit
+        def empty_kernel(ptr):
+            pass
+
+        _EMPTY_KERNEL.append(empty_kernel)
+    kernel, arg = _EMPTY_KERNEL[0], x["seq_lens"]
+    return lambda: kernel[(1,)](arg)
+
+
 def _indices_only(case: Case, x: dict):
     return "op indices only"
 
@@ -668,10 +686,11 @@ PROVIDERS = {
     "flashinfer_prefill": _flashinfer_prefill,
     "copy_same_bytes": _copy,
     "read_same_bytes": _read,
+    "launch_floor": _launch_floor,
     "two_pass": _indices_only,
     "plain_gather": _indices_only,
 }
-CEILINGS = ("copy_same_bytes", "read_same_bytes")
+CEILINGS = ("copy_same_bytes", "read_same_bytes", "launch_floor")
 EAGER_ONLY = ("triton_swa_debug",)  # it synchronises: a capture would fail, or time nothing
 # left out unless named in --providers: triton_swa's own variants; the index builds' peers unless op indices runs
 OPT_IN = ("triton_swa_debug", "triton_swa_fp8_bytes", "triton_swa_fp8nuz")

@@ -362,7 +362,7 @@ def to_csv_rows(cases: list[Case], rows: list[dict], sha: str, dirty: str, run_i
         eager = r.get("eager_us") or (math.nan, math.nan, math.nan)
         nbytes, flops = case.nbytes(), case.flops()
         if r["provider"] in P.CEILINGS:
-            nbytes, flops = nbytes * (2 if r["provider"] == "copy_same_bytes" else 1), 0
+            nbytes, flops = nbytes * {"copy_same_bytes": 2, "read_same_bytes": 1}.get(r["provider"], 0), 0
         achieved = tbps(nbytes, us[1])
         ceiling = copy.get(case.id, math.nan)
         out.append(
