@@ -180,7 +180,8 @@ vllm() {
 }
 
 vllm_engine() {  # vllm_engine [vllm_serve args]: gather the carried parts in /tmp, install once, run
-  local root=/tmp/vllm_engine parts=/tmp/vllm_engine/parts site=/tmp/vllm_engine/site logs=/tmp/vllm_engine/logs status
+  local root=${VLLM_ENGINE_ROOT:-/tmp/vllm_engine} status
+  local parts=$root/parts site=$root/site logs=$root/logs meta=$root/triton_swa_meta
   mkdir -p "$parts"
   for d in .whl/vllm_engine/call*; do [ -f "$d/MANIFEST" ] && cp "$d"/vllm_engine.tar.gz.part* "$d/MANIFEST" "$parts/"; done
   [ -f "$parts/MANIFEST" ] || { echo "no part of vLLM here: bash scripts/carry_vllm_engine.sh, then carry .whl/vllm_engine/call1"; return 2; }
@@ -210,10 +211,11 @@ vllm_engine() {  # vllm_engine [vllm_serve args]: gather the carried parts in /t
     cp tests/integration/stubs_vllm_cuda/vllm_flash_attn/_vllm_fa2_C.py "$site/vllm/vllm_flash_attn/"
     echo "$whole" > "$site/.whole"
   fi
-  [ -d /tmp/triton_swa_meta ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-    --target /tmp/triton_swa_meta . >/dev/null 2>&1 || echo "no triton-swa metadata (vLLM will not find the TRITON_SWA plugin)"
+  # triton-swa's metadata: its vllm.general_plugins entry point (the plugin registers TRITON_SWA)
+  [ -d "$meta" ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+    --target "$meta" . >/dev/null 2>&1 || echo "no triton-swa metadata (vLLM will not find the TRITON_SWA plugin)"
   # the carried wheels after the tree; the distribution metadata travels (vLLM's CUDA probe reads it)
-  export PYTHONPATH="$PYTHONPATH:$site:/tmp/triton_swa_meta" VLLM_PLUGINS=triton_swa
+  export PYTHONPATH="$PYTHONPATH:$site:$meta" VLLM_PLUGINS=triton_swa
   unset VLLM_TARGET_DEVICE
   python3 -c 'import torch, triton, transformers, vllm, vllm._C_stable_libtorch
 n = [o for o in torch._C._dispatch_get_all_op_names() if o.startswith("_C")]

@@ -1,0 +1,110 @@
+"""vLLM's real-engine harness (triton_swa.benchmark.vllm_serve) on this machine: its run plan, the
+vllm.LLM arguments of each mode, its load syntax, the dry run (model written, plan saved), the report of
+a failed engine and of the tokens. The engine runs themselves need a GPU (scripts/gpu.sh vllm-engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from triton_swa.benchmark import vllm_serve
+from triton_swa.testing.sglang_engine import REPO_ROOT
+
+
+def test_plan_is_per_model_per_mode_per_backend_and_names_each_run():
+    plan = vllm_serve.plan_runs(["gemma3-1b"], ["graphs", "eager"], ["TRITON_SWA", "TRITON_ATTN"])
+    assert [(r["mode"], r["backend"]) for r in plan] == [
+        ("graphs", "TRITON_SWA"),
+        ("graphs", "TRITON_ATTN"),
+        ("eager", "TRITON_SWA"),
+        ("eager", "TRITON_ATTN"),
+    ]
+    assert plan[0]["label"] == "gemma3-1b TRITON_SWA graphs"
+
+
+@pytest.mark.parametrize(
+    "models, modes, match",
+    [(["gemma4-like"], ["eager"], "only Gemma 3"), (["nope"], ["eager"], "unknown model"), (["gemma3-1b"], ["fast"], "unknown mode")],
+)
+def test_plan_refuses_what_is_not_wired(models, modes, match):
+    with pytest.raises(ValueError, match=match):
+        vllm_serve.plan_runs(models, modes, ["TRITON_SWA"])
+
+
+def test_llm_kwargs_of_each_mode():
+    common = dict(dtype="bfloat16", max_model_len=8192, chunk=1024)
+    graphs = vllm_serve.llm_kwargs("/m", "TRITON_SWA", "graphs", **common)
+    eager = vllm_serve.llm_kwargs("/m", "TRITON_SWA", "eager", **common)
+    nocompile = vllm_serve.llm_kwargs("/m", "TRITON_ATTN", "graphs-nocompile", **common)
+    assert graphs["enforce_eager"] is False and "compilation_config" not in graphs
+    assert eager["enforce_eager"] is True
+    assert nocompile["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert nocompile["attention_backend"] == "TRITON_ATTN"
+    for kw in (graphs, eager, nocompile):
+        # token ids in and out; chunked prefill below the longest token prompt; prefix caching on
+        assert kw["skip_tokenizer_init"] and kw["enable_chunked_prefill"] and kw["enable_prefix_caching"]
+        assert kw["max_num_batched_tokens"] == 1024 and kw["model"] == "/m"
+    assert vllm_serve.llm_kwargs("/m", "TRITON_SWA", "eager", **common, extra={"max_num_seqs": 8})["max_num_seqs"] == 8
+    with pytest.raises(ValueError, match="unknown mode"):
+        vllm_serve.llm_kwargs("/m", "TRITON_SWA", "turbo", **common)
+
+
+def test_parse_load():
+    assert vllm_serve.parse_load("2kx1x2,2048x16") == [(2000, 1, 2), (2048, 16, 32)]
+    assert vllm_serve.parse_load("") == []
+    with pytest.raises(ValueError, match="PROMPTxCONCURRENCY"):
+        vllm_serve.parse_load("2048")
+
+
+def test_dry_run_writes_the_model_and_the_plan(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    out = tmp_path / "out"
+    rc = vllm_serve.main(
+        ["--models", "gemma3-tiny", "--modes", "eager", "--dry-run", "--out", str(out), "--model-root", str(tmp_path / "m")]
+    )
+    assert rc == 0
+    (plan_file,) = out.glob("vllm-serve-plan-*.json")
+    plan = json.loads(plan_file.read_text())
+    assert [(r["backend"], r["mode"]) for r in plan] == [("TRITON_SWA", "eager"), ("TRITON_ATTN", "eager")]
+    spec = plan[0]["spec"]
+    model = spec["llm_kwargs"]["model"]
+    assert (tmp_path / "m" / "gemma3-tiny-w" / "config.json").exists() and model.endswith("gemma3-tiny-w")
+    assert [len(p) for p in spec["tokens"]["prompts"]] == [600, 1100, 1700] and spec["tokens"]["max_new_tokens"] == 32
+    assert spec["load"] == [[2048, 1, 2], [2048, 16, 32]] and spec["vocab"] == 384
+
+
+def test_without_a_gpu_only_the_dry_run_runs(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert vllm_serve.main(["--models", "gemma3-tiny", "--out", str(tmp_path)]) == 2
+
+
+def test_a_failed_engine_is_reported_with_its_stage_and_traceback(tmp_path):
+    # a vllm package that fails to import stands first on the worker's path (vLLM may be installed here)
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise ImportError('stand-in: no vLLM here')\n")
+    spec = {"llm_kwargs": {"model": "/nowhere"}, "tokens": None, "load": [], "output_len": 1, "vocab": 384}
+    r = vllm_serve.run_engine(spec, timeout_s=120, env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])})
+    assert not r["ok"] and r["stage"] == "import"
+    assert r["error"] == "ImportError: stand-in: no vLLM here"
+    r.update(label="x")
+    line = vllm_serve.run_line(r)
+    assert line.startswith("  x: ERROR at import: ImportError") and "stand-in: no vLLM here" in line.splitlines()[-1]
+
+
+def test_report_tokens_against_transformers_the_prefix_cached_pass_and_the_first_backend(monkeypatch, capsys):
+    want = [[5, 6, 7], [5, 6, 7]]
+    monkeypatch.setattr(vllm_serve, "hf_reference", lambda *a, **k: (want, [[1.0] * 3] * 2, [[20.0] * 3] * 2))
+    runs = [
+        dict(label="m TRITON_SWA eager", backend="TRITON_SWA", mode="eager", tokens=want, tokens_again=want),
+        dict(label="m TRITON_ATTN eager", backend="TRITON_ATTN", mode="eager", tokens=[[5, 6, 7], [5, 9, 7]], tokens_again=None),
+    ]
+    vllm_serve.report_tokens(runs, "/m", {"prompts": [[2], [2]], "max_new_tokens": 3}, "cpu", "bfloat16")
+    assert runs[0]["tokens_vs_hf"] == "2 equal, 0 near-tie, 0 differ" and "tokens_vs_first" not in runs[0]
+    assert runs[1]["tokens_vs_hf"] == "1 equal, 0 near-tie, 1 differ" and runs[1]["tokens_vs_first"] == "1/2 equal to TRITON_SWA"
+    text = capsys.readouterr().out
+    assert "prefix-cached pass 2/2 equal" in text and "req 1: first differs at 1" in text
