@@ -127,3 +127,48 @@ def test_draft_args_pick_each_algorithms_draft(tmp_path):
     assert g4["speculative_draft_model_path"] == "/target" and g4["speculative_eagle_topk"] == 1
     g3 = serve._draft_args("STANDALONE", "gemma3-1b", "/target", str(tmp_path), "cpu")
     assert g3["speculative_draft_model_path"].endswith("gemma3-tiny-draft-w")
+
+
+def test_gpt_oss_like_writes_gpt_oss_20b_attention_and_transformers_reads_it(tmp_path):
+    """The gpt-oss-like model (config only, as for load_format dummy): gpt-oss-20b's attention dims and
+    MoE block at a reduced depth; transformers builds the model from it (on the meta device: shapes,
+    no memory), sinks and expert biases included."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = serve.build_model("gpt-oss-like", str(tmp_path), weights=False)
+    cfg = AutoConfig.from_pretrained(path)
+    assert cfg.architectures == ["GptOssForCausalLM"] and cfg.sliding_window == 128
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size) == (64, 8, 64, 2880)
+    assert (cfg.num_local_experts, cfg.num_experts_per_tok, cfg.intermediate_size) == (8, 4, 2880)
+    assert cfg.layer_types == ["sliding_attention", "full_attention"] * 2 and cfg.vocab_size == 32768
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    params = dict(model.named_parameters())
+    assert params["model.layers.0.self_attn.sinks"].shape == (64,)
+    assert params["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 2880, 2 * 2880)
+    assert params["model.layers.0.mlp.experts.gate_up_proj_bias"].shape == (8, 2 * 2880)
+    assert 1.0e9 < sum(p.numel() for p in params.values()) < 1.3e9
+
+
+def test_gpt_oss_shape_reaches_written_weights(tmp_path):
+    """The same builder path with weights, at a tiny shape: transformers loads what was written."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from triton_swa.testing.tiny_models import build_tiny_model
+
+    shape = dict(hidden_size=32, intermediate_size=48, heads=8, kv_heads=2, head_dim=8, experts=3, experts_per_token=2)
+    path = build_tiny_model("gpt-oss", str(tmp_path / "g"), 0, window=4, num_layers=2, shape=shape, dtype="bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    assert model.config.num_local_experts == 3 and model.model.layers[0].self_attn.sinks.shape == (8,)
+    out = model(torch.tensor([[2, 5, 6, 7, 8, 9]])).logits
+    assert out.shape[-1] == model.config.vocab_size and torch.isfinite(out.float()).all()
+
+
+def test_plugin_args_only_where_a_model_asks_on_a_gpu():
+    got = serve._plugin_args("gpt-oss-like", ["/stubs"], "cuda")
+    assert got["pythonpath"] == ["/stubs", str(serve.DRIFT_PLUGINS)]
+    assert got["env"] == {"SGLANG_PLUGINS": "triton_swa,triton_swa_moe_cuda_path"}
+    assert (serve.DRIFT_PLUGINS / "triton_swa_moe_cuda_path.py").exists()
+    assert serve._plugin_args("gpt-oss-like", [], "cpu") == {} and serve._plugin_args("gemma4-like", [], "cuda") == {}

@@ -11,7 +11,7 @@ fresh subprocess, and in that one engine start runs the phases asked for:
   and prompt length, ``--output-len`` tokens each (greedy, EOS ignored): output tokens per second over
   the phase, time to first token and inter-token latency (p50 / p99).
 
-Models are written here: random weights from Gemma-like configs at real sizes (:data:`MODELS`), in
+Models are written here: random weights from Gemma-like and gpt-oss-like configs at real sizes (:data:`MODELS`), in
 bf16. A model whose tokens are checked has its weights written (transformers loads the same bytes);
 a speed-only model is a config with ``load_format="dummy"`` (SGLang's own seeded random init).
 
@@ -78,13 +78,16 @@ COLUMNS = [
 class ServeModel:
     """A Gemma-like model at a real size, random weights (see the module doc)."""
 
-    family: str  # tiny_models family: gemma3, gemma4
+    family: str  # tiny_models family: gemma3, gemma4, gpt-oss
     window: int  # Hugging Face sliding_window
     layers: int
     shape: dict
     vocab_size: int
     note: str
     engine_args: dict = dataclasses.field(default_factory=dict)
+    # test-side SGLang plugins (tests/engine/plugins) the engine loads for this model on a GPU, for
+    # every backend alike
+    plugins: tuple = ()
 
 
 # Gemma 3 1B and 12B: the published text configs' dims. Gemma 4: a Gemma-4-like shape of this
@@ -152,6 +155,33 @@ MODELS: dict[str, ServeModel] = {
         dict(hidden_size=640, intermediate_size=2048, heads=4, kv_heads=1, head_dim=256, full_every=2, max_positions=40960),
         262144,
         "a 2-layer Gemma 3 (hidden 640), the STANDALONE draft",
+    ),
+    # gpt-oss-20b's attention (64 q heads of 64, 8 kv heads, window 128, sinks, sliding and full layers
+    # alternating, hidden 2880) and its MoE block (experts of 2880 with biases, clamped SwiGLU, top-4 of
+    # softmax routing), at 4 layers, 8 experts and vocabulary 32768 instead of 24, 32 and 201088 (1.1B
+    # parameters, 2.2 GB of bf16 to write and load); rope: default at theta 150000 (the published
+    # config's YaRN scaling left out). Its MoE runs SGLang's Triton runner through the
+    # triton_swa_moe_cuda_path plugin (the forced torch backend's native MoE cannot be captured in a
+    # CUDA graph) with moe_align_block_size and moe_sum_reduce from the sgl_kernel stand-in.
+    "gpt-oss-like": ServeModel(
+        "gpt-oss",
+        128,
+        4,
+        dict(
+            hidden_size=2880,
+            intermediate_size=2880,
+            heads=64,
+            kv_heads=8,
+            head_dim=64,
+            experts=8,
+            experts_per_token=4,
+            max_positions=131072,
+            rope_theta=150000.0,
+        ),
+        32768,
+        "gpt-oss-like: gpt-oss-20b's attention (64 q / 8 kv heads of 64, window 128, sinks; sliding and full alternating) "
+        "and MoE block (hidden 2880, experts with biases, clamped SwiGLU, top-4), at 4 layers, 8 experts, vocabulary 32768",
+        plugins=("triton_swa_moe_cuda_path",),
     ),
     # tiny shapes for a CPU run of this harness (the interpreter): the plumbing, not the speed
     "gemma3-tiny": ServeModel("gemma3", 8, 4, {}, 384, "the CPU engine tier's tiny Gemma 3"),
@@ -635,6 +665,7 @@ def main(argv=None) -> int:
                         engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len
                     )
                     run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
+                    run.update(_plugin_args(name, pythonpath, device))
                     jobs.append((path, backend, run, info))
         # engines side by side share the GPU's memory; only runs without a timed phase do
         parallel = a.jobs if not any(job[2]["load"] for job in jobs) else 1
@@ -690,6 +721,15 @@ def main(argv=None) -> int:
         json.dump(records, f, indent=1, default=str)
     print(f"rows: {csv_path}")
     return 0 if all(r["ok"] for r in records) else 1
+
+
+def _plugin_args(name: str, pythonpath: list[str], device: str) -> dict:
+    """``run_backend`` arguments that load model ``name``'s test-side plugins (:attr:`ServeModel.plugins`)
+    on a GPU: their folder on ``PYTHONPATH`` and their names in ``SGLANG_PLUGINS``; none on a CPU."""
+    plugins = MODELS[name].plugins
+    if not plugins or device != "cuda":
+        return {}
+    return {"pythonpath": [*pythonpath, str(DRIFT_PLUGINS)], "env": {"SGLANG_PLUGINS": ",".join(("triton_swa", *plugins))}}
 
 
 def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> dict:

@@ -192,23 +192,39 @@ def _gemma4_sglang_json(cfg_dict: dict, shape: dict | None = None) -> dict:
     return out
 
 
-def _gpt_oss_config(vocab: int, *, layers: int, window: int) -> Any:
+def _gpt_oss_config(vocab: int, *, layers: int, window: int, shape: dict | None = None) -> Any:
+    """gpt-oss: sliding and full layers alternating (sliding first), attention sinks, a mixture of
+    experts with biases and the clamped SwiGLU. ``shape`` overrides the tiny dims (``hidden_size``,
+    ``intermediate_size``, ``heads``, ``kv_heads``, ``head_dim``, ``experts``, ``experts_per_token``,
+    ``max_positions``, ``rope_theta``)."""
     from transformers import GptOssConfig
 
-    return GptOssConfig(
-        vocab_size=vocab,
+    d = dict(
         hidden_size=64,
         intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        heads=4,
+        kv_heads=2,
         head_dim=16,
-        num_local_experts=4,
-        num_experts_per_tok=2,
+        experts=4,
+        experts_per_token=2,
+        max_positions=512,
+        rope_theta=10_000.0,
+    )
+    d.update(shape or {})
+    return GptOssConfig(
+        vocab_size=vocab,
+        hidden_size=d["hidden_size"],
+        intermediate_size=d["intermediate_size"],
+        num_hidden_layers=layers,
+        num_attention_heads=d["heads"],
+        num_key_value_heads=d["kv_heads"],
+        head_dim=d["head_dim"],
+        num_local_experts=d["experts"],
+        num_experts_per_tok=d["experts_per_token"],
         sliding_window=window,
         layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        max_position_embeddings=d["max_positions"],
+        rope_parameters={"rope_type": "default", "rope_theta": d["rope_theta"]},
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=2,
@@ -276,7 +292,9 @@ def build_tiny_model(
     For models at real sizes (the GPU engine tier, ``triton_swa.benchmark.serve``): ``shape`` overrides
     the Gemma dims (Gemma 3: ``hidden_size``, ``intermediate_size``, ``heads``, ``kv_heads``,
     ``head_dim``, ``full_every``, ``last_full``, ``max_positions``; Gemma 4 also ``layers``, ``sliding_head_dim``,
-    ``full_head_dim``, ``sliding_kv_heads``, ``full_kv_heads``, ``kv_shared``, ``ple``); ``vocab_size``
+    ``full_head_dim``, ``sliding_kv_heads``, ``full_kv_heads``, ``kv_shared``, ``ple``; gpt-oss:
+    ``hidden_size``, ``intermediate_size``, ``heads``, ``kv_heads``, ``head_dim``, ``max_positions``,
+    ``experts``, ``experts_per_token``, ``rope_theta``); ``vocab_size``
     widens the config's vocabulary past the tokenizer's (engines then run with token ids in and out);
     ``dtype`` is the saved weights' (default float32, bfloat16 for gpt-oss); ``weights=False`` writes
     the config and tokenizer only, for an engine's ``load_format="dummy"``.
@@ -296,7 +314,7 @@ def build_tiny_model(
     elif family == "gemma4":
         cfg, std = _gemma4_config(vocab, window=window or 16, shape=shape), 0.15
     else:
-        cfg, std = _gpt_oss_config(vocab, layers=num_layers or 2, window=window or 8), 0.15
+        cfg, std = _gpt_oss_config(vocab, layers=num_layers or 2, window=window or 8, shape=shape), 0.15
         saved_dtype = torch.bfloat16
     if dtype is not None:
         saved_dtype = getattr(torch, dtype)
