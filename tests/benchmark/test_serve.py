@@ -66,11 +66,17 @@ def test_gpu_engine_env(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     env = sglang_engine.gpu_engine_env([str(sglang_engine.CUDA_STUBS)])
     assert "TRITON_INTERPRET" not in env  # the real kernels on the GPU
-    assert env["SGLANG_PLUGINS"] == "triton_swa" and env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
+    # the stand-in image loads the same plugins for every backend
+    assert env["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins" and env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
     assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"  # only with the stand-in
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(sglang_engine.CUDA_STUBS)
+    paths = env["PYTHONPATH"].split(os.pathsep)
+    assert paths[0] == str(sglang_engine.CUDA_STUBS) and str(sglang_engine.ENGINE_PLUGINS) in paths
     assert env["PYTHONPATH"].endswith("/elsewhere")
-    assert "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK" not in sglang_engine.gpu_engine_env([])
+    real = sglang_engine.gpu_engine_env([])
+    assert "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK" not in real and real["SGLANG_PLUGINS"] == "triton_swa"
+    # a run's own plugins are added, each name once
+    more = sglang_engine.gpu_engine_env([str(sglang_engine.CUDA_STUBS)], {"SGLANG_PLUGINS": "triton_swa,triton_swa_prefix_rule", "X": "1"})
+    assert more["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins,triton_swa_prefix_rule" and more["X"] == "1"
     cpu = sglang_engine.gpu_engine_env([], device="cpu")
     assert cpu["TRITON_INTERPRET"] == "1" and cpu["SGLANG_USE_CPU_ENGINE"] == "1"
 
@@ -168,7 +174,18 @@ def test_gpt_oss_shape_reaches_written_weights(tmp_path):
 
 def test_plugin_args_only_where_a_model_asks_on_a_gpu():
     got = serve._plugin_args("gpt-oss-like", ["/stubs"], "cuda")
-    assert got["pythonpath"] == ["/stubs", str(serve.DRIFT_PLUGINS)]
+    assert got["pythonpath"] == ["/stubs", str(serve.ENGINE_PLUGINS)]
     assert got["env"] == {"SGLANG_PLUGINS": "triton_swa,triton_swa_moe_cuda_path"}
-    assert (serve.DRIFT_PLUGINS / "triton_swa_moe_cuda_path.py").exists()
+    assert (serve.ENGINE_PLUGINS / "triton_swa_moe_cuda_path.py").exists()
     assert serve._plugin_args("gpt-oss-like", [], "cpu") == {} and serve._plugin_args("gemma4-like", [], "cuda") == {}
+
+
+def test_side_by_side_engines_keep_their_fraction_and_cap_their_pool():
+    """--jobs: a divided mem_fraction_static refuses to start (other engines' allocations fall between
+    SGLang's two memory readings); each engine keeps the fraction and caps its pool instead."""
+    args = {"mem_fraction_static": 0.8, "context_length": 40960}
+    got = serve._side_by_side(args)
+    assert got == {"mem_fraction_static": 0.8, "context_length": 40960, "max_total_tokens": serve.SIDE_BY_SIDE_TOKENS}
+    assert serve._side_by_side(dict(args, max_total_tokens=4096))["max_total_tokens"] == 4096  # a smaller cap stays
+    assert serve._side_by_side(dict(args, max_total_tokens=10**6))["max_total_tokens"] == serve.SIDE_BY_SIDE_TOKENS
+    assert args == {"mem_fraction_static": 0.8, "context_length": 40960}  # not changed in place

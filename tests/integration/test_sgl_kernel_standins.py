@@ -189,11 +189,11 @@ def test_moe_cuda_path_plugin_sends_only_cuda_tensors_to_forward_cuda():
     unquant = pytest.importorskip("sglang.srt.layers.quantization.unquant")
     from types import SimpleNamespace
 
-    from triton_swa.benchmark.serve import DRIFT_PLUGINS
+    from triton_swa.benchmark.serve import ENGINE_PLUGINS
 
     cls = unquant.UnquantizedFusedMoEMethod
     saved = {k: cls.__dict__[k] for k in ("forward_native", "forward_cuda", "forward_cpu")}
-    spec = importlib.util.spec_from_file_location("triton_swa_moe_cuda_path", DRIFT_PLUGINS / "triton_swa_moe_cuda_path.py")
+    spec = importlib.util.spec_from_file_location("triton_swa_moe_cuda_path", ENGINE_PLUGINS / "triton_swa_moe_cuda_path.py")
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
     calls = []
@@ -213,3 +213,107 @@ def test_moe_cuda_path_plugin_sends_only_cuda_tensors_to_forward_cuda():
             setattr(cls, k, v)
         if "_triton_swa_moe_cuda_path" in cls.__dict__:
             delattr(cls, "_triton_swa_moe_cuda_path")
+
+
+@pytest.fixture
+def gpu_standins():
+    """tests/engine/plugins/triton_swa_gpu_standins.py, loaded; what it changes is put back after."""
+    pytest.importorskip("sglang.srt.layers.dual_gemm")
+    from sglang.srt.layers.dual_gemm import DualGemm
+    from sglang.srt.speculative import dflash_utils
+
+    from triton_swa.testing.sglang_engine import ENGINE_PLUGINS
+
+    spec = importlib.util.spec_from_file_location("triton_swa_gpu_standins", ENGINE_PLUGINS / "triton_swa_gpu_standins.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    saved_select = DualGemm.__dict__["_select_mode"]
+    saved_renorm = (dflash_utils.top_p_renorm_prob, dflash_utils.top_k_renorm_prob)
+    saved_module = sys.modules.get(plugin.FLASHMLA_BACKEND)
+    yield plugin
+    DualGemm._select_mode = saved_select
+    if "_triton_swa_standin" in DualGemm.__dict__:
+        delattr(DualGemm, "_triton_swa_standin")
+    dflash_utils.top_p_renorm_prob, dflash_utils.top_k_renorm_prob = saved_renorm
+    sys.modules.pop(plugin.FLASHMLA_BACKEND, None)
+    if saved_module is not None:
+        sys.modules[plugin.FLASHMLA_BACKEND] = saved_module
+
+
+def test_gpu_standins_install_only_what_does_not_import(gpu_standins, monkeypatch):
+    """Each stand-in is installed only where its package does not import, and once."""
+    from sglang.srt.speculative import dflash_utils
+
+    kernels = (dflash_utils.top_p_renorm_prob, dflash_utils.top_k_renorm_prob) != (None, None)  # None off CUDA
+    missing = [
+        name
+        for name, needed in (
+            ("cutlass", not gpu_standins._imports("cutlass")),
+            ("flash_mla", not gpu_standins._imports(gpu_standins.FLASHMLA_BACKEND)),
+            ("flashinfer.sampling", kernels and not gpu_standins._imports("flashinfer.sampling")),
+        )
+        if needed
+    ]
+    assert gpu_standins.register() == missing
+    assert gpu_standins.register() == []  # idempotent
+
+
+def test_gpu_standin_dual_gemm_answers_as_sglang_does_off_sm100(gpu_standins, monkeypatch):
+    """Off sm100 SGLang's own predicate refuses the CuteDSL dual GEMM; the stand-in gives that answer
+    without importing cutlass, and leaves every other case to SGLang's method."""
+    import sglang.srt.utils as sglang_utils
+    from sglang.srt.layers.dual_gemm import DualGemm
+
+    if gpu_standins._imports("cutlass"):
+        pytest.skip("cutlass imports here: the stand-in is not installed")
+    calls = []
+    monkeypatch.setattr(DualGemm, "_select_mode", lambda self, gate_up, hidden: calls.append(hidden) or "sglang's")
+    gpu_standins._dual_gemm()
+    gemm = object.__new__(DualGemm)
+    monkeypatch.setattr(sglang_utils, "is_cuda", lambda: True)
+    monkeypatch.setattr(sglang_utils, "is_sm100_supported", lambda device=None: False)
+    assert gemm._select_mode(None, 128) is None and calls == []  # sm90: no dual GEMM, no import
+    monkeypatch.setattr(sglang_utils, "is_sm100_supported", lambda device=None: True)
+    assert gemm._select_mode(None, 256) == "sglang's" and calls == [256]  # sm100: SGLang decides
+    monkeypatch.setattr(sglang_utils, "is_cuda", lambda: False)
+    assert gemm._select_mode(None, 512) == "sglang's" and calls == [256, 512]
+
+
+def test_gpu_standin_flashmla_backend_is_no_backend(gpu_standins):
+    """EAGLE's worker only asks isinstance(backend, FlashMLABackend): no backend is the stand-in."""
+    if not gpu_standins._flashmla():
+        pytest.skip("flashmla_backend imports here: the stand-in is not installed")
+    from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
+
+    from triton_swa.backend import TritonSWAAttnBackend
+
+    assert not issubclass(TritonSWAAttnBackend, FlashMLABackend) and not isinstance(object(), FlashMLABackend)
+
+
+def test_gpu_standin_dflash_renorm_takes_sglangs_torch_fallbacks(gpu_standins):
+    """Without FlashInfer, DFLASH's renormalisations run SGLang's own plain-torch fallbacks; checked
+    against an independent top-p / top-k renormalisation in float64."""
+    from sglang.srt.speculative import dflash_utils
+
+    if gpu_standins._imports("flashinfer.sampling"):
+        pytest.skip("flashinfer.sampling imports here: the stand-in is not installed")
+    dflash_utils.top_p_renorm_prob = dflash_utils.top_k_renorm_prob = "poison: must not be called"
+    assert gpu_standins._flashinfer_sampling()
+    g = torch.Generator().manual_seed(5)
+    probs = torch.softmax(torch.randn(3, 50, generator=g, dtype=torch.float64), -1)
+    top_ps = torch.tensor([0.5, 0.9, 1.0], dtype=torch.float64)
+    got = dflash_utils._dflash_top_p_renorm_prob(probs.clone(), top_ps)
+    for row, p in zip(range(3), top_ps.tolist()):
+        order = probs[row].argsort(descending=True)
+        before = torch.cumsum(probs[row][order], 0) - probs[row][order]
+        keep = order[before <= p]
+        want = torch.zeros(50, dtype=torch.float64)
+        want[keep] = probs[row][keep] / probs[row][keep].sum()
+        torch.testing.assert_close(got[row], want)
+    top_ks = torch.tensor([1, 5, 50])
+    got = dflash_utils._dflash_top_k_renorm_prob(probs.clone(), top_ks)
+    for row, k in enumerate(top_ks.tolist()):
+        keep = probs[row].topk(k).indices
+        want = torch.zeros(50, dtype=torch.float64)
+        want[keep] = probs[row][keep] / probs[row][keep].sum()
+        torch.testing.assert_close(got[row], want)

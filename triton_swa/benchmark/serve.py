@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from triton_swa.testing.sglang_engine import REPO_ROOT, gpu_engine_env, sgl_kernel_path, tie_tol
+from triton_swa.testing.sglang_engine import ENGINE_PLUGINS, gpu_engine_env, sgl_kernel_path, tie_tol
 
 __all__ = ["COLUMNS", "MODELS", "ServeModel", "build_model", "compare_tokens", "gpu_engine_env", "main", "run_backend", "tie_tol"]
 
@@ -478,9 +478,6 @@ def _spec_args(algorithm: str, draft: str | None) -> dict:
     return args
 
 
-DRIFT_PLUGINS = REPO_ROOT / "tests" / "engine" / "plugins"  # the test-side prefix-rule plugin
-
-
 def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], out: Path, timeout_s: float, device: str) -> list[dict]:
     """The seed's failure, live: ``model`` (written weights) with a STANDALONE draft of its own weights,
     on SGLang's engine with CUDA graphs as ``base_args`` set them, three times: without speculation,
@@ -513,7 +510,7 @@ def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], 
             tokens=tokens,
             load=[],
             output_len=0,
-            pythonpath=[*pythonpath, str(DRIFT_PLUGINS)] if rule else pythonpath,
+            pythonpath=[*pythonpath, str(ENGINE_PLUGINS)] if rule else pythonpath,
             env=env,
             timeout_s=timeout_s,
             log_path=str(out / f"engine-drift-{model}-{rule or 'plain'}.log"),
@@ -580,9 +577,7 @@ def main(argv=None) -> int:
     p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
     p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
     p.add_argument("--spec-load", action="store_true", help="speculative runs run the --load phases too (default: tokens only)")
-    p.add_argument(
-        "--jobs", type=int, default=1, help="engines side by side on the GPU, each with 1/JOBS of the memory (runs without --load only)"
-    )
+    p.add_argument("--jobs", type=int, default=1, help="engines side by side on the GPU, each pool capped (runs without --load only)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
     p.add_argument(
         "--drift", default="", metavar="MODEL", help="the seed's scenario on MODEL (gemma4-drift): the pre-fix rule against the policy"
@@ -729,16 +724,32 @@ def _plugin_args(name: str, pythonpath: list[str], device: str) -> dict:
     plugins = MODELS[name].plugins
     if not plugins or device != "cuda":
         return {}
-    return {"pythonpath": [*pythonpath, str(DRIFT_PLUGINS)], "env": {"SGLANG_PLUGINS": ",".join(("triton_swa", *plugins))}}
+    return {"pythonpath": [*pythonpath, str(ENGINE_PLUGINS)], "env": {"SGLANG_PLUGINS": ",".join(("triton_swa", *plugins))}}
+
+
+# The KV pool of each engine that runs beside others (``--jobs``): enough for the token check's prompts
+# (and a speculative run's drafts) at every model's size, small enough for 6 engines on an 80 GB GPU.
+SIDE_BY_SIDE_TOKENS = 16384
+
+
+def _side_by_side(engine_args: dict) -> dict:
+    """``engine_args`` for an engine that starts while others start and allocate beside it.
+
+    SGLang sizes its KV pool as the memory free after its weights load minus ``(1 - mem_fraction_static)``
+    of the memory free before (``kv_cache_configurator.py``, ``_profile_available_bytes``), and refuses
+    to start when that is not positive. Memory the other engines take between its two readings counts
+    as its own, so a fraction divided among the engines fails (seen on the H200 at 0.8 / 6: "Loaded
+    weights leave no GPU memory for the KV cache", minimum 0.14-0.26). The fraction stays; the pool is
+    capped by ``max_total_tokens`` instead, so each engine takes only what its requests need."""
+    capped = min(engine_args.get("max_total_tokens") or SIDE_BY_SIDE_TOKENS, SIDE_BY_SIDE_TOKENS)
+    return dict(engine_args, max_total_tokens=capped)
 
 
 def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> dict:
-    """One :func:`run_backend` of the matrix, with ``1/share`` of its memory fraction (engines side by
-    side), labelled with ``info``; prints its outcome and phases as one block."""
+    """One :func:`run_backend` of the matrix, labelled with ``info``, its pool capped where ``share``
+    engines run side by side (:func:`_side_by_side`); prints its outcome and phases as one block."""
     if share > 1:
-        run = dict(
-            run, engine_args=dict(run["engine_args"], mem_fraction_static=round(run["engine_args"]["mem_fraction_static"] / share, 3))
-        )
+        run = dict(run, engine_args=_side_by_side(run["engine_args"]))
     r = run_backend(path, backend, **run)
     r.update(info)
     status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"

@@ -604,6 +604,7 @@ def acceptance_windows(rows: Sequence[Sequence[int]], size: int = 8) -> str:
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the tree: the test stubs live under tests/
 CUDA_STUBS = REPO_ROOT / "tests" / "integration" / "stubs_cuda"
 TORCHVISION_STUBS = REPO_ROOT / "tests" / "integration" / "stubs"
+ENGINE_PLUGINS = REPO_ROOT / "tests" / "engine" / "plugins"  # the test-side SGLang plugins (and their entry points)
 
 
 def sgl_kernel_path(device: str) -> list[str]:
@@ -631,13 +632,21 @@ def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str
         SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python",
     )
     env.pop("TRITON_INTERPRET", None)
+    plugins = ["triton_swa"]
+    pythonpath = list(pythonpath)
     if device == "cpu":
         env.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")
     elif str(CUDA_STUBS) in pythonpath:
         env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in has no wheel metadata to check
+        # the same image for every backend: the compiled packages SGLang's speculative paths import
+        # (tests/engine/plugins/triton_swa_gpu_standins.py)
+        plugins.append("triton_swa_gpu_standins")
+        pythonpath += [] if str(ENGINE_PLUGINS) in pythonpath else [str(ENGINE_PLUGINS)]
+    extra = dict(extra or {})
+    plugins += [n for n in extra.pop("SGLANG_PLUGINS", "").split(",") if n and n not in plugins]
     paths = [*pythonpath, str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.update(extra or {})
+    env.update(extra, SGLANG_PLUGINS=",".join(plugins))
     return env
 
 
