@@ -128,7 +128,7 @@ demo() {
 engine() {  # engine [serve args]: the engines' logs go to one archive ($out holds at most 8 files);
   # ENGINE_TAG names this run's files, so several engine runs of one call keep theirs apart
   install_wheels || { echo "the carried wheels did not all install (the engine needs .whl/sglang)"; return 1; }
-  local logs=/tmp/triton_swa_engine_logs status tag="$sha${ENGINE_TAG:+-$ENGINE_TAG}"
+  local logs=/tmp/triton_swa_engine_logs${ENGINE_TAG:+-$ENGINE_TAG} status tag="$sha${ENGINE_TAG:+-$ENGINE_TAG}"
   rm -rf "$logs"; mkdir -p "$logs"
   timeout "${ENGINE_TIMEOUT_S:-570}" python3 -m triton_swa.benchmark.serve --git-sha "$sha" --dirty clean --out "$logs" "$@" 2>&1 \
     | tee "$out/engine-$tag.log"
