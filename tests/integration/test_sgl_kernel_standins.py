@@ -228,13 +228,13 @@ def gpu_standins():
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
     saved_select = DualGemm.__dict__["_select_mode"]
-    saved_renorm = (dflash_utils.top_p_renorm_prob, dflash_utils.top_k_renorm_prob)
+    saved_flag = dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE
     saved_module = sys.modules.get(plugin.FLASHMLA_BACKEND)
     yield plugin
     DualGemm._select_mode = saved_select
     if "_triton_swa_standin" in DualGemm.__dict__:
         delattr(DualGemm, "_triton_swa_standin")
-    dflash_utils.top_p_renorm_prob, dflash_utils.top_k_renorm_prob = saved_renorm
+    dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE = saved_flag
     sys.modules.pop(plugin.FLASHMLA_BACKEND, None)
     if saved_module is not None:
         sys.modules[plugin.FLASHMLA_BACKEND] = saved_module
@@ -244,13 +244,13 @@ def test_gpu_standins_install_only_what_does_not_import(gpu_standins, monkeypatc
     """Each stand-in is installed only where its package does not import, and once."""
     from sglang.srt.speculative import dflash_utils
 
-    kernels = (dflash_utils.top_p_renorm_prob, dflash_utils.top_k_renorm_prob) != (None, None)  # None off CUDA
+    kernels = dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE  # off CUDA SGLang has no such kernel
     missing = [
         name
         for name, needed in (
             ("cutlass", not gpu_standins._imports("cutlass")),
             ("flash_mla", not gpu_standins._imports(gpu_standins.FLASHMLA_BACKEND)),
-            ("flashinfer.sampling", kernels and not gpu_standins._imports("flashinfer.sampling")),
+            ("flashinfer", kernels and not gpu_standins._imports("flashinfer")),
         )
         if needed
     ]
@@ -290,30 +290,15 @@ def test_gpu_standin_flashmla_backend_is_no_backend(gpu_standins):
     assert not issubclass(TritonSWAAttnBackend, FlashMLABackend) and not isinstance(object(), FlashMLABackend)
 
 
-def test_gpu_standin_dflash_renorm_takes_sglangs_torch_fallbacks(gpu_standins):
-    """Without FlashInfer, DFLASH's renormalisations run SGLang's own plain-torch fallbacks; checked
-    against an independent top-p / top-k renormalisation in float64."""
+def test_gpu_standin_dflash_sampling_verify_unavailable_without_flashinfer(gpu_standins, monkeypatch):
+    """Without FlashInfer (whose headers SGLang's JIT sampling-verify kernel needs) DFLASH's sampling
+    verify is marked unavailable: SGLang's own predicate then says so, as it does on NPUs."""
     from sglang.srt.speculative import dflash_utils
 
-    if gpu_standins._imports("flashinfer.sampling"):
-        pytest.skip("flashinfer.sampling imports here: the stand-in is not installed")
-    dflash_utils.top_p_renorm_prob = dflash_utils.top_k_renorm_prob = "poison: must not be called"
-    assert gpu_standins._flashinfer_sampling()
-    g = torch.Generator().manual_seed(5)
-    probs = torch.softmax(torch.randn(3, 50, generator=g, dtype=torch.float64), -1)
-    top_ps = torch.tensor([0.5, 0.9, 1.0], dtype=torch.float64)
-    got = dflash_utils._dflash_top_p_renorm_prob(probs.clone(), top_ps)
-    for row, p in zip(range(3), top_ps.tolist()):
-        order = probs[row].argsort(descending=True)
-        before = torch.cumsum(probs[row][order], 0) - probs[row][order]
-        keep = order[before <= p]
-        want = torch.zeros(50, dtype=torch.float64)
-        want[keep] = probs[row][keep] / probs[row][keep].sum()
-        torch.testing.assert_close(got[row], want)
-    top_ks = torch.tensor([1, 5, 50])
-    got = dflash_utils._dflash_top_k_renorm_prob(probs.clone(), top_ks)
-    for row, k in enumerate(top_ks.tolist()):
-        keep = probs[row].topk(k).indices
-        want = torch.zeros(50, dtype=torch.float64)
-        want[keep] = probs[row][keep] / probs[row][keep].sum()
-        torch.testing.assert_close(got[row], want)
+    if gpu_standins._imports("flashinfer"):
+        pytest.skip("flashinfer imports here: the stand-in is not installed")
+    monkeypatch.setattr(dflash_utils, "_DFLASH_SAMPLING_VERIFY_AVAILABLE", True)  # as on CUDA
+    assert dflash_utils.is_dflash_sampling_verify_available()
+    assert gpu_standins._dflash_sampling_verify()
+    assert not dflash_utils.is_dflash_sampling_verify_available()
+    assert not gpu_standins._dflash_sampling_verify()  # once

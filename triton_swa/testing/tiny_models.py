@@ -225,6 +225,9 @@ def _gpt_oss_config(vocab: int, *, layers: int, window: int, shape: dict | None 
         layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         max_position_embeddings=d["max_positions"],
         rope_parameters={"rope_type": "default", "rope_theta": d["rope_theta"]},
+        # the clamp of gpt-oss's SwiGLU, written out as gpt-oss's own config.json has it: SGLang reads
+        # config.swiglu_limit, which transformers 5.17's GptOssConfig does not declare (5.19's does)
+        swiglu_limit=7.0,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=2,

@@ -12,11 +12,12 @@ under all of them. Each stand-in takes effect only where the real package does n
   backend is one (``isinstance``) before capturing its draft-extend graph. The stand-in registers a
   module of that name holding an empty class no backend derives from: the answer SGLang gets is the
   one it would get with FlashMLA installed, since no compared backend is FlashMLA.
-- ``flashinfer.sampling``: DFLASH's start-up rehearses its sampling verify, renormalising top-k / top-p
-  probabilities through FlashInfer's kernels (``speculative/dflash_utils.py``). Without FlashInfer the
-  stand-in sets those two names to ``None``, which sends DFLASH to SGLang's own plain-torch fallbacks
-  written beside them (``top_p_normalize_probs_torch`` and the ``torch.topk`` renormalisation). Greedy
-  runs never sample; only the rehearsal runs them.
+- ``flashinfer``: DFLASH's start-up rehearses its sampling verify (``prewarm_sampling``), whose kernel
+  SGLang compiles just in time against FlashInfer's headers (``kernels/ops/speculative/sampling.py``;
+  without FlashInfer: "Cannot find flashinfer package"). The stand-in marks that sampling verify
+  unavailable (``dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE``), the state SGLang itself runs
+  DFLASH in on NPUs: no rehearsal, greedy verify unchanged (every request of the tier is greedy), and
+  a sampled request takes SGLang's own fallback.
 
 ``register()`` returns the list of stand-ins it installed (tests read it).
 """
@@ -66,21 +67,20 @@ def _flashmla() -> bool:
     return True
 
 
-def _flashinfer_sampling() -> bool:
-    if _imports("flashinfer.sampling"):
+def _dflash_sampling_verify() -> bool:
+    if _imports("flashinfer"):
         return False
     from sglang.srt.speculative import dflash_utils
 
-    if dflash_utils.top_p_renorm_prob is None and dflash_utils.top_k_renorm_prob is None:
+    if not dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE:
         return False
-    dflash_utils.top_p_renorm_prob = None
-    dflash_utils.top_k_renorm_prob = None
+    dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE = False
     return True
 
 
 def register() -> list[str]:
     installed = []
-    for name, standin in (("cutlass", _dual_gemm), ("flash_mla", _flashmla), ("flashinfer.sampling", _flashinfer_sampling)):
+    for name, standin in (("cutlass", _dual_gemm), ("flash_mla", _flashmla), ("flashinfer", _dflash_sampling_verify)):
         if standin():
             installed.append(name)
     return installed

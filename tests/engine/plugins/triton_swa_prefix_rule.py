@@ -29,7 +29,8 @@ resolved no SWA pool:
   first one with a ValueError: the pre-fix rule fails loudly there;
 - ``pool``: from the layer's own pool's mapping, the write rule of the core backend (and of the
   SGLang pools the seed ran on, which translated writes themselves): writes stay right and sliding
-  reads are untranslated, which is the seed's silent failure.
+  reads are untranslated, which is the seed's silent failure. Under CUDA graphs too: the adapter's
+  graph buffer of write ids is filled from the same translation.
 
 With ``TRITON_SWA_PREFIX_RULE_LOG`` set, every draft step appends ``D <drifted> <written>`` to that
 file: how many of its K/V writes went to an SWA slot other than their full slot (where an
@@ -132,3 +133,24 @@ def register() -> None:
     # the one-step backend and the draft steps' backend each define their own
     for cls in (adapter.TritonSWASGLangBackend, adapter._DraftStepBackend):
         cls._swa_write_ids = recording(cls.__dict__["_swa_write_ids"])
+
+    if writes == "pool":
+        # CUDA graphs: the adapter fills its graph buffer of SWA write ids only where the resolved pool
+        # is an SWA pool; under the pre-fix rule a draft resolved none, so the pool's own ids go there
+        # too (zeros while capturing, as the adapter's own; the translation before each replay)
+        out_graph = adapter.TritonSWASGLangBackend.init_forward_metadata_out_graph
+
+        def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+            out_graph(self, forward_batch, in_capture)
+            loc = getattr(forward_batch, "out_cache_loc", None)
+            draft = getattr(self.core.model_runner, "is_draft_worker", False)
+            if self.core.swa_loc is not None or loc is None or not draft or not is_swa_kv_pool(self.token_to_kv_pool):
+                return
+            buf = self._graph_swa_loc[: loc.shape[0]]
+            if in_capture:
+                buf.zero_()
+            else:
+                buf.copy_(self._swa_write_ids(forward_batch))
+            self.core.swa_loc = buf
+
+        adapter.TritonSWASGLangBackend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
