@@ -152,7 +152,7 @@ def test_retraction_counts_by_cause():
 
 
 def test_gpu_server_environment_and_arguments(tmp_path):
-    from triton_swa.testing.sglang_engine import CUDA_STUBS
+    from triton_swa.testing.sglang_engine import CUDA_STUBS, ENGINE_PLUGINS
 
     srv = sl.Server(
         "/models/m",
@@ -165,13 +165,16 @@ def test_gpu_server_environment_and_arguments(tmp_path):
         log_path=str(tmp_path / "server.log"),
     )
     env, args = srv._env, srv.args
-    assert env["SGLANG_PLUGINS"] == "triton_swa,triton_swa_pool_probe" and env["TRITON_SWA_DEBUG"] == "1"
+    # the CUDA stand-in image loads the compiled-package stand-ins for every backend, before the caller's plugins
+    assert env["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins,triton_swa_pool_probe"
+    assert env["TRITON_SWA_DEBUG"] == "1"
     assert env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch" and env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
     assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1" and "TRITON_INTERPRET" not in env and "SGLANG_USE_CPU_ENGINE" not in env
-    assert env["PYTHONPATH"].split(":")[:2] == [str(CUDA_STUBS), str(tmp_path)]
+    assert env["PYTHONPATH"].split(":")[:3] == [str(CUDA_STUBS), str(tmp_path), str(ENGINE_PLUGINS)]
     assert args["device"] == "cuda" and args["disable_cuda_graph"] is False and args["max_total_tokens"] == 2560
     assert srv.log_path == str(tmp_path / "server.log")
     cpu = sl.Server("/models/m", "triton_swa", device="cpu")
+    assert cpu._env["SGLANG_PLUGINS"] == "triton_swa" and str(ENGINE_PLUGINS) not in cpu._env.get("PYTHONPATH", "")
     assert cpu._env["TRITON_INTERPRET"] == "1" and cpu._env["SGLANG_USE_CPU_ENGINE"] == "1" and cpu.args["device"] == "cpu"
 
 
