@@ -302,3 +302,37 @@ def test_gpu_standin_dflash_sampling_verify_unavailable_without_flashinfer(gpu_s
     assert gpu_standins._dflash_sampling_verify()
     assert not dflash_utils.is_dflash_sampling_verify_available()
     assert not gpu_standins._dflash_sampling_verify()  # once
+
+
+def _moe_cuda_path(tokens: int, top_k: int, block_m: int, broken: int = 0) -> dict:
+    pytest.importorskip("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe")
+    import json
+    import os
+    import subprocess
+
+    from triton_swa.testing.sglang_engine import REPO_ROOT
+
+    env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(CUDA_STUBS), str(REPO_ROOT / "tests" / "integration" / "stubs"), str(REPO_ROOT)])
+    probe = REPO_ROOT / "tests" / "integration" / "moe_cuda_path_probe.py"
+    r = subprocess.run(
+        [sys.executable, str(probe), str(tokens), str(top_k), str(block_m), str(broken)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# SGLang's Triton MoE computes in float16 for float32 inputs (compute_type in fused_moe.py): the
+# bound is float16 rounding of the operands, far below what a misrouted token costs (the broken case)
+MOE_PATH_TOL = 2e-3
+
+
+@pytest.mark.parametrize("tokens,top_k,block_m", [(5, 2, 16), (40, 4, 16)])
+def test_moe_cuda_path_equals_per_expert_reference(tokens, top_k, block_m):
+    """gpt-oss's stood-in MoE path on the GPU engine tier, end to end in Triton's interpreter: SGLang's
+    fused-MoE sequence with the stand-in's aligner (and, at 40 tokens and top-4, its sum-reduce)
+    equals a float64 per-expert loop up to float16 rounding."""
+    r = _moe_cuda_path(tokens, top_k, block_m)
+    assert r["finite"] and r["max_err"] <= MOE_PATH_TOL * r["ref_max"], r
+    broken = _moe_cuda_path(tokens, top_k, block_m, broken=1)
+    assert broken["max_err"] > 20 * MOE_PATH_TOL * broken["ref_max"], broken
