@@ -315,9 +315,8 @@ def _moe_cuda_path(tokens: int, top_k: int, block_m: int, broken: int = 0) -> di
     env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")
     env["PYTHONPATH"] = os.pathsep.join([str(CUDA_STUBS), str(REPO_ROOT / "tests" / "integration" / "stubs"), str(REPO_ROOT)])
     probe = REPO_ROOT / "tests" / "integration" / "moe_cuda_path_probe.py"
-    r = subprocess.run(
-        [sys.executable, str(probe), str(tokens), str(top_k), str(block_m), str(broken)], env=env, capture_output=True, text=True, timeout=600
-    )
+    argv = [sys.executable, str(probe), str(tokens), str(top_k), str(block_m), str(broken)]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
