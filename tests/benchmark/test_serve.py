@@ -189,3 +189,45 @@ def test_side_by_side_engines_keep_their_fraction_and_cap_their_pool():
     assert serve._side_by_side(dict(args, max_total_tokens=4096))["max_total_tokens"] == 4096  # a smaller cap stays
     assert serve._side_by_side(dict(args, max_total_tokens=10**6))["max_total_tokens"] == serve.SIDE_BY_SIDE_TOKENS
     assert args == {"mem_fraction_static": 0.8, "context_length": 40960}  # not changed in place
+
+
+def test_compare_tokens_counts_reference_streams_of_one_token():
+    want = [[7, 7, 7, 7], [5, 6, 7, 8], [9, 9, 9]]
+    c = serve.compare_tokens(want, want, [[1.0] * 4] * 3, [[20.0] * 4] * 3)
+    # all equal, but the first stream repeats one token: equality there says nothing about attention
+    assert c["equal"] == 3 and c["one_token"] == 1
+
+
+def _echo_fraction(path: str, prompt: list[int]) -> float:
+    """How often the greedy next token is the input token itself, over a prompt's positions."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from triton_swa.testing.tiny_models import load_hf_config
+
+    model = AutoModelForCausalLM.from_pretrained(path, config=load_hf_config(path), attn_implementation="eager", dtype=torch.float32)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        top = model(ids, use_cache=False).logits[0].argmax(-1)
+    return float((top == ids[0]).float().mean())
+
+
+def test_wide_gemma_does_not_echo_its_input(tmp_path, monkeypatch):
+    """At real widths Gemma's tied, sqrt(width)-scaled embeddings made every random model of the GPU
+    tier repeat the last prompt token (2026-12-05). tiny_models.embed_std shrinks their spread with the
+    width: a Gemma 4 at width 512 then predicts other tokens than its input, where the fixed spread of
+    the tiny models (0.05) still echoes it at most positions."""
+    from triton_swa.testing import tiny_models
+
+    shape = dict(serve._GEMMA4_LIKE, layers=6, hidden_size=512, intermediate_size=1024, kv_shared=2, full_every=3, ple=32)
+    prompt = serve._prompts(1, 24, 8)[0]
+
+    def build(name):
+        return tiny_models.build_tiny_model("gemma4", str(tmp_path / name), 0, window=16, shape=shape, vocab_size=32768)
+
+    assert tiny_models.embed_std("gemma4", 512) < 0.05 == tiny_models.embed_std("gemma4", 64) == tiny_models.embed_std("gpt-oss", 2880)
+    scaled = _echo_fraction(build("scaled"), prompt)
+    print("echo fraction, scaled spread:", scaled)
+    assert scaled < 0.25
+    monkeypatch.setattr(tiny_models, "embed_std", lambda family, hidden: 0.05)
+    assert _echo_fraction(build("fixed"), prompt) > 0.6

@@ -433,10 +433,13 @@ def compare_tokens(
     got: list[list[int]], want: list[list[int]], gaps: list[list[float]], tops: list[list[float]], dtype: str = "bfloat16"
 ) -> dict:
     """Per request: equal, or the first differing token with the reference's top-2 gap there and
-    whether that is a near-tie in ``dtype`` (:func:`tie_tol`)."""
+    whether that is a near-tie in ``dtype`` (:func:`tie_tol`). ``one_token`` counts the reference
+    streams that repeat one token (:func:`~triton_swa.testing.tiny_models.repeats_one_token`): on
+    those, equal tokens say nothing about attention."""
     from triton_swa.testing.sglang_engine import first_divergence
+    from triton_swa.testing.tiny_models import repeats_one_token
 
-    out = {"equal": 0, "near_tie": 0, "differ": 0, "requests": []}
+    out = {"equal": 0, "near_tie": 0, "differ": 0, "one_token": sum(map(repeats_one_token, want)), "requests": []}
     for g, w, gp, tp in zip(got, want, gaps, tops):
         i = first_divergence(g, w)
         if i is None:
@@ -549,6 +552,14 @@ def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], 
         )
         for line in r["resolutions"]:
             print(f"    {line}", flush=True)
+    from triton_swa.testing.tiny_models import repeats_one_token
+
+    if plain and any(map(repeats_one_token, plain)):
+        print(
+            f"  VACUOUS: {sum(map(repeats_one_token, plain))} of {len(plain)} outputs without speculation repeat one token: "
+            "a draft proposes them whatever its sliding layers read",
+            flush=True,
+        )
     return runs
 
 
@@ -775,6 +786,7 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
         return
     print(f"  transformers generate(): {len(want)} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True)
     from triton_swa.testing.sglang_engine import first_divergence
+    from triton_swa.testing.tiny_models import repeats_one_token
 
     base = {}
     for r in runs:
@@ -801,6 +813,12 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
         print(
             f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a {dtype or 'float32'} near-tie, "
             f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""),
+            flush=True,
+        )
+    if any(map(repeats_one_token, want)):
+        print(
+            f"  VACUOUS: {sum(map(repeats_one_token, want))} of {len(want)} transformers outputs repeat one token: "
+            "equal tokens there say nothing about attention",
             flush=True,
         )
 

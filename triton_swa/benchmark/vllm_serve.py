@@ -321,7 +321,9 @@ def report_tokens(runs: list[dict], path: str, tokens: dict, device: str, dtype:
         if want is not None:
             c = compare_tokens(r["tokens"], want, gaps, tops, dtype)
             r["vs_transformers"] = c
-            r["tokens_vs_hf"] = f"{c['equal']} equal, {c['near_tie']} near-tie, {c['differ']} differ"
+            r["tokens_vs_hf"] = f"{c['equal']} equal, {c['near_tie']} near-tie, {c['differ']} differ" + (
+                f" (VACUOUS: {c['one_token']} reference outputs repeat one token)" if c["one_token"] else ""
+            )
             detail = "; ".join(
                 f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})"
                 for i, q in enumerate(c["requests"])

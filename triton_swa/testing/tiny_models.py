@@ -30,7 +30,7 @@ import os
 import random
 from typing import Any
 
-__all__ = ["FAMILIES", "SPECIALS", "build_tiny_model", "build_tokenizer", "load_hf_config", "model_info"]
+__all__ = ["FAMILIES", "SPECIALS", "build_tiny_model", "build_tokenizer", "embed_std", "load_hf_config", "model_info", "repeats_one_token"]
 
 FAMILIES = ("gemma3", "gemma4", "gpt-oss", "gemma3-draft")
 # Gemma's special-token ids (pad 0, eos 1, bos 2), used by every family here.
@@ -248,6 +248,23 @@ def load_hf_config(path: str) -> Any:
     return AutoConfig.from_pretrained(path)
 
 
+def embed_std(family: str, hidden_size: int) -> float:
+    """The spread of the token embeddings. Gemma multiplies them by sqrt(width) and reads its logits
+    through the same matrix (tied): at a fixed spread the current token's own embedding outweighs
+    what the layers add at real widths, and greedy decoding repeats the last prompt token forever,
+    whatever attention reads (every Gemma-like model of the GPU tier did, 2026-12-05). So for Gemma
+    the spread shrinks as 1/sqrt(width) past the tiny models' 64, as the other weights' does."""
+    if family.startswith("gemma"):
+        return 0.05 * min(1.0, (64 / hidden_size) ** 0.5)
+    return 0.05
+
+
+def repeats_one_token(tokens) -> bool:
+    """A greedy stream of four or more tokens that is one token repeated: what a random model whose
+    input embedding dominates its logits writes. Such a stream cannot tell attention paths apart."""
+    return len(tokens) >= 4 and len(set(tokens)) == 1
+
+
 def _init_weights(model, seed: int, std: float, norm_centre: float, embed_std: float) -> None:
     import torch
 
@@ -344,7 +361,7 @@ def build_tiny_model(
     # the spread shrinks as 1/sqrt(width) past the tiny models' 64 (at real sizes a fixed spread makes
     # the random network chaotic: bf16 rounding alone then decides the greedy tokens)
     std *= (64 / cfg.hidden_size) ** 0.5
-    _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, 0.05)
+    _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, embed_std(family, cfg.hidden_size))
     model = model.to(saved_dtype)
     model.generation_config.eos_token_id = None  # the tier decodes a fixed number of tokens
     model.save_pretrained(path, safe_serialization=True)
