@@ -820,6 +820,19 @@ def test_decode_plan_refuses_another_kind(device):
         swa_decode_plan(b.q, b.k, b.v, kv_indptr=b.kv_indptr, kv_indices=b.kv_indices, page_size=4)
 
 
+def test_decode_tiles_fit_the_targets_shared_memory():
+    """Tiles shrink to the target's shared memory per program; where even 16-key tiles do not fit
+    (float32 at 512-wide heads in AMD's 64 KB), one pipeline stage, as the compile tier measured (3
+    stages: 66560 B; 1 stage: 32768 B). Hopper and 16-bit pools keep the defaults."""
+    from triton_swa.ops.decode.config import decode_block_config
+
+    assert decode_block_config(512, 512, 8, 4, smem_limit=None)[1:] == (32, 4, 3)
+    assert decode_block_config(512, 512, 8, 4, smem_limit=227 * 1024)[1:] == (32, 4, 3)
+    assert decode_block_config(512, 512, 8, 4, smem_limit=64 * 1024)[1:] == (16, 4, 1)
+    assert decode_block_config(512, 512, 8, 2, smem_limit=64 * 1024)[1:] == (16, 4, 3)
+    assert decode_block_config(256, 256, 8, 4, smem_limit=64 * 1024)[1:] == (16, 4, 3)
+
+
 def test_decode_split_rules():
     """The split count's rules (a host function of shapes): no split once more than half the GPU's
     program slots are taken (512-wide heads at B 64: 256 programs on 264 slots), one wave of splits of

@@ -321,6 +321,8 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "decode-d256-b64": lambda: _decode_call(32, 16, 256, batch=64, window=1024),
     "decode-d512-split": lambda: _decode_call(32, 4, 512, batch=1, window=4096),
     "decode-d512-b64-pages": lambda: _decode_call(32, 4, 512, batch=64, window=4096, page=16),
+    # float32 pools (the GPU engine tier's float32 token runs): at D 512 the widest tiles of all
+    "decode-d512-fp32-split": lambda: _decode_call(32, 4, 512, batch=1, window=4096, dtype=torch.float32),
     "decode-d128-fp8": lambda: _decode_call(32, 16, 128, batch=64, window=1024, kv=torch.float8_e4m3fn),
     "decode-d256-fp8nuz-pages": lambda: _decode_call(32, 16, 256, batch=64, window=1024, page=16, kv=torch.float8_e4m3fnuz),
     "decode-d256-fp16": lambda: _decode_call(32, 16, 256, batch=8, window=1024, dtype=torch.float16),
@@ -333,6 +335,7 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "extend-prefill-d512": lambda: _extend_call(32, 4, 512, batch=1, new=512, prefix=0, window_left=-1),
     "extend-chunk-d64-pages-sinks": lambda: _extend_call(64, 8, 64, batch=4, new=256, prefix=512, window_left=127, page=16, sinks=True),
     "extend-verify-d128-split": lambda: _extend_call(32, 8, 128, batch=1, new=8, prefix=4096, window_left=1023),
+    "extend-verify-d512-fp32": lambda: _extend_call(32, 4, 512, batch=8, new=8, prefix=2048, window_left=-1, dtype=torch.float32),
     "extend-verify-d128-fp16-pages": lambda: _extend_call(
         32, 8, 128, batch=8, new=4, prefix=2048, window_left=1023, dtype=torch.float16, page=16
     ),

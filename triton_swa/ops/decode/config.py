@@ -73,6 +73,8 @@ def decode_block_config(
 
     Under the interpreter, the smallest legal tiles (it pays per element, not per instruction).
     Off Hopper, ``smem_limit`` (shared memory per program) caps ``block_n`` (:func:`decode_fit_block_n`).
+    Where even 16-key tiles exceed it (float32 pools at 512-wide heads on AMD's 64 KB of LDS: 66560 B
+    compiled at 3 stages), one stage: no K/V buffers in shared memory, 32 KB (compile tier).
     """
     width = max(triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim))
     g_cap = 64 if width <= 128 else (32 if width <= 256 else 16)
@@ -84,7 +86,9 @@ def decode_block_config(
     block_n = max(16, min(128, triton.next_power_of_2(32768 // row_bytes)))
     if width >= 512:
         block_n = max(block_n, 32)
-    return DecodeConfig(block_g, decode_fit_block_n(block_n, head_dim, v_head_dim, kv_itemsize, smem_limit), 4, 3)
+    block_n = decode_fit_block_n(block_n, head_dim, v_head_dim, kv_itemsize, smem_limit)
+    fits = smem_limit is None or decode_shared_bytes(block_n, head_dim, v_head_dim, kv_itemsize) <= smem_limit
+    return DecodeConfig(block_g, block_n, 4, 3 if fits else 1)
 
 
 def decode_fit_block_n(block_n: int, head_dim: int, v_head_dim: int, kv_itemsize: int, smem_limit: int | None) -> int:
