@@ -8,8 +8,8 @@ breaks the aligner on purpose (each pair filed under the next expert), to show t
 
 SGLang's runtime context (its parallel groups and execution flags) is not published outside an
 engine; ``_Off`` answers as an engine without those features does (no deterministic mode, no fused
-all-reduce, no symmetric memory). The aligner is bound as on CUDA (SGLang binds it only where
-``is_cuda()``)."""
+all-reduce, no symmetric memory). The aligner, the sum-reduce and the CUDA branches are bound as
+on CUDA (SGLang binds them only where ``is_cuda()``)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def main(tokens: int, top_k: int, block_m: int, broken: int = 0, experts: int = 
         align_mod.sgl_moe_align_block_size = lambda topk_ids, *rest: aligner((topk_ids + 1) % experts, *rest)
     fused.get_exec = fused.get_parallel = cfg.get_exec = lambda: _Off()
     fused.is_allocation_symmetric = lambda: False
+    # the CUDA branches, as on the GPU tier: the row filter of the gated activation, and the combine
+    # through sgl_kernel's moe_sum_reduce above 32 tokens (the stand-in; off CUDA SGLang would call
+    # vLLM's moe_sum or its own Triton sum instead)
+    from sgl_kernel import moe_sum_reduce
+
+    calls = []
+    fused._is_cuda = True
+    fused.moe_sum_reduce = lambda *args: calls.append(1) or moe_sum_reduce(*args)
 
     g = torch.Generator().manual_seed(0)
     alpha, limit = 1.702, 7.0  # gpt-oss's SwiGLU
@@ -64,7 +72,8 @@ def main(tokens: int, top_k: int, block_m: int, broken: int = 0, experts: int = 
             gate, up = h[::2].clamp(max=limit), h[1::2].clamp(-limit, limit)
             act = gate * torch.sigmoid(gate * alpha) * (up + 1)
             ref[t] += float(weights[t, j]) * (act @ w2[e].double().T + b2[e].double())
-    return {"max_err": float((out.double() - ref).abs().max()), "ref_max": float(ref.abs().max()), "finite": bool(out.isfinite().all())}
+    err = float((out.double() - ref).abs().max())
+    return {"max_err": err, "ref_max": float(ref.abs().max()), "finite": bool(out.isfinite().all()), "sum_reduce_calls": len(calls)}
 
 
 if __name__ == "__main__":

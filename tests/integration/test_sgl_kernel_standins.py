@@ -333,5 +333,7 @@ def test_moe_cuda_path_equals_per_expert_reference(tokens, top_k, block_m):
     equals a float64 per-expert loop up to float16 rounding."""
     r = _moe_cuda_path(tokens, top_k, block_m)
     assert r["finite"] and r["max_err"] <= MOE_PATH_TOL * r["ref_max"], r
+    # SGLang's CUDA combine calls sgl_kernel's sum-reduce above 32 tokens with top-k > 2
+    assert r["sum_reduce_calls"] == (1 if tokens > 32 and top_k > 2 else 0), r
     broken = _moe_cuda_path(tokens, top_k, block_m, broken=1)
     assert broken["max_err"] > 20 * MOE_PATH_TOL * broken["ref_max"], broken
