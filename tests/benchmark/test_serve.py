@@ -231,3 +231,10 @@ def test_wide_gemma_does_not_echo_its_input(tmp_path, monkeypatch):
     assert scaled < 0.25
     monkeypatch.setattr(tiny_models, "embed_std", lambda family, hidden: 0.05)
     assert _echo_fraction(build("fixed"), prompt) > 0.6
+
+
+def test_vacuous_warning_names_the_streams_of_one_token(capsys):
+    serve._warn_vacuous([[3, 3, 3, 3], [1, 2, 3, 4]], "outputs", "why")
+    assert capsys.readouterr().out.strip() == "VACUOUS: 1 of 2 outputs repeat one token: why"
+    serve._warn_vacuous([[1, 2, 3, 4]], "outputs", "why")
+    assert capsys.readouterr().out == ""

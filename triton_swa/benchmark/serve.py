@@ -552,15 +552,17 @@ def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], 
         )
         for line in r["resolutions"]:
             print(f"    {line}", flush=True)
+    _warn_vacuous(plain or [], "outputs without speculation", "a draft proposes them whatever its sliding layers read")
+    return runs
+
+
+def _warn_vacuous(streams: list[list[int]], what: str, why: str) -> None:
+    """Print a VACUOUS line where some of ``streams`` repeat one token (a check over them is empty)."""
     from triton_swa.testing.tiny_models import repeats_one_token
 
-    if plain and any(map(repeats_one_token, plain)):
-        print(
-            f"  VACUOUS: {sum(map(repeats_one_token, plain))} of {len(plain)} outputs without speculation repeat one token: "
-            "a draft proposes them whatever its sliding layers read",
-            flush=True,
-        )
-    return runs
+    n = sum(map(repeats_one_token, streams))
+    if n:
+        print(f"  VACUOUS: {n} of {len(streams)} {what} repeat one token: {why}", flush=True)
 
 
 def _environment() -> dict:
@@ -786,7 +788,6 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
         return
     print(f"  transformers generate(): {len(want)} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True)
     from triton_swa.testing.sglang_engine import first_divergence
-    from triton_swa.testing.tiny_models import repeats_one_token
 
     base = {}
     for r in runs:
@@ -815,12 +816,7 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
             f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""),
             flush=True,
         )
-    if any(map(repeats_one_token, want)):
-        print(
-            f"  VACUOUS: {sum(map(repeats_one_token, want))} of {len(want)} transformers outputs repeat one token: "
-            "equal tokens there say nothing about attention",
-            flush=True,
-        )
+    _warn_vacuous(want, "transformers outputs", "equal tokens there say nothing about attention")
 
 
 if __name__ == "__main__":
