@@ -25,7 +25,9 @@
 #   - wheels/: the third-party packages the engine imports that the device is not assumed to have, as
 #     published, for PYVER on x86-64 Linux: scripts/carry_vllm.sh's list (the versions of
 #     scripts/setup_vllm.sh) plus rich and click (and their pure-Python dependencies), which the engine's
-#     start imports. Assumed on the device: torch, triton, numpy, transformers 5.17 and their own
+#     start imports, and compressed-tensors with loguru (the quantization layers import it at module level:
+#     the first engine start on the H100 stopped there), depyf with astor and dill (torch.compile's error
+#     path), blake3 (the default multimodal hash). A CPU check of the import closure: docs/vllm.md. Assumed on the device: torch, triton, numpy, transformers 5.17 and their own
 #     dependencies (huggingface-hub, tokenizers, safetensors, regex, pyyaml, packaging, tqdm, filelock,
 #     fsspec, httpx, anyio, h11, certifi, idna, typing-extensions, jinja2, sympy, networkx, cuda-bindings).
 #   Left out of vLLM's wheel: _moe_C_stable_libtorch (43 MiB; imported under suppress(ImportError), no
@@ -55,6 +57,7 @@ PINS=(
   partial-json-parser==0.2.1.1.post7 uvloop==0.23.0 xgrammar==0.2.7 apache-tvm-ffi==0.1.11 llguidance==1.7.6
   pillow==13.0.0
   rich==15.0.0 pygments==2.21.0 markdown-it-py==4.3.0 mdurl==0.1.2 click==8.5.1
+  compressed-tensors==0.17.0 loguru==0.7.3 depyf==0.20.0 astor==0.8.1 dill==0.4.1 blake3==1.0.11
 )
 
 PLATFORMS=()
