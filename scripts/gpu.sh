@@ -215,7 +215,9 @@ vllm_engine() {  # vllm_engine [vllm_serve args]: gather the carried parts in /t
   [ -d "$meta" ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
     --target "$meta" . >/dev/null 2>&1 || echo "no triton-swa metadata (vLLM will not find the TRITON_SWA plugin)"
   # the carried wheels after the tree; the distribution metadata travels (vLLM's CUDA probe reads it)
-  export PYTHONPATH="$PYTHONPATH:$site:$meta" VLLM_PLUGINS=triton_swa
+  # FlashInfer is not carried: vLLM's sampler imports its backend on CUDA unless told not to (the first
+  # start on the H100 stopped there, in topk_topp_sampler.flashinfer_sampler_supported)
+  export PYTHONPATH="$PYTHONPATH:$site:$meta" VLLM_PLUGINS=triton_swa VLLM_USE_FLASHINFER_SAMPLER=0
   unset VLLM_TARGET_DEVICE
   python3 -c 'import torch, triton, transformers, vllm, vllm._C_stable_libtorch
 n = [o for o in torch._C._dispatch_get_all_op_names() if o.startswith("_C")]

@@ -96,15 +96,33 @@ def test_a_failed_engine_is_reported_with_its_stage_and_traceback(tmp_path):
     assert line.startswith("  x: ERROR at import: ImportError") and "stand-in: no vLLM here" in line.splitlines()[-1]
 
 
-def test_report_tokens_against_transformers_the_prefix_cached_pass_and_the_first_backend(monkeypatch, capsys):
+def test_each_run_s_tokens_against_transformers_the_prefix_cached_pass_and_the_first_backend(monkeypatch, capsys):
     want = [[5, 6, 7], [5, 6, 7]]
     monkeypatch.setattr(vllm_serve, "hf_reference", lambda *a, **k: (want, [[1.0] * 3] * 2, [[20.0] * 3] * 2))
+    reference = vllm_serve.reference_tokens("/m", {"prompts": [[2], [2]], "max_new_tokens": 3}, "cpu", "bfloat16")
+    assert "transformers generate(): 2 prompts x 3 tokens" in capsys.readouterr().out
     runs = [
         dict(label="m TRITON_SWA eager", backend="TRITON_SWA", mode="eager", tokens=want, tokens_again=want),
         dict(label="m TRITON_ATTN eager", backend="TRITON_ATTN", mode="eager", tokens=[[5, 6, 7], [5, 9, 7]], tokens_again=None),
     ]
-    vllm_serve.report_tokens(runs, "/m", {"prompts": [[2], [2]], "max_new_tokens": 3}, "cpu", "bfloat16")
+    first: dict = {}
+    vllm_serve.report_run_tokens(runs[0], reference, first, "bfloat16")
+    # the first run's line is out before the second run exists
+    assert "m TRITON_SWA eager tokens: vs transformers 2 equal" in capsys.readouterr().out
+    vllm_serve.report_run_tokens(runs[1], reference, first, "bfloat16")
     assert runs[0]["tokens_vs_hf"] == "2 equal, 0 near-tie, 0 differ" and "tokens_vs_first" not in runs[0]
     assert runs[1]["tokens_vs_hf"] == "1 equal, 0 near-tie, 1 differ" and runs[1]["tokens_vs_first"] == "1/2 equal to TRITON_SWA"
     text = capsys.readouterr().out
-    assert "prefix-cached pass 2/2 equal" in text and "req 1: first differs at 1" in text
+    assert "req 1: first differs at 1" in text and "prefix-cached" not in text
+
+
+def test_a_failed_reference_leaves_the_engines_lines(monkeypatch, capsys):
+    def boom(*a, **k):
+        raise RuntimeError("no transformers here")
+
+    monkeypatch.setattr(vllm_serve, "hf_reference", boom)
+    assert vllm_serve.reference_tokens("/m", {"prompts": [[2]], "max_new_tokens": 3}, "cpu", "bfloat16") is None
+    assert "transformers reference failed: RuntimeError: no transformers here" in capsys.readouterr().out
+    r = dict(label="m TRITON_SWA eager", backend="TRITON_SWA", mode="eager", tokens=[[5]], tokens_again=[[5]])
+    vllm_serve.report_run_tokens(r, None, {}, "bfloat16")
+    assert "tokens_vs_hf" not in r and "prefix-cached pass 1/1 equal" in capsys.readouterr().out

@@ -136,10 +136,10 @@ def parse_load(text: str) -> list[tuple[int, int, int]]:
 # the engine's side (a subprocess: `python -m triton_swa.benchmark.vllm_serve --worker SPEC RESULT`)
 
 
-def _write(path: str, result: dict) -> None:
+def _write(path: str, result: dict | list) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(result, f)
+        json.dump(result, f, indent=1, default=str)
     os.replace(tmp, path)
 
 
@@ -187,6 +187,11 @@ def worker_main(spec_path: str, result_path: str) -> int:
             result["stage"] = f"load P{prompt_len} C{concurrency}"
             _write(result_path, result)
             prompts = _prompts(requests, prompt_len, 1000 + i, spec["vocab"])
+            # one untimed batch of the phase's shape first (other prompts: no prefix-cache hits), so
+            # kernels Triton compiles on first use (prefill splits, batch-size configs) are not timed
+            tw = time.perf_counter()
+            greedy(_prompts(min(concurrency, requests), prompt_len, 2000 + i, spec["vocab"]), 8)
+            warmup_s = time.perf_counter() - tw
             batches, count, t1 = [], 0, time.perf_counter()
             for j in range(0, len(prompts), concurrency):
                 tb = time.perf_counter()
@@ -202,6 +207,7 @@ def worker_main(spec_path: str, result_path: str) -> int:
                     phase_s=phase_s,
                     out_tok_s=count / phase_s,
                     batch_s_mean=statistics.mean(batches),
+                    warmup_s=warmup_s,
                 )
             )
             _write(result_path, result)
@@ -300,45 +306,47 @@ def run_line(r: dict) -> str:
     return line
 
 
-def report_tokens(runs: list[dict], path: str, tokens: dict, device: str, dtype: str) -> None:
-    """Each run's tokens against transformers' (near-tie rule), against its own second pass (prefix
-    cache) and against the first backend's of its mode; sets ``tokens_vs_hf`` / ``tokens_vs_first``."""
-    from triton_swa.testing.sglang_engine import first_divergence
-
+def reference_tokens(path: str, tokens: dict, device: str, dtype: str) -> tuple | None:
+    """transformers' greedy tokens of the token check, taken before the engines start, so each run's
+    comparison prints as soon as it ends: (tokens, top-2 gaps, |top-1 logits|), or None if it failed."""
     t0 = time.monotonic()
     try:
-        want, gaps, tops = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device, dtype)
+        ref = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device, dtype)
     except Exception as e:  # noqa: BLE001 - reported; the engines' rows still count
         print(f"  transformers reference failed: {type(e).__name__}: {e}", flush=True)
-        want = None
-    else:
-        print(f"  transformers generate(): {len(want)} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)")
-    first: dict[str, dict] = {}
-    for r in runs:
-        if not r.get("tokens"):
-            continue
-        parts = []
-        if want is not None:
-            c = compare_tokens(r["tokens"], want, gaps, tops, dtype)
-            r["vs_transformers"] = c
-            r["tokens_vs_hf"] = f"{c['equal']} equal, {c['near_tie']} near-tie, {c['differ']} differ" + (
-                f" (VACUOUS: {c['one_token']} reference outputs repeat one token)" if c["one_token"] else ""
-            )
-            detail = "; ".join(
-                f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})"
-                for i, q in enumerate(c["requests"])
-                if not q["equal"]
-            )
-            parts.append(f"vs transformers {r['tokens_vs_hf']}" + (f" [{detail}]" if detail else ""))
-        again = r.get("tokens_again")
-        if again is not None:
-            parts.append(f"prefix-cached pass {sum(a == b for a, b in zip(again, r['tokens']))}/{len(again)} equal")
-        ref = first.setdefault(r["mode"], r)
-        if ref is not r:
-            firsts = [first_divergence(x, y) for x, y in zip(r["tokens"], ref["tokens"])]
-            r["tokens_vs_first"] = f"{sum(f is None for f in firsts)}/{len(firsts)} equal to {ref['backend']}"
-            parts.append(f"vs {ref['backend']} {r['mode']}: {r['tokens_vs_first']}")
-        print(f"  {r['label']} tokens: " + "; ".join(parts), flush=True)
+        return None
+    print(f"  transformers generate(): {len(ref[0])} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True)
+    return ref
+
+
+def report_run_tokens(r: dict, reference: tuple | None, first: dict[str, dict], dtype: str) -> None:
+    """One run's tokens against transformers' (near-tie rule), against its own second pass (prefix
+    cache) and against the first backend's of its mode (``first``: mode -> that run, filled here);
+    sets ``tokens_vs_hf`` / ``tokens_vs_first`` and prints one line."""
+    from triton_swa.testing.sglang_engine import first_divergence
+
+    if not r.get("tokens"):
+        return
+    parts = []
+    if reference is not None:
+        c = compare_tokens(r["tokens"], *reference, dtype)
+        r["vs_transformers"] = c
+        r["tokens_vs_hf"] = f"{c['equal']} equal, {c['near_tie']} near-tie, {c['differ']} differ" + (
+            f" (VACUOUS: {c['one_token']} reference outputs repeat one token)" if c["one_token"] else ""
+        )
+        detail = "; ".join(
+            f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})" for i, q in enumerate(c["requests"]) if not q["equal"]
+        )
+        parts.append(f"vs transformers {r['tokens_vs_hf']}" + (f" [{detail}]" if detail else ""))
+    again = r.get("tokens_again")
+    if again is not None:
+        parts.append(f"prefix-cached pass {sum(a == b for a, b in zip(again, r['tokens']))}/{len(again)} equal")
+    ref = first.setdefault(r["mode"], r)
+    if ref is not r:
+        firsts = [first_divergence(x, y) for x, y in zip(r["tokens"], ref["tokens"])]
+        r["tokens_vs_first"] = f"{sum(f is None for f in firsts)}/{len(firsts)} equal to {ref['backend']}"
+        parts.append(f"vs {ref['backend']} {r['mode']}: {r['tokens_vs_first']}")
+    print(f"  {r['label']} tokens: " + "; ".join(parts), flush=True)
 
 
 def _environment() -> dict:
@@ -408,7 +416,8 @@ def main(argv=None) -> int:
                 "prompts": [pr for i, n in enumerate(lens) for pr in _prompts(1, n, 77 + i, m.vocab_size)],
                 "max_new_tokens": a.token_new,
             }
-        runs = []
+        reference = reference_tokens(path, tokens, device, a.dtype) if tokens and not a.dry_run else None
+        runs, first = [], {}
         for plan in (r for r in runs_plan if r["model"] == name):
             kw = llm_kwargs(path, plan["backend"], plan["mode"], dtype=a.dtype, max_model_len=a.max_model_len, chunk=a.chunk, extra=extra)
             spec = {"llm_kwargs": kw, "tokens": tokens, "load": [list(x) for x in load], "output_len": a.output_len, "vocab": m.vocab_size}
@@ -420,9 +429,10 @@ def main(argv=None) -> int:
             r = run_engine(spec, timeout_s=a.timeout, log_path=log)
             r.update(plan, llm_kwargs=kw)
             print(run_line(r), flush=True)
+            report_run_tokens(r, reference, first, a.dtype)
             runs.append(r)
-        if tokens and runs:
-            report_tokens(runs, path, tokens, device, a.dtype)
+            # what has run so far, so a call cut short by its time limit still leaves its results
+            _write(str(out / f"vllm-serve-{sha}-{run_id}.json"), records + runs)
         for r in runs:
             status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
             for ph in r.get("phases") or [None]:
@@ -467,8 +477,7 @@ def main(argv=None) -> int:
         if new:
             w.writeheader()
         w.writerows(rows)
-    with open(out / f"vllm-serve-{sha}-{run_id}.json", "w") as f:
-        json.dump(records, f, indent=1, default=str)
+    _write(str(out / f"vllm-serve-{sha}-{run_id}.json"), records)
     print(f"rows: {csv_path}")
     return 0 if records and all(r["ok"] for r in records) else 1
 
