@@ -315,7 +315,9 @@ def reference_tokens(path: str, tokens: dict, device: str, dtype: str) -> tuple 
     except Exception as e:  # noqa: BLE001 - reported; the engines' rows still count
         print(f"  transformers reference failed: {type(e).__name__}: {e}", flush=True)
         return None
-    print(f"  transformers generate(): {len(ref[0])} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True)
+    print(
+        f"  transformers generate(): {len(ref[0])} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True
+    )
     return ref
 
 
@@ -335,7 +337,9 @@ def report_run_tokens(r: dict, reference: tuple | None, first: dict[str, dict], 
             f" (VACUOUS: {c['one_token']} reference outputs repeat one token)" if c["one_token"] else ""
         )
         detail = "; ".join(
-            f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})" for i, q in enumerate(c["requests"]) if not q["equal"]
+            f"req {i}: first differs at {q['first']}, gap {q['gap']:.4f} (tol {q['tol']:.4f})"
+            for i, q in enumerate(c["requests"])
+            if not q["equal"]
         )
         parts.append(f"vs transformers {r['tokens_vs_hf']}" + (f" [{detail}]" if detail else ""))
     again = r.get("tokens_again")
