@@ -238,3 +238,27 @@ def test_vacuous_warning_names_the_streams_of_one_token(capsys):
     assert capsys.readouterr().out.strip() == "VACUOUS: 1 of 2 outputs repeat one token: why"
     serve._warn_vacuous([[1, 2, 3, 4]], "outputs", "why")
     assert capsys.readouterr().out == ""
+
+
+def test_speculative_runs_are_checked_against_their_own_backend_without_speculation(monkeypatch, capsys):
+    want = [[5, 6, 7]]
+    monkeypatch.setattr(serve, "hf_reference", lambda *a, **k: (want, [[1.0] * 3], [[20.0] * 3]))
+
+    def run(backend, spec, tokens, accept=None):
+        meta = [{"spec_accept_length": accept}] if spec else []
+        label = f"{backend} graphs on" + (f" spec {spec}" if spec else "")
+        return dict(label=label, backend=backend, spec=spec, graphs=True, tokens=tokens, spec_meta=meta)
+
+    runs = [
+        run("triton_swa", "", [[5, 6, 7]]),
+        run("triton", "", [[5, 9, 9]]),
+        run("triton_swa", "EAGLE", [[5, 6, 7]], 1.5),
+        run("triton", "EAGLE", [[5, 9, 9]], 1.25),
+    ]
+    serve._report_tokens("m", "/m", runs, {"prompts": [[2]], "max_new_tokens": 3}, "cpu", "float32")
+    lines = {line.split(":")[0].strip(): line for line in capsys.readouterr().out.splitlines() if "graphs on" in line}
+    # SGLang's triton differs from triton_swa without speculation, and its EAGLE run equals its own plain run
+    assert "vs triton_swa: 0/1 equal" in lines["triton graphs on"]
+    assert "vs triton (non-speculative): 1/1 equal" in lines["triton graphs on spec EAGLE"]
+    assert "vs triton_swa (non-speculative): 1/1 equal" in lines["triton_swa graphs on spec EAGLE"]
+    assert "accept length per request 1.25" in lines["triton graphs on spec EAGLE"]

@@ -778,6 +778,10 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
     return r
 
 
+def _fmt_accept(x) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
+
+
 def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device: str, dtype: str | None) -> None:
     """Each run's tokens against transformers' (near-tie rule) and against the first backend's."""
     t0 = time.monotonic()
@@ -789,7 +793,10 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
     print(f"  transformers generate(): {len(want)} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True)
     from triton_swa.testing.sglang_engine import first_divergence
 
-    base = {}
+    # a speculative run against its own backend's run without speculation (speculation must not change
+    # greedy tokens); a run without speculation against the first backend's
+    plain = {(r["graphs"], r["backend"]): r for r in reversed(runs) if r.get("tokens") and not r["spec"]}
+    first_plain = {r["graphs"]: r for r in reversed(runs) if r.get("tokens") and not r["spec"]}
     for r in runs:
         if not r.get("tokens"):
             continue
@@ -800,17 +807,14 @@ def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device:
             for i, q in enumerate(c["requests"])
             if not q["equal"]
         )
-        key = (r["graphs"],)
-        if r["spec"] == "" and key not in base:
-            base[key] = r
-        ref = base.get(key)
+        ref = plain.get((r["graphs"], r["backend"])) if r["spec"] else first_plain.get(r["graphs"])
         same = ""
         if ref is not None and ref is not r:
             firsts = [first_divergence(x, y) for x, y in zip(r["tokens"], ref["tokens"])]
             same = f"; vs {ref['backend']}{' (non-speculative)' if r['spec'] else ''}: {sum(f is None for f in firsts)}/{len(firsts)} equal"
         accept = ""
         if r["spec"]:
-            accept = "; accept length per request " + ", ".join(str(s.get("spec_accept_length")) for s in r.get("spec_meta", []))
+            accept = "; accept length per request " + ", ".join(_fmt_accept(s.get("spec_accept_length")) for s in r.get("spec_meta", []))
         print(
             f"  {r['label']}: vs transformers {c['equal']} equal, {c['near_tie']} differ first at a {dtype or 'float32'} near-tie, "
             f"{c['differ']} differ{same}{accept}" + (f" [{detail}]" if detail else ""),
