@@ -243,6 +243,7 @@ def test_vacuous_warning_names_the_streams_of_one_token(capsys):
 def test_speculative_runs_are_checked_against_their_own_backend_without_speculation(monkeypatch, capsys):
     want = [[5, 6, 7]]
     monkeypatch.setattr(serve, "hf_reference", lambda *a, **k: (want, [[1.0] * 3], [[20.0] * 3]))
+    reference = serve._reference("/m", {"prompts": [[2]], "max_new_tokens": 3}, "cpu", "float32")
 
     def run(backend, spec, tokens, accept=None):
         meta = [{"spec_accept_length": accept}] if spec else []
@@ -255,7 +256,7 @@ def test_speculative_runs_are_checked_against_their_own_backend_without_speculat
         run("triton_swa", "EAGLE", [[5, 6, 7]], 1.5),
         run("triton", "EAGLE", [[5, 9, 9]], 1.25),
     ]
-    serve._report_tokens("m", "/m", runs, {"prompts": [[2]], "max_new_tokens": 3}, "cpu", "float32")
+    serve._report_tokens(runs, reference, "float32")
     lines = {line.split(":")[0].strip(): line for line in capsys.readouterr().out.splitlines() if "graphs on" in line}
     # SGLang's triton differs from triton_swa without speculation, and its EAGLE run equals its own plain run
     assert "vs triton_swa: 0/1 equal" in lines["triton graphs on"]

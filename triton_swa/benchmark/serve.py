@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -216,10 +216,10 @@ def build_model(name: str, root: str, *, weights: bool, seed: int = 0) -> str:
 # the engine's side (a subprocess: `python -m triton_swa.benchmark.serve --worker SPEC RESULT`)
 
 
-def _write(path: str, result: dict) -> None:
+def _write(path: str, result: dict | list) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(result, f)
+        json.dump(result, f, indent=1, default=str)
     os.replace(tmp, path)
 
 
@@ -637,6 +637,7 @@ def main(argv=None) -> int:
         k, v = kv.split("=", 1)
         base_args[k] = json.loads(v)
     records, rows = [], []
+    json_path = out / f"serve-{sha}-{run_id}.json"
     for name in filter(None, a.models.split(",")):
         weights = bool(a.tokens)
         t0 = time.monotonic()
@@ -654,6 +655,12 @@ def main(argv=None) -> int:
             if device == "cpu":
                 lens = [min(x, 40) for x in lens]
             tokens = {"prompts": [pr for i, n in enumerate(lens) for pr in _prompts(1, n, 77 + i)], "max_new_tokens": a.token_new}
+        reference = None
+        if a.tokens:
+            # transformers' tokens first, kept in the JSON: a call cut short still leaves both sides
+            reference = _reference(path, tokens, device, None if device == "cpu" else a.dtype)
+            if reference is not None:
+                records.append(dict(model=name, kind="transformers", ok=True, tokens=reference[0], gaps=reference[1]))
         jobs = []
         for graphs in a.graphs.split(","):
             spec_here = not a.spec_models or name in a.spec_models.split(",")
@@ -678,9 +685,12 @@ def main(argv=None) -> int:
         # engines side by side share the GPU's memory; only runs without a timed phase do
         parallel = a.jobs if not any(job[2]["load"] for job in jobs) else 1
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            runs = list(pool.map(_run_job, *zip(*jobs), [parallel] * len(jobs)))
-        if a.tokens:
-            _report_tokens(name, path, runs, tokens, device, None if device == "cpu" else a.dtype)
+            futures = [pool.submit(_run_job, *job, parallel) for job in jobs]
+            for _ in as_completed(futures):
+                _write(str(json_path), records + [f.result() for f in futures if f.done()])
+            runs = [f.result() for f in futures]
+        if reference is not None:
+            _report_tokens(runs, reference, None if device == "cpu" else a.dtype)
         for r in runs:
             status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
             case_base = f"serve-{name}-{'graph' if r['graphs'] == 'on' else 'eager'}" + (f"-{r['spec']}" if r["spec"] else "")
@@ -725,8 +735,7 @@ def main(argv=None) -> int:
         if new:
             w.writeheader()
         w.writerows(rows)
-    with open(out / f"serve-{sha}-{run_id}.json", "w") as f:
-        json.dump(records, f, indent=1, default=str)
+    _write(str(json_path), records)
     print(f"rows: {csv_path}")
     return 0 if all(r["ok"] for r in records) else 1
 
@@ -782,15 +791,23 @@ def _fmt_accept(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
 
 
-def _report_tokens(name: str, path: str, runs: list[dict], tokens: dict, device: str, dtype: str | None) -> None:
-    """Each run's tokens against transformers' (near-tie rule) and against the first backend's."""
+def _reference(path: str, tokens: dict, device: str, dtype: str | None) -> tuple | None:
+    """transformers' greedy tokens of the token check (tokens, top-2 gaps, |top-1 logits|), or None
+    (printed) if they could not be had."""
     t0 = time.monotonic()
     try:
-        want, gaps, tops = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device, dtype)
+        ref = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device, dtype)
     except Exception as e:  # noqa: BLE001 - reported, the engines' rows still count
         print(f"  transformers reference failed: {type(e).__name__}: {e}", flush=True)
-        return
-    print(f"  transformers generate(): {len(want)} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True)
+        return None
+    took = time.monotonic() - t0
+    print(f"  transformers generate(): {len(ref[0])} prompts x {tokens['max_new_tokens']} tokens ({took:.0f} s)", flush=True)
+    return ref
+
+
+def _report_tokens(runs: list[dict], reference: tuple, dtype: str | None) -> None:
+    """Each run's tokens against transformers' (``reference``, near-tie rule) and against a plain run's."""
+    want, gaps, tops = reference
     from triton_swa.testing.sglang_engine import first_divergence
 
     # a speculative run against its own backend's run without speculation (speculation must not change
