@@ -263,3 +263,28 @@ def test_speculative_runs_are_checked_against_their_own_backend_without_speculat
     assert "vs triton (non-speculative): 1/1 equal" in lines["triton graphs on spec EAGLE"]
     assert "vs triton_swa (non-speculative): 1/1 equal" in lines["triton_swa graphs on spec EAGLE"]
     assert "accept length per request 1.25" in lines["triton graphs on spec EAGLE"]
+
+
+def test_a_start_refused_for_memory_beside_others_runs_again_alone(monkeypatch, capsys):
+    calls = []
+    refusal = f"ValueError: {serve.MEMORY_RACE} under --mem-fraction-static=0.8."
+
+    def fake_job(path, backend, run, info, share=1):
+        calls.append((backend, share))
+        refused = backend == "b" and share > 1
+        tb = [refusal] if refused else []
+        return dict(info, ok=not refused, tracebacks=tb)
+
+    monkeypatch.setattr(serve, "_run_job", fake_job)
+    seen = []
+    jobs = [("/m", name, {}, {"label": name}) for name in ("a", "b", "c")]
+    runs = serve._run_jobs(jobs, 3, lambda done: seen.append(len(done)))
+    assert [r["label"] for r in runs] == ["a", "b", "c"] and all(r["ok"] for r in runs)
+    assert runs[1]["retried_alone"] and ("b", 1) in calls and calls.count(("b", 3)) == 1
+    assert seen[-1] == 3 and "b: refused for memory beside other engines; once more, alone" in capsys.readouterr().out
+    # alone from the start (no side-by-side), or another failure: no second start
+    calls.clear()
+    assert not serve._run_jobs(jobs, 1, lambda done: None)[1].get("retried_alone")
+    monkeypatch.setattr(serve, "MEMORY_RACE", "something else")
+    calls.clear()
+    assert not serve._run_jobs(jobs, 3, lambda done: None)[1]["ok"] and len(calls) == 3

@@ -684,11 +684,7 @@ def main(argv=None) -> int:
                     jobs.append((path, backend, run, info))
         # engines side by side share the GPU's memory; only runs without a timed phase do
         parallel = a.jobs if not any(job[2]["load"] for job in jobs) else 1
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
-            futures = [pool.submit(_run_job, *job, parallel) for job in jobs]
-            for _ in as_completed(futures):
-                _write(str(json_path), records + [f.result() for f in futures if f.done()])
-            runs = [f.result() for f in futures]
+        runs = _run_jobs(jobs, parallel, lambda done: _write(str(json_path), records + done))
         if reference is not None:
             _report_tokens(runs, reference, None if device == "cpu" else a.dtype)
         for r in runs:
@@ -785,6 +781,28 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
         )
     print("\n".join(lines), flush=True)
     return r
+
+
+# SGLang's refusal when engines starting beside it took memory between its two readings
+# (``_side_by_side``): a race of the side-by-side set-up, not of the backend
+MEMORY_RACE = "Loaded weights leave no GPU memory for the KV cache"
+
+
+def _run_jobs(jobs: list[tuple], parallel: int, on_done) -> list[dict]:
+    """Every job (:func:`_run_job`'s arguments), ``parallel`` at a time, in the jobs' order;
+    ``on_done(finished runs)`` after each. A start refused by :data:`MEMORY_RACE` beside others runs
+    once more alone, after the rest (``retried_alone``)."""
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = [pool.submit(_run_job, *job, parallel) for job in jobs]
+        for _ in as_completed(futures):
+            on_done([f.result() for f in futures if f.done()])
+        runs = [f.result() for f in futures]
+    for i, r in enumerate(runs):
+        if parallel > 1 and not r["ok"] and any(MEMORY_RACE in tb for tb in r.get("tracebacks") or []):
+            print(f"  {r['label']}: refused for memory beside other engines; once more, alone", flush=True)
+            runs[i] = dict(_run_job(*jobs[i], 1), retried_alone=True)
+            on_done(runs)
+    return runs
 
 
 def _fmt_accept(x) -> str:
