@@ -1,11 +1,11 @@
-"""triton_swa.testing.model_sensitivity on the CPU engine tier's tiny Gemma 3: the float64 reference,
+"""triton_swa.benchmark.model_sensitivity on the CPU engine tier's tiny Gemma 3: the float64 reference,
 each dtype's departure from it and the prefix a token check can decide."""
 
 from __future__ import annotations
 
 import pytest
 
-from triton_swa.testing import model_sensitivity as ms
+from triton_swa.benchmark import model_sensitivity as ms
 
 
 def test_first_divergence():

@@ -13,7 +13,7 @@ This tool measures, per prompt:
 - ``decisive``: the outputs before the first position where float64's top-2 gap is within twice that
   difference. A token check in that dtype can decide only there.
 
-Run: ``python -m triton_swa.testing.model_sensitivity gemma4-like [--prompts 600,1100,1700] [--new 48]``
+Run: ``python -m triton_swa.benchmark.model_sensitivity gemma4-like [--prompts 600,1100,1700] [--new 48]``
 (models of :data:`triton_swa.benchmark.serve.MODELS`, written on first use; the token check's prompts).
 """
 
@@ -63,7 +63,7 @@ def measure(path: str, prompts: list[list[int]], n: int, dtypes: tuple[str, ...]
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .tiny_models import load_hf_config, repeats_one_token
+    from triton_swa.testing.tiny_models import load_hf_config, repeats_one_token
 
     config = load_hf_config(path)
 
@@ -109,7 +109,7 @@ def report(results: list[dict[str, Any]]) -> str:
 def main(argv=None) -> int:
     from triton_swa.benchmark.serve import MODELS, _prompts, build_model
 
-    p = argparse.ArgumentParser(prog="python -m triton_swa.testing.model_sensitivity", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m triton_swa.benchmark.model_sensitivity", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help=f"one of {sorted(MODELS)}")
     p.add_argument("--prompts", default="600,1100,1700", help="prompt lengths (the token check's by default)")
     p.add_argument("--new", type=int, default=48, help="greedy tokens per prompt")
