@@ -265,7 +265,33 @@ def repeats_one_token(tokens) -> bool:
     return len(tokens) >= 4 and len(set(tokens)) == 1
 
 
-def _init_weights(model, seed: int, std: float, norm_centre: float, embed_std: float) -> None:
+# The spread of a query-key score (before softmax) over random inputs, at real widths (``shape``
+# given). Gemma 4 scores normalized q and k at scaling 1.0, so its q/k norm weights alone set the scale:
+# at the common norm centre (1) a head of 256 scored keys with a spread of about 19, attention took its
+# top key (0.3 nats of entropy, 0.88 of the weight) and float32 rounding decided which key won: the
+# float32 and float64 runs of serve's gemma4-like model grew apart by about 1.5x a layer, to logits up
+# to 2 apart, and their greedy tokens parted within 1-3 outputs (2026-12). At a spread of 3 its
+# attention keeps 2.7-3.1 nats (of log 512 = 6.2), the two runs stay within 4e-4 in the logits, and a
+# prompt changed 200-400 tokens back still changes every greedy token. (At 2: 4.2-4.6 nats, 7e-5, but
+# greedy streams that repeat tokens.)
+QK_SCORE_STD = 3.0
+
+
+def qk_norm_init(family: str, head_dim: int, score_std: float = QK_SCORE_STD) -> tuple[float, float]:
+    """(centre, spread) of the q_norm / k_norm weights (as stored) that give scores a spread of about
+    ``score_std``: a score of unit-RMS q and k is a sum of ``head_dim`` products."""
+    if family == "gemma4":  # weight w scales directly; attention scaling 1.0: score ~ w^2 sqrt(d)
+        scale = (score_std / head_dim**0.5) ** 0.5
+        return scale, 0.25 * scale
+    # Gemma 3 scales by 1 + w and its scaling is query_pre_attn_scalar**-0.5 = head_dim**-0.5:
+    # score ~ (1 + w)^2
+    scale = score_std**0.5
+    return scale - 1.0, 0.25 * scale
+
+
+def _init_weights(model, seed: int, std: float, norm_centre: float, embed_std: float, qk_family: str | None = None) -> None:
+    """``qk_family`` (real widths only: the tiny models keep their weights) sets the q/k norms by
+    :func:`qk_norm_init` for that Gemma family."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -276,7 +302,10 @@ def _init_weights(model, seed: int, std: float, norm_centre: float, embed_std: f
             if "norm" in name:  # RMSNorm scales around 2 (Gemma scales by 1 + w, gpt-oss by w)
                 # the final norm also sets the logits' scale: a wide one keeps greedy margins clear
                 centre = 4 * norm_centre + (3.0 if norm_centre == 1.0 else 0.0) if name == "model.norm.weight" else norm_centre
-                p.copy_((centre + 0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float32)).to(p.dtype))
+                spread = 0.5
+                if qk_family and name.endswith(("q_norm.weight", "k_norm.weight")):
+                    centre, spread = qk_norm_init(qk_family, p.shape[-1])
+                p.copy_((centre + spread * torch.randn(p.shape, generator=gen, dtype=torch.float32)).to(p.dtype))
                 continue
             s = std if p.ndim >= 2 else std / 4
             if "embed" in name:
@@ -361,7 +390,9 @@ def build_tiny_model(
     # the spread shrinks as 1/sqrt(width) past the tiny models' 64 (at real sizes a fixed spread makes
     # the random network chaotic: bf16 rounding alone then decides the greedy tokens)
     std *= (64 / cfg.hidden_size) ** 0.5
-    _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, embed_std(family, cfg.hidden_size))
+    # at real widths the q/k norms also set a moderate attention temperature (see QK_SCORE_STD)
+    qk_family = ("gemma4" if family == "gemma4" else "gemma3") if shape and family != "gpt-oss" else None
+    _init_weights(model, seed, std, 2.0 if family == "gpt-oss" else 1.0, embed_std(family, cfg.hidden_size), qk_family)
     model = model.to(saved_dtype)
     model.generation_config.eos_token_id = None  # the tier decodes a fixed number of tokens
     model.save_pretrained(path, safe_serialization=True)
