@@ -229,6 +229,14 @@ def test_wide_gemma_does_not_echo_its_input(tmp_path, monkeypatch):
     scaled = _echo_fraction(build("scaled"), prompt)
     print("echo fraction, scaled spread:", scaled)
     assert scaled < 0.25
+    # a shaped model also gets the calm q/k norms (tiny_models.qk_norm_init), its other norms keep theirs
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "scaled" / "model.safetensors"))
+    q_norms = [v.float().mean().item() for n, v in weights.items() if n.endswith("q_norm.weight")]
+    others = [v.float().mean().item() for n, v in weights.items() if n.endswith("input_layernorm.weight")]
+    centres = [tiny_models.qk_norm_init("gemma4", d)[0] for d in (256, 512)]  # sliding and full heads
+    assert q_norms and all(min(abs(m / c - 1) for c in centres) < 0.1 for m in q_norms) and min(others) > 0.8
     monkeypatch.setattr(tiny_models, "embed_std", lambda family, hidden: 0.05)
     assert _echo_fraction(build("fixed"), prompt) > 0.6
 
@@ -288,3 +296,20 @@ def test_a_start_refused_for_memory_beside_others_runs_again_alone(monkeypatch, 
     monkeypatch.setattr(serve, "MEMORY_RACE", "something else")
     calls.clear()
     assert not serve._run_jobs(jobs, 3, lambda done: None)[1]["ok"] and len(calls) == 3
+
+
+@pytest.mark.parametrize("family, head_dim", [("gemma4", 256), ("gemma4", 512), ("gemma3", 256)])
+def test_real_width_qk_norms_give_scores_a_spread_of_about_three(family, head_dim):
+    # the calm models' attention temperature: unit-RMS q and k through the q/k norm weights at their
+    # centre, scored as each family scores them (Gemma 4 at scaling 1.0 on w; Gemma 3 at d**-0.5 on 1 + w)
+    torch = pytest.importorskip("torch")
+    from triton_swa.testing.tiny_models import QK_SCORE_STD, qk_norm_init
+
+    centre, spread = qk_norm_init(family, head_dim)
+    assert 0 < spread < centre + (1 if family == "gemma3" else 0)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 20000, head_dim, generator=gen, dtype=torch.float64)
+    q, k = (x / x.pow(2).mean(-1, keepdim=True).sqrt() for x in (q, k))
+    w = centre if family == "gemma4" else 1 + centre
+    scores = (q * w * k * w).sum(-1) * (1.0 if family == "gemma4" else head_dim**-0.5)
+    assert abs(float(scores.std()) / QK_SCORE_STD - 1) < 0.05
