@@ -251,7 +251,7 @@ def test_vacuous_warning_names_the_streams_of_one_token(capsys):
 def test_speculative_runs_are_checked_against_their_own_backend_without_speculation(monkeypatch, capsys):
     want = [[5, 6, 7]]
     monkeypatch.setattr(serve, "hf_reference", lambda *a, **k: (want, [[1.0] * 3], [[20.0] * 3]))
-    reference = serve._reference("/m", {"prompts": [[2]], "max_new_tokens": 3}, "cpu", "float32")
+    reference = serve.reference_tokens("/m", {"prompts": [[2]], "max_new_tokens": 3}, "cpu", "float32")
 
     def run(backend, spec, tokens, accept=None):
         meta = [{"spec_accept_length": accept}] if spec else []

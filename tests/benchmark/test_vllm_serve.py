@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from triton_swa.benchmark import vllm_serve
+from triton_swa.benchmark import serve, vllm_serve
 from triton_swa.testing.sglang_engine import REPO_ROOT
 
 
@@ -98,7 +98,7 @@ def test_a_failed_engine_is_reported_with_its_stage_and_traceback(tmp_path):
 
 def test_each_run_s_tokens_against_transformers_the_prefix_cached_pass_and_the_first_backend(monkeypatch, capsys):
     want = [[5, 6, 7], [5, 6, 7]]
-    monkeypatch.setattr(vllm_serve, "hf_reference", lambda *a, **k: (want, [[1.0] * 3] * 2, [[20.0] * 3] * 2))
+    monkeypatch.setattr(serve, "hf_reference", lambda *a, **k: (want, [[1.0] * 3] * 2, [[20.0] * 3] * 2))
     reference = vllm_serve.reference_tokens("/m", {"prompts": [[2], [2]], "max_new_tokens": 3}, "cpu", "bfloat16")
     assert "transformers generate(): 2 prompts x 3 tokens" in capsys.readouterr().out
     runs = [
@@ -120,7 +120,7 @@ def test_a_failed_reference_leaves_the_engines_lines(monkeypatch, capsys):
     def boom(*a, **k):
         raise RuntimeError("no transformers here")
 
-    monkeypatch.setattr(vllm_serve, "hf_reference", boom)
+    monkeypatch.setattr(serve, "hf_reference", boom)
     assert vllm_serve.reference_tokens("/m", {"prompts": [[2]], "max_new_tokens": 3}, "cpu", "bfloat16") is None
     assert "transformers reference failed: RuntimeError: no transformers here" in capsys.readouterr().out
     r = dict(label="m TRITON_SWA eager", backend="TRITON_SWA", mode="eager", tokens=[[5]], tokens_again=[[5]])

@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any
 
+from triton_swa.testing.sglang_engine import first_divergence
+
 
 def greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """``n`` greedy tokens (prefill, then one token at a time with the cache) and float64's view of
@@ -51,10 +53,6 @@ def teacher_forced(model, prompt: list[int], stream: list[int]):
     with torch.no_grad():
         ids = torch.tensor([prompt + stream[:-1]])
         return model(input_ids=ids, use_cache=False, logits_to_keep=len(stream)).logits[0].double()
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def measure(path: str, prompts: list[list[int]], n: int, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> list[dict[str, Any]]:

@@ -658,7 +658,7 @@ def main(argv=None) -> int:
         reference = None
         if a.tokens:
             # transformers' tokens first, kept in the JSON: a call cut short still leaves both sides
-            reference = _reference(path, tokens, device, None if device == "cpu" else a.dtype)
+            reference = reference_tokens(path, tokens, device, None if device == "cpu" else a.dtype)
             if reference is not None:
                 records.append(dict(model=name, kind="transformers", ok=True, tokens=reference[0], gaps=reference[1]))
         jobs = []
@@ -809,9 +809,9 @@ def _fmt_accept(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
 
 
-def _reference(path: str, tokens: dict, device: str, dtype: str | None) -> tuple | None:
-    """transformers' greedy tokens of the token check (tokens, top-2 gaps, |top-1 logits|), or None
-    (printed) if they could not be had."""
+def reference_tokens(path: str, tokens: dict, device: str, dtype: str | None) -> tuple | None:
+    """transformers' greedy tokens of the token check (tokens, top-2 gaps, |top-1 logits|), taken before
+    the engines start (here and in vllm_serve), or None (printed) if they could not be had."""
     t0 = time.monotonic()
     try:
         ref = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device, dtype)

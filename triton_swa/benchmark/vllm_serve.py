@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from triton_swa.benchmark.serve import MODELS, _prompts, build_model, compare_tokens, hf_reference
+from triton_swa.benchmark.serve import MODELS, _prompts, _write, build_model, compare_tokens, reference_tokens
 from triton_swa.testing.sglang_engine import REPO_ROOT
 
 __all__ = ["COLUMNS", "MODES", "llm_kwargs", "main", "plan_runs", "run_engine"]
@@ -134,13 +134,6 @@ def parse_load(text: str) -> list[tuple[int, int, int]]:
 
 # ----------------------------------------------------------------------------------------------
 # the engine's side (a subprocess: `python -m triton_swa.benchmark.vllm_serve --worker SPEC RESULT`)
-
-
-def _write(path: str, result: dict | list) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    os.replace(tmp, path)
 
 
 def worker_main(spec_path: str, result_path: str) -> int:
@@ -304,21 +297,6 @@ def run_line(r: dict) -> str:
             f"{ph['batch_s_mean']:.2f} s per batch"
         )
     return line
-
-
-def reference_tokens(path: str, tokens: dict, device: str, dtype: str) -> tuple | None:
-    """transformers' greedy tokens of the token check, taken before the engines start, so each run's
-    comparison prints as soon as it ends: (tokens, top-2 gaps, |top-1 logits|), or None if it failed."""
-    t0 = time.monotonic()
-    try:
-        ref = hf_reference(path, tokens["prompts"], tokens["max_new_tokens"], device, dtype)
-    except Exception as e:  # noqa: BLE001 - reported; the engines' rows still count
-        print(f"  transformers reference failed: {type(e).__name__}: {e}", flush=True)
-        return None
-    print(
-        f"  transformers generate(): {len(ref[0])} prompts x {tokens['max_new_tokens']} tokens ({time.monotonic() - t0:.0f} s)", flush=True
-    )
-    return ref
 
 
 def report_run_tokens(r: dict, reference: tuple | None, first: dict[str, dict], dtype: str) -> None:
