@@ -481,20 +481,21 @@ def _spec_args(algorithm: str, draft: str | None) -> dict:
     return args
 
 
-def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], out: Path, timeout_s: float, device: str) -> list[dict]:
+def drift_jobs(model: str, base_args: dict, *, root: str, pythonpath: list[str], out: Path, timeout_s: float, device: str) -> list[tuple]:
     """The seed's failure, live: ``model`` (written weights) with a STANDALONE draft of its own weights,
-    on SGLang's engine with CUDA graphs as ``base_args`` set them, three times: without speculation,
-    with the policy, and with the pre-fix rule on the draft (tests/engine/plugins/triton_swa_prefix_rule.py:
-    the draft's sliding layers read SWA buffers at full slots, writes stay right). The engine
-    arguments of :data:`~triton_swa.testing.sglang_engine.DRIFT_ENGINE_ARGS` make the slot spaces
-    drift mid-run; the plugin's step log gives each verify step's accepted drafts and the drift."""
-    from triton_swa.testing.sglang_engine import DRIFT_ENGINE_ARGS, acceptance_windows, mean_accepted, steps_around_drift
+    on SGLang's engine with CUDA graphs as ``base_args`` set them, three starts (:func:`_run_jobs`'
+    jobs): without speculation, with the policy, and with the pre-fix rule on the draft
+    (tests/engine/plugins/triton_swa_prefix_rule.py: the draft's sliding layers read SWA buffers at full
+    slots, writes stay right). The engine arguments of
+    :data:`~triton_swa.testing.sglang_engine.DRIFT_ENGINE_ARGS` make the slot spaces drift mid-run; the
+    plugin's step log (``drift_log``) gives each verify step's accepted drafts and the drift."""
+    from triton_swa.testing.sglang_engine import DRIFT_ENGINE_ARGS
 
     path = build_model(model, root, weights=True)
     rng_prompts = [pr for i, n in enumerate((5, 29, 12)) for pr in _prompts(1, n, 7 + i)]
     tokens = {"prompts": rng_prompts, "max_new_tokens": 40}
     args = dict(base_args, **MODELS[model].engine_args, **DRIFT_ENGINE_ARGS, context_length=512)
-    runs = []
+    jobs = []
     for rule in ("", "policy", "legacy"):
         eargs = dict(args, **(_spec_args("STANDALONE", path) if rule else {}))
         log_path = out / f"drift-{model}-{rule or 'plain'}-steps.txt"
@@ -506,9 +507,7 @@ def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], 
                 TRITON_SWA_PREFIX_RULE_WRITES="pool",
                 TRITON_SWA_PREFIX_RULE_LOG=str(log_path),
             )
-        r = run_backend(
-            path,
-            "triton_swa",
+        run = dict(
             engine_args=eargs,
             tokens=tokens,
             load=[],
@@ -519,10 +518,28 @@ def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], 
             log_path=str(out / f"engine-drift-{model}-{rule or 'plain'}.log"),
             device=device,
         )
+        info = dict(
+            model=model,
+            graphs="off" if eargs.get("disable_cuda_graph") else "on",
+            spec="STANDALONE" if rule else "",
+            label=f"drift {rule or 'no speculation'}",
+            rule=rule or "none",
+            drift_log=str(log_path),
+        )
+        jobs.append((path, "triton_swa", run, info))
+    return jobs
+
+
+def report_drift(model: str, runs: list[dict]) -> list[dict]:
+    """:func:`drift_jobs`' runs with their step logs read: acceptance per window of verify steps before
+    and after the slot spaces drift, printed against the run without speculation; returns ``runs``."""
+    from triton_swa.testing.sglang_engine import acceptance_windows, mean_accepted, steps_around_drift
+
+    for r in runs:
+        log_path = Path(r["drift_log"])
         steps = log_path.read_text().splitlines() if log_path.exists() else []
-        r.update(model=model, graphs="off" if eargs.get("disable_cuda_graph") else "on", spec="STANDALONE" if rule else "")
-        r.update(label=f"drift {rule or 'no speculation'}", rule=rule or "none", step_log_lines=len(steps))
-        if rule:
+        r["step_log_lines"] = len(steps)
+        if r["rule"] != "none":
             before, after = steps_around_drift(steps)
             r.update(
                 steps_before=len(before),
@@ -533,11 +550,6 @@ def run_drift(model: str, base_args: dict, *, root: str, pythonpath: list[str], 
                 windows_after=acceptance_windows(after),
                 resolutions=[line for line in steps if line.startswith("R ")][:2],
             )
-        status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
-        print(f"  {r['label']}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)", flush=True)
-        for tb in r.get("tracebacks", [])[:2]:
-            print("    " + "\n    ".join(tb.splitlines()[-6:]), flush=True)
-        runs.append(r)
     plain = runs[0].get("tokens")
     print(f"== the seed's scenario on {model} (graphs {runs[0]['graphs']}): acceptance length per window of 8 verify steps", flush=True)
     for r in runs[1:]:
@@ -638,90 +650,32 @@ def main(argv=None) -> int:
         base_args[k] = json.loads(v)
     records, rows = [], []
     json_path = out / f"serve-{sha}-{run_id}.json"
+    # every model's weights and transformers' reference first, then every engine of the call (each
+    # model's matrix and the drift's three starts) in one pool: --jobs engines side by side throughout
+    plans, jobs = [], []
     for name in filter(None, a.models.split(",")):
-        weights = bool(a.tokens)
-        t0 = time.monotonic()
-        path = build_model(name, a.model_root, weights=weights)
-        print(
-            f"== {name}: {MODELS[name].note}; {'weights written' if weights else 'load_format dummy'} ({time.monotonic() - t0:.0f} s)",
-            flush=True,
-        )
-        margs = dict(base_args, **MODELS[name].engine_args)
-        if not weights:
-            margs["load_format"] = "dummy"
-        tokens = None
-        if a.tokens:
-            lens = [int(x) for x in a.token_prompts.split(",")]
-            if device == "cpu":
-                lens = [min(x, 40) for x in lens]
-            tokens = {"prompts": [pr for i, n in enumerate(lens) for pr in _prompts(1, n, 77 + i)], "max_new_tokens": a.token_new}
-        reference = None
-        if a.tokens:
-            # transformers' tokens first, kept in the JSON: a call cut short still leaves both sides
-            reference = reference_tokens(path, tokens, device, None if device == "cpu" else a.dtype)
-            if reference is not None:
-                records.append(dict(model=name, kind="transformers", ok=True, tokens=reference[0], gaps=reference[1]))
-        jobs = []
-        for graphs in a.graphs.split(","):
-            spec_here = not a.spec_models or name in a.spec_models.split(",")
-            for spec_algo in [""] + [s for s in a.spec.split(",") if s and spec_here]:
-                for backend in a.backends.split(","):
-                    eargs = dict(margs, disable_cuda_graph=(graphs == "off") or device == "cpu")
-                    if spec_algo:
-                        eargs.update(_draft_args(spec_algo, name, path, a.model_root, device))
-                    tag = f"{name}-{backend}-{graphs}{'-' + spec_algo if spec_algo else ''}"
-                    info = dict(
-                        model=name,
-                        graphs=graphs,
-                        spec=spec_algo,
-                        label=f"{backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else ""),
-                    )
-                    run = dict(
-                        engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len
-                    )
-                    run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
-                    run.update(_plugin_args(name, pythonpath, device))
-                    jobs.append((path, backend, run, info))
-        # engines side by side share the GPU's memory; only runs without a timed phase do
-        parallel = a.jobs if not any(job[2]["load"] for job in jobs) else 1
-        runs = _run_jobs(jobs, parallel, lambda done: _write(str(json_path), records + done))
+        reference, model_jobs = _model_jobs(name, a, base_args, load, pythonpath, out, device)
         if reference is not None:
-            _report_tokens(runs, reference, None if device == "cpu" else a.dtype)
-        for r in runs:
-            status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
-            case_base = f"serve-{name}-{'graph' if r['graphs'] == 'on' else 'eager'}" + (f"-{r['spec']}" if r["spec"] else "")
-            phases = r.get("phases") or [None]
-            for ph in phases:
-                row = {c: "" for c in COLUMNS}
-                row.update(
-                    op="serve",
-                    provider=r["backend"],
-                    start_s=f"{r.get('start_s', 0):.1f}",
-                    sglang=r.get("sglang", ""),
-                    git_sha=sha,
-                    date=datetime.date.today().isoformat(),
-                    dirty=dirty,
-                    run_id=run_id,
-                    status=status,
-                    **env0,
-                )
-                if ph is None:
-                    row["case"] = case_base + "-tokens"
-                    accepts = [s.get("spec_accept_length") for s in r.get("spec_meta", []) if s.get("spec_accept_length") is not None]
-                    row["accept_len"] = f"{statistics.mean(accepts):.3f}" if accepts else ""
-                else:
-                    row["case"] = f"{case_base}-P{ph['prompt_len']}-C{ph['concurrency']}-O{a.output_len}"
-                    for k in ("out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "phase_s"):
-                        row[k] = f"{ph[k]:.3f}"
-                    row.update(
-                        requests=ph["requests"],
-                        output_tokens=ph["output_tokens"],
-                        accept_len="" if ph["accept_len"] is None else f"{ph['accept_len']:.3f}",
-                    )
-                rows.append(row)
-        records.extend(runs)
+            records.append(dict(model=name, kind="transformers", ok=True, tokens=reference[0], gaps=reference[1]))
+        plans.append((name, reference, len(model_jobs)))
+        jobs += model_jobs
+    drift = []
     if a.drift:
-        records.extend(run_drift(a.drift, base_args, root=a.model_root, pythonpath=pythonpath, out=out, timeout_s=a.timeout, device=device))
+        drift = drift_jobs(a.drift, base_args, root=a.model_root, pythonpath=pythonpath, out=out, timeout_s=a.timeout, device=device)
+    # engines side by side share the GPU's memory; only runs without a timed phase do
+    parallel = a.jobs if not any(job[2]["load"] for job in jobs) else 1
+    # the drift's starts first: each runs longest (its pool is small, its requests wait for slots)
+    runs = _run_jobs(drift + jobs, parallel, lambda done: _write(str(json_path), records + done))
+    drift_runs, runs, at = runs[: len(drift)], runs[len(drift) :], 0
+    for name, reference, n in plans:
+        model_runs, at = runs[at : at + n], at + n
+        if reference is not None:
+            print(f"== {name}: tokens", flush=True)
+            _report_tokens(model_runs, reference, None if device == "cpu" else a.dtype)
+        rows += _rows(model_runs, name, a.output_len, sha, dirty, run_id, env0)
+        records.extend(model_runs)
+    if drift:
+        records.extend(report_drift(a.drift, drift_runs))
     csv_path = out / f"serve-{datetime.date.today().isoformat()}-{env0['gpu']}.csv"
     new = not csv_path.exists()
     import csv
@@ -734,6 +688,81 @@ def main(argv=None) -> int:
     _write(str(json_path), records)
     print(f"rows: {csv_path}")
     return 0 if all(r["ok"] for r in records) else 1
+
+
+def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str], out: Path, device: str) -> tuple:
+    """Model ``name``'s weights (or a dummy-load directory), transformers' reference tokens where
+    ``--tokens`` asks (taken before any engine starts: a call cut short still leaves both sides), and
+    its matrix as :func:`_run_jobs`' jobs: graphs x (no speculation, each ``--spec``) x backends."""
+    weights = bool(a.tokens)
+    t0 = time.monotonic()
+    path = build_model(name, a.model_root, weights=weights)
+    made = "weights written" if weights else "load_format dummy"
+    print(f"== {name}: {MODELS[name].note}; {made} ({time.monotonic() - t0:.0f} s)", flush=True)
+    margs = dict(base_args, **MODELS[name].engine_args)
+    if not weights:
+        margs["load_format"] = "dummy"
+    tokens = reference = None
+    if a.tokens:
+        lens = [int(x) for x in a.token_prompts.split(",")]
+        if device == "cpu":
+            lens = [min(x, 40) for x in lens]
+        tokens = {"prompts": [pr for i, n in enumerate(lens) for pr in _prompts(1, n, 77 + i)], "max_new_tokens": a.token_new}
+        reference = reference_tokens(path, tokens, device, None if device == "cpu" else a.dtype)
+    jobs = []
+    spec_here = not a.spec_models or name in a.spec_models.split(",")
+    for graphs in a.graphs.split(","):
+        for spec_algo in [""] + [s for s in a.spec.split(",") if s and spec_here]:
+            for backend in a.backends.split(","):
+                eargs = dict(margs, disable_cuda_graph=(graphs == "off") or device == "cpu")
+                if spec_algo:
+                    eargs.update(_draft_args(spec_algo, name, path, a.model_root, device))
+                tag = f"{name}-{backend}-{graphs}{'-' + spec_algo if spec_algo else ''}"
+                label = f"{name} {backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
+                info = dict(model=name, graphs=graphs, spec=spec_algo, label=label)
+                run = dict(engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len)
+                run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
+                run.update(_plugin_args(name, pythonpath, device))
+                jobs.append((path, backend, run, info))
+    return reference, jobs
+
+
+def _rows(runs: list[dict], name: str, output_len: int, sha: str, dirty: str, run_id: str, env0: dict) -> list[dict]:
+    """The CSV rows (docs/contract.md section 7) of model ``name``'s runs: one per timed phase, or one
+    ``-tokens`` row (with the mean acceptance length) for a run without phases."""
+    rows = []
+    for r in runs:
+        status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
+        case_base = f"serve-{name}-{'graph' if r['graphs'] == 'on' else 'eager'}" + (f"-{r['spec']}" if r["spec"] else "")
+        for ph in r.get("phases") or [None]:
+            row = {c: "" for c in COLUMNS}
+            row.update(
+                op="serve",
+                provider=r["backend"],
+                start_s=f"{r.get('start_s', 0):.1f}",
+                sglang=r.get("sglang", ""),
+                git_sha=sha,
+                date=datetime.date.today().isoformat(),
+                dirty=dirty,
+                run_id=run_id,
+                status=status,
+                **env0,
+            )
+            if ph is None:
+                row["case"] = case_base + "-tokens"
+                accepts = [s.get("spec_accept_length") for s in r.get("spec_meta", []) if s.get("spec_accept_length") is not None]
+                row["accept_len"] = f"{statistics.mean(accepts):.3f}" if accepts else ""
+            else:
+                row["case"] = f"{case_base}-P{ph['prompt_len']}-C{ph['concurrency']}-O{output_len}"
+                for k in ("out_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "phase_s"):
+                    row[k] = f"{ph[k]:.3f}"
+                row.update(
+                    requests=ph["requests"],
+                    output_tokens=ph["output_tokens"],
+                    accept_len="" if ph["accept_len"] is None else f"{ph['accept_len']:.3f}",
+                )
+            rows.append(row)
+    return rows
 
 
 def _plugin_args(name: str, pythonpath: list[str], device: str) -> dict:
@@ -779,7 +808,8 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
             f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}"
             + (f", accept length {ph['accept_len']:.2f}" if ph.get("accept_len") else "")
         )
-    print("\n".join(lines), flush=True)
+    sys.stdout.write("\n".join(lines) + "\n")  # one write: engines side by side finish in threads
+    sys.stdout.flush()
     return r
 
 
