@@ -727,6 +727,11 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
     return reference, jobs
 
 
+def row_provenance(sha: str, dirty: str, run_id: str, status: str, env0: dict) -> dict:
+    """The columns every engine row carries (here and in vllm_serve): commit, date, run, status, device."""
+    return dict(git_sha=sha, date=datetime.date.today().isoformat(), dirty=dirty, run_id=run_id, status=status, **env0)
+
+
 def _rows(runs: list[dict], name: str, output_len: int, sha: str, dirty: str, run_id: str, env0: dict) -> list[dict]:
     """The CSV rows (docs/contract.md section 7) of model ``name``'s runs: one per timed phase, or one
     ``-tokens`` row (with the mean acceptance length) for a run without phases."""
@@ -741,12 +746,7 @@ def _rows(runs: list[dict], name: str, output_len: int, sha: str, dirty: str, ru
                 provider=r["backend"],
                 start_s=f"{r.get('start_s', 0):.1f}",
                 sglang=r.get("sglang", ""),
-                git_sha=sha,
-                date=datetime.date.today().isoformat(),
-                dirty=dirty,
-                run_id=run_id,
-                status=status,
-                **env0,
+                **row_provenance(sha, dirty, run_id, status, env0),
             )
             if ph is None:
                 row["case"] = case_base + "-tokens"

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from triton_swa.benchmark.serve import MODELS, _prompts, _write, build_model, compare_tokens, reference_tokens
+from triton_swa.benchmark.serve import MODELS, _prompts, _write, build_model, compare_tokens, reference_tokens, row_provenance
 from triton_swa.testing.sglang_engine import REPO_ROOT
 
 __all__ = ["COLUMNS", "MODES", "llm_kwargs", "main", "plan_runs", "run_engine"]
@@ -427,12 +427,7 @@ def main(argv=None) -> int:
                     tokens_vs_hf=r.get("tokens_vs_hf", ""),
                     tokens_vs_first=r.get("tokens_vs_first", ""),
                     vllm=r.get("vllm", ""),
-                    git_sha=sha,
-                    date=datetime.date.today().isoformat(),
-                    dirty=dirty,
-                    run_id=run_id,
-                    status=status,
-                    **env0,
+                    **row_provenance(sha, dirty, run_id, status, env0),
                 )
                 if ph is None:
                     row["case"] = f"vllm-{name}-{r['mode']}-tokens"
