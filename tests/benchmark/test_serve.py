@@ -273,9 +273,10 @@ def test_speculative_runs_are_checked_against_their_own_backend_without_speculat
     assert "accept length per request 1.25" in lines["triton graphs on spec EAGLE"]
 
 
-def test_a_start_refused_for_memory_beside_others_runs_again_alone(monkeypatch, capsys):
+@pytest.mark.parametrize("race", range(3))
+def test_a_start_refused_for_memory_beside_others_runs_again_alone(monkeypatch, capsys, race):
     calls = []
-    refusal = f"ValueError: {serve.MEMORY_RACE} under --mem-fraction-static=0.8."
+    refusal = f"Error: {serve.MEMORY_RACE[race]} (the rest of the message)."
 
     def fake_job(path, backend, run, info, share=1):
         calls.append((backend, share))
@@ -293,7 +294,7 @@ def test_a_start_refused_for_memory_beside_others_runs_again_alone(monkeypatch, 
     # alone from the start (no side-by-side), or another failure: no second start
     calls.clear()
     assert not serve._run_jobs(jobs, 1, lambda done: None)[1].get("retried_alone")
-    monkeypatch.setattr(serve, "MEMORY_RACE", "something else")
+    monkeypatch.setattr(serve, "MEMORY_RACE", ("something else",))
     calls.clear()
     assert not serve._run_jobs(jobs, 3, lambda done: None)[1]["ok"] and len(calls) == 3
 

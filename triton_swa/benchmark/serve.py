@@ -813,14 +813,20 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
     return r
 
 
-# SGLang's refusal when engines starting beside it took memory between its two readings
-# (``_side_by_side``): a race of the side-by-side set-up, not of the backend
-MEMORY_RACE = "Loaded weights leave no GPU memory for the KV cache"
+# What a start beside other engines meets when they hold the GPU's memory: SGLang's refusal when they
+# took memory between its two readings (``_side_by_side``), its SWA pool sizing squeezed the same way,
+# and torch's out-of-memory in the warm-up (all three seen on the H100, 2026-12-06). Each is a fault of
+# the side-by-side set-up until the same start fails alone too, so such a start runs once more alone.
+MEMORY_RACE = (
+    "Loaded weights leave no GPU memory for the KV cache",
+    "leaves no room for the full KV pool",
+    "torch.OutOfMemoryError: CUDA out of memory",
+)
 
 
 def _run_jobs(jobs: list[tuple], parallel: int, on_done) -> list[dict]:
     """Every job (:func:`_run_job`'s arguments), ``parallel`` at a time, in the jobs' order;
-    ``on_done(finished runs)`` after each. A start refused by :data:`MEMORY_RACE` beside others runs
+    ``on_done(finished runs)`` after each. A start that met :data:`MEMORY_RACE` beside others runs
     once more alone, after the rest (``retried_alone``)."""
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = [pool.submit(_run_job, *job, parallel) for job in jobs]
@@ -828,7 +834,7 @@ def _run_jobs(jobs: list[tuple], parallel: int, on_done) -> list[dict]:
             on_done([f.result() for f in futures if f.done()])
         runs = [f.result() for f in futures]
     for i, r in enumerate(runs):
-        if parallel > 1 and not r["ok"] and any(MEMORY_RACE in tb for tb in r.get("tracebacks") or []):
+        if parallel > 1 and not r["ok"] and any(m in tb for m in MEMORY_RACE for tb in r.get("tracebacks") or []):
             print(f"  {r['label']}: refused for memory beside other engines; once more, alone", flush=True)
             runs[i] = dict(_run_job(*jobs[i], 1), retried_alone=True)
             on_done(runs)
