@@ -26,7 +26,11 @@ def test_plan_is_per_model_per_mode_per_backend_and_names_each_run():
 
 @pytest.mark.parametrize(
     "models, modes, match",
-    [(["gemma4-like"], ["eager"], "only Gemma 3"), (["nope"], ["eager"], "unknown model"), (["gemma3-1b"], ["fast"], "unknown mode")],
+    [
+        (["gpt-oss-like"], ["eager"], "only gemma3 and gemma4"),
+        (["nope"], ["eager"], "unknown model"),
+        (["gemma3-1b"], ["fast"], "unknown mode"),
+    ],
 )
 def test_plan_refuses_what_is_not_wired(models, modes, match):
     with pytest.raises(ValueError, match=match):
@@ -126,3 +130,44 @@ def test_a_failed_reference_leaves_the_engines_lines(monkeypatch, capsys):
     r = dict(label="m TRITON_SWA eager", backend="TRITON_SWA", mode="eager", tokens=[[5]], tokens_again=[[5]])
     vllm_serve.report_run_tokens(r, None, {}, "bfloat16")
     assert "tokens_vs_hf" not in r and "prefix-cached pass 1/1 equal" in capsys.readouterr().out
+
+
+def test_a_gemma4_directory_reaches_vllm_in_transformers_form(tmp_path):
+    """SGLang reads Gemma 4's config.json in its flattened form (tiny_models); vLLM reads transformers'
+    (``per_layer_config``, ``Gemma4ForCausalLM``). The directory vLLM gets has the latter, the same
+    weights, and, where vLLM is installed, vLLM's own ModelConfig takes it as a Gemma 4 text model."""
+    pytest.importorskip("transformers")
+    from triton_swa.testing.tiny_models import build_tiny_model, load_hf_config, transformers_dir
+
+    sglang_dir = build_tiny_model("gemma4", str(tmp_path / "g4"), 0)
+    hf_dir = transformers_dir(sglang_dir)
+    assert hf_dir == sglang_dir + "-hf" and transformers_dir(sglang_dir) == hf_dir  # made once
+    raw = json.loads((tmp_path / "g4-hf" / "config.json").read_text())
+    flat = json.loads((tmp_path / "g4" / "config.json").read_text())
+    assert "per_layer_config" not in flat and "swa_head_dim" in flat  # SGLang's form stays for SGLang
+    assert raw["architectures"] == ["Gemma4ForCausalLM"] and raw["model_type"] == "gemma4_text"
+    want = load_hf_config(sglang_dir).to_dict()
+    for key in ("head_dim", "num_kv_shared_layers", "layer_types", "hidden_size_per_layer_input", "sliding_window", "per_layer_config"):
+        assert raw[key] == want[key], key
+    # the sliding shape is the base; each full layer's own head dim and KV heads are SGLang's full ones
+    assert raw["head_dim"] == flat["swa_head_dim"] != flat["head_dim"]
+    full = [i for i, t in enumerate(raw["layer_types"]) if t == "full_attention"]
+    assert full and sorted(raw["per_layer_config"], key=int) == [str(i) for i in full]
+    for i in full:
+        layer = raw["per_layer_config"][str(i)]
+        assert (layer["head_dim"], layer["num_key_value_heads"]) == (flat["head_dim"], flat["num_key_value_heads"])
+    weights = tmp_path / "g4-hf" / "model.safetensors"
+    assert weights.is_symlink() and weights.resolve() == (tmp_path / "g4" / "model.safetensors").resolve()
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    assert type(cfg).__name__ == "Gemma4TextConfig" and cfg.to_dict()["layer_types"] == want["layer_types"]
+    # a Gemma 3 directory is read as it is
+    g3 = build_tiny_model("gemma3", str(tmp_path / "g3"), 0)
+    assert transformers_dir(g3) == g3
+    try:
+        from vllm.config import ModelConfig
+    except Exception:  # noqa: BLE001 - vLLM is an optional tier; what is above already ran
+        return
+    mc = ModelConfig(model=hf_dir, tokenizer=hf_dir, skip_tokenizer_init=True, dtype="float32")
+    assert mc.architectures == ["Gemma4ForCausalLM"] and mc.get_head_size() in (flat["swa_head_dim"], flat["head_dim"])

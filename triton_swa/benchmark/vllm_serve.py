@@ -19,8 +19,10 @@ steps without torch.compile: ``compilation_config={"mode": 0, "cudagraph_mode": 
 for when inductor of this torch does not build vLLM's graphs). Every engine has chunked prefill
 (``max_num_batched_tokens`` below the longest prompt) and prefix caching on.
 
-Models: random weights from Gemma 3 configs at real sizes (:data:`triton_swa.benchmark.serve.MODELS`,
-the Gemma 3 ones, written by its ``build_model``: bf16). Token ids in and out (``skip_tokenizer_init``).
+Models: random weights from Gemma 3 and Gemma 4 configs at real sizes
+(:data:`triton_swa.benchmark.serve.MODELS`, written by its ``build_model``: bf16); a Gemma 4 directory
+reaches vLLM with transformers' form of its config (:func:`~triton_swa.testing.tiny_models.transformers_dir`).
+Token ids in and out (``skip_tokenizer_init``).
 
 Results: ``vllm-serve-<date>-<gpu>.csv`` (one row per phase and run, :data:`COLUMNS`),
 ``vllm-serve-<sha>-<run id>.json`` (everything each run returned) and one printed line per run:
@@ -46,6 +48,7 @@ from typing import Any
 
 from triton_swa.benchmark.serve import MODELS, _prompts, _write, build_model, compare_tokens, reference_tokens, row_provenance
 from triton_swa.testing.sglang_engine import REPO_ROOT
+from triton_swa.testing.tiny_models import transformers_dir
 
 __all__ = ["COLUMNS", "MODES", "llm_kwargs", "main", "plan_runs", "run_engine"]
 
@@ -104,16 +107,18 @@ def llm_kwargs(model_path: str, backend: str, mode: str, *, dtype: str, max_mode
     return kw
 
 
+# the model families this harness serves through vLLM 0.32 (models/gemma3.py and models/gemma4.py; a
+# Gemma 4 directory is handed over with transformers' form of its config: tiny_models.transformers_dir)
+VLLM_FAMILIES = ("gemma3", "gemma4")
+
+
 def plan_runs(models: list[str], modes: list[str], backends: list[str]) -> list[dict]:
     """One entry per engine start, in run order: per model, per mode, per backend."""
     for name in models:
         if name not in MODELS:
             raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
-        if MODELS[name].family != "gemma3":
-            raise ValueError(
-                f"{name}: only Gemma 3 models are wired to vLLM here (tiny_models writes Gemma 4's config.json in "
-                "SGLang's flattened form, which vLLM does not read)"
-            )
+        if MODELS[name].family not in VLLM_FAMILIES:
+            raise ValueError(f"{name}: only {' and '.join(VLLM_FAMILIES)} models are wired to vLLM here")
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(MODES)}")
@@ -342,8 +347,8 @@ def _environment() -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m triton_swa.benchmark.vllm_serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
-    gemma3 = sorted(k for k, m in MODELS.items() if m.family == "gemma3")
-    p.add_argument("--models", default="gemma3-1b", help=f"comma-separated, of {gemma3}")
+    wired = sorted(k for k, m in MODELS.items() if m.family in VLLM_FAMILIES and "draft" not in k)
+    p.add_argument("--models", default="gemma3-1b", help=f"comma-separated, of {wired}")
     p.add_argument(
         "--backends", default="TRITON_SWA,TRITON_ATTN", help="vLLM attention backends, comma-separated (the first is the reference)"
     )
@@ -399,9 +404,12 @@ def main(argv=None) -> int:
                 "max_new_tokens": a.token_new,
             }
         reference = reference_tokens(path, tokens, device, a.dtype) if tokens and not a.dry_run else None
+        engine_path = transformers_dir(path)
         runs, first = [], {}
         for plan in (r for r in runs_plan if r["model"] == name):
-            kw = llm_kwargs(path, plan["backend"], plan["mode"], dtype=a.dtype, max_model_len=a.max_model_len, chunk=a.chunk, extra=extra)
+            kw = llm_kwargs(
+                engine_path, plan["backend"], plan["mode"], dtype=a.dtype, max_model_len=a.max_model_len, chunk=a.chunk, extra=extra
+            )
             spec = {"llm_kwargs": kw, "tokens": tokens, "load": [list(x) for x in load], "output_len": a.output_len, "vocab": m.vocab_size}
             if a.dry_run:
                 print(f"  {plan['label']}: vllm.LLM(**{kw})", flush=True)

@@ -30,7 +30,17 @@ import os
 import random
 from typing import Any
 
-__all__ = ["FAMILIES", "SPECIALS", "build_tiny_model", "build_tokenizer", "embed_std", "load_hf_config", "model_info", "repeats_one_token"]
+__all__ = [
+    "FAMILIES",
+    "SPECIALS",
+    "build_tiny_model",
+    "build_tokenizer",
+    "embed_std",
+    "load_hf_config",
+    "model_info",
+    "repeats_one_token",
+    "transformers_dir",
+]
 
 FAMILIES = ("gemma3", "gemma4", "gpt-oss", "gemma3-draft")
 # Gemma's special-token ids (pad 0, eos 1, bos 2), used by every family here.
@@ -246,6 +256,31 @@ def load_hf_config(path: str) -> Any:
     if raw.get("triton_swa_tiny_model") == "gemma4":
         return _gemma4_config(raw["vocab_size"], window=raw["sliding_window"], shape=raw.get("triton_swa_shape"))
     return AutoConfig.from_pretrained(path)
+
+
+def transformers_dir(path: str) -> str:
+    """A directory of the model at ``path`` whose ``config.json`` is transformers' own form, for
+    engines that read a config as transformers writes it (vLLM): ``path`` itself, except for Gemma 4,
+    whose ``config.json`` here is SGLang's flattened form. Then a sibling ``<path>-hf`` holds
+    transformers' config (with its ``per_layer_config``) and links to every other file; made once."""
+    with open(os.path.join(path, "config.json")) as f:
+        raw = json.load(f)
+    if raw.get("triton_swa_tiny_model") != "gemma4":
+        return path
+    out = path.rstrip(os.sep) + "-hf"
+    if os.path.exists(os.path.join(out, "config.json")):
+        return out
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(path):
+        if name != "config.json" and not os.path.lexists(os.path.join(out, name)):
+            os.symlink(os.path.abspath(os.path.join(path, name)), os.path.join(out, name))
+    cfg = load_hf_config(path).to_dict()
+    cfg["torch_dtype"] = cfg.get("torch_dtype") or raw.get("torch_dtype") or raw.get("dtype")
+    tmp = os.path.join(out, "config.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    os.replace(tmp, os.path.join(out, "config.json"))
+    return out
 
 
 def embed_std(family: str, hidden_size: int) -> float:
