@@ -171,3 +171,41 @@ def test_a_gemma4_directory_reaches_vllm_in_transformers_form(tmp_path):
         return
     mc = ModelConfig(model=hf_dir, tokenizer=hf_dir, skip_tokenizer_init=True, dtype="float32")
     assert mc.architectures == ["Gemma4ForCausalLM"] and mc.get_head_size() in (flat["swa_head_dim"], flat["head_dim"])
+
+
+FAKE_VLLM = '''
+"""A stand-in vllm package (test-only): LLM.generate returns max_tokens ids per prompt, 10 ms per prompt."""
+import time, types
+__version__ = "stand-in"
+class SamplingParams:
+    def __init__(self, **kw):
+        self.max_tokens = kw["max_tokens"]
+class _Out:
+    def __init__(self, ids):
+        self.outputs = [types.SimpleNamespace(token_ids=ids)]
+class LLM:
+    def __init__(self, **kw):
+        cfg = types.SimpleNamespace(backend="stand-in")
+        comp = types.SimpleNamespace(cudagraph_mode="NONE", mode=0)
+        self.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(attention_config=cfg, compilation_config=comp))
+    def generate(self, prompts, params, use_tqdm=False):
+        time.sleep(0.01 * len(prompts))
+        return [_Out(list(range(params.max_tokens))) for p in prompts]
+'''
+
+
+def test_the_load_phase_reports_the_median_of_its_batches(tmp_path):
+    """The worker's load phase through a stand-in vllm package: one untimed batch, then one batch per
+    CONCURRENCY requests (each its own prompts); the phase's rate over all, and the median per batch."""
+    pkg = tmp_path / "vllm"
+    (pkg / "inputs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_VLLM)
+    (pkg / "inputs" / "__init__.py").write_text("def TokensPrompt(prompt_token_ids):\n    return prompt_token_ids\n")
+    spec = {"llm_kwargs": {"model": "/m"}, "tokens": None, "load": [[64, 2, 6]], "output_len": 5, "vocab": 384}
+    r = vllm_serve.run_engine(spec, timeout_s=120, env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])})
+    assert r["ok"], r
+    (ph,) = r["phases"]
+    assert (ph["requests"], ph["batches"], ph["output_tokens"]) == (6, 3, 30)
+    assert 0 < ph["batch_tok_s_p50"] and 0 < ph["out_tok_s"] <= 1.05 * 30 / (3 * 0.02)
+    r.update(label="m TRITON_SWA eager")
+    assert "per batch, median of 3:" in vllm_serve.run_line(r)

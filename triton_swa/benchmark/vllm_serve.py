@@ -59,6 +59,7 @@ COLUMNS = [
     "mode",
     "out_tok_s",
     "batch_s_mean",
+    "batch_tok_s_p50",
     "requests",
     "output_tokens",
     "phase_s",
@@ -190,11 +191,13 @@ def worker_main(spec_path: str, result_path: str) -> int:
             tw = time.perf_counter()
             greedy(_prompts(min(concurrency, requests), prompt_len, 2000 + i, spec["vocab"]), 8)
             warmup_s = time.perf_counter() - tw
-            batches, count, t1 = [], 0, time.perf_counter()
+            batches, rates, count, t1 = [], [], 0, time.perf_counter()
             for j in range(0, len(prompts), concurrency):
                 tb = time.perf_counter()
-                count += sum(map(len, greedy(prompts[j : j + concurrency], spec["output_len"])))
+                n = sum(map(len, greedy(prompts[j : j + concurrency], spec["output_len"])))
                 batches.append(time.perf_counter() - tb)
+                rates.append(n / batches[-1])
+                count += n
             phase_s = time.perf_counter() - t1
             result["phases"].append(
                 dict(
@@ -205,6 +208,9 @@ def worker_main(spec_path: str, result_path: str) -> int:
                     phase_s=phase_s,
                     out_tok_s=count / phase_s,
                     batch_s_mean=statistics.mean(batches),
+                    # each batch's own prompts: the median over them is the rate of rotated inputs
+                    batch_tok_s_p50=statistics.median(rates),
+                    batches=len(batches),
                     warmup_s=warmup_s,
                 )
             )
@@ -299,7 +305,8 @@ def run_line(r: dict) -> str:
     for ph in r.get("phases", []):
         line += (
             f"\n    P{ph['prompt_len']} C{ph['concurrency']} x{ph['requests']}: {ph['out_tok_s']:.0f} out tok/s, "
-            f"{ph['batch_s_mean']:.2f} s per batch"
+            f"{ph['batch_s_mean']:.2f} s per batch; per batch, median of {ph.get('batches', '?')}: "
+            f"{ph.get('batch_tok_s_p50', float('nan')):.0f} out tok/s"
         )
     return line
 
@@ -444,6 +451,7 @@ def main(argv=None) -> int:
                     row.update(
                         out_tok_s=f"{ph['out_tok_s']:.1f}",
                         batch_s_mean=f"{ph['batch_s_mean']:.3f}",
+                        batch_tok_s_p50=f"{ph['batch_tok_s_p50']:.1f}" if "batch_tok_s_p50" in ph else "",
                         phase_s=f"{ph['phase_s']:.2f}",
                         requests=ph["requests"],
                         output_tokens=ph["output_tokens"],
