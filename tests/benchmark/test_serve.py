@@ -273,6 +273,21 @@ def test_speculative_runs_are_checked_against_their_own_backend_without_speculat
     assert "accept length per request 1.25" in lines["triton graphs on spec EAGLE"]
 
 
+def test_a_run_without_timed_phases_gets_the_capped_pool_even_alone(monkeypatch, capsys):
+    seen = {}
+
+    def fake_backend(path, backend, **run):
+        seen[backend] = run["engine_args"].get("max_total_tokens")
+        return dict(ok=True, wall_s=1.0)
+
+    monkeypatch.setattr(serve, "run_backend", fake_backend)
+    base = {"engine_args": {"mem_fraction_static": 0.8}}
+    serve._run_job("/m", "tokens-alone", dict(base, load=[]), {"label": "t"}, 1)
+    serve._run_job("/m", "timed-alone", dict(base, load=[(4096, 16, 32)]), {"label": "l"}, 1)
+    serve._run_job("/m", "timed-beside", dict(base, load=[(4096, 16, 32)]), {"label": "b"}, 3)
+    assert seen == {"tokens-alone": serve.SIDE_BY_SIDE_TOKENS, "timed-alone": None, "timed-beside": serve.SIDE_BY_SIDE_TOKENS}
+
+
 @pytest.mark.parametrize("race", range(3))
 def test_a_start_refused_for_memory_beside_others_runs_again_alone(monkeypatch, capsys, race):
     calls = []

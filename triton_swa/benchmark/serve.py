@@ -793,9 +793,12 @@ def _side_by_side(engine_args: dict) -> dict:
 
 
 def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> dict:
-    """One :func:`run_backend` of the matrix, labelled with ``info``, its pool capped where ``share``
-    engines run side by side (:func:`_side_by_side`); prints its outcome and phases as one block."""
-    if share > 1:
+    """One :func:`run_backend` of the matrix, labelled with ``info``; prints its outcome and phases as one
+    block. Its pool is capped (:func:`_side_by_side`) where ``share`` engines run side by side, and for
+    a run without timed phases alone too: a token check needs a small pool, and the memory a full-size
+    pool leaves is too little for float32 activations (SGLang's `triton` on Gemma 3 1B dims, alone on an
+    80 GB H100 at 0.8: out of memory in its warm-up, 2026-12-06)."""
+    if share > 1 or not run.get("load"):
         run = dict(run, engine_args=_side_by_side(run["engine_args"]))
     r = run_backend(path, backend, **run)
     r.update(info)
