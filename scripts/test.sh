@@ -8,8 +8,9 @@
 #   - SGLang tier (tests/integration): sglang 0.5.23's real classes (scripts/setup_sglang.sh);
 #   - SGLang engine tier (tests/engine): SGLang's own Engine and launch_server on the CPU serving
 #     tiny models through triton_swa (scripts/setup_sglang_engine.sh);
-#   - vLLM tier (tests/integration/test_vllm.py): vLLM 0.32's real registry, metadata, builder and
-#     Attention layer driving the TRITON_SWA backend (scripts/setup_vllm.sh).
+#   - vLLM tier (tests/integration/test_vllm.py, test_vllm_engine.py): vLLM 0.32's real registry,
+#     metadata, builder and Attention layer driving the TRITON_SWA backend, and its real engine
+#     (vllm.LLM) serving with it on the CPU (scripts/setup_vllm.sh).
 #
 # With no arguments: the suite on two workers (pytest-xdist, work stealing), then the engine tier on
 # its own (its tests read SGLang engine runs, each a multi-process engine in subprocesses: the session

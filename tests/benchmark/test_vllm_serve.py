@@ -1,8 +1,7 @@
 """vLLM's real-engine harness (triton_swa.benchmark.vllm_serve) on this machine: its run plan, the
 vllm.LLM arguments of each mode, its load syntax, the dry run (model written, plan saved), the report of
-a failed engine and of the tokens, the worker's load phase (a stand-in vllm), and one real vLLM engine
-on this CPU serving the Gemma 4 directory (vLLM's own CPU attention). Runs with TRITON_SWA need a GPU
-(scripts/gpu.sh vllm-engine)."""
+a failed engine and of the tokens, the worker's load phase (a stand-in vllm). vLLM's real engine on
+this CPU with TRITON_SWA: tests/integration/test_vllm_engine.py; on a GPU: scripts/gpu.sh vllm-engine."""
 
 from __future__ import annotations
 
@@ -211,24 +210,3 @@ def test_the_load_phase_reports_the_median_of_its_batches(tmp_path):
     assert 0 < ph["batch_tok_s_p50"] and 0 < ph["out_tok_s"] <= 1.05 * 30 / (3 * 0.02)
     r.update(label="m TRITON_SWA eager")
     assert "per batch, median of 3:" in vllm_serve.run_line(r)
-
-
-def test_vllm_s_own_engine_serves_the_gemma4_directory_as_transformers_does(tmp_path):
-    """vLLM's real engine on this CPU (its own CPU attention: vLLM ignores the attention flag here) through
-    the harness's worker, on a small Gemma 4 (sliding 64-wide and full 128-wide heads, KV-shared layers,
-    per-layer inputs; window 16, prompts past it) handed over by transformers_dir: greedy tokens and the
-    prefix-cached pass equal transformers' float32 generate(). What the GPU run needs of the directory
-    (its config form, vLLM's weight mapping of it) is then settled before any device time is spent."""
-    pytest.importorskip("vllm")
-    from triton_swa.testing.tiny_models import build_tiny_model, transformers_dir
-
-    path = build_tiny_model("gemma4", str(tmp_path / "g4"), 0, shape=dict(sliding_head_dim=64, full_head_dim=128))
-    prompts = [serve._prompts(1, n, 5 + n)[0] for n in (20, 13)]
-    want = serve.hf_reference(path, prompts, 12, "cpu", "float32")[0]
-    hf_dir = transformers_dir(path)
-    kw = dict(model=hf_dir, tokenizer=hf_dir, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256)
-    spec = {"llm_kwargs": kw, "tokens": {"prompts": prompts, "max_new_tokens": 12}, "load": [], "output_len": 1, "vocab": 384}
-    r = vllm_serve.run_engine(spec, timeout_s=300, log_path=str(tmp_path / "engine.log"))
-    assert r["ok"], (r.get("error"), (tmp_path / "engine.log").read_text()[-3000:])
-    assert r["tokens"] == want and r["tokens_again"] == want
-    assert not any(len(set(t)) == 1 for t in want)  # the check is not vacuous
