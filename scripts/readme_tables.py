@@ -50,25 +50,44 @@ def bench_block(csv_path: Path, runs: list[str]) -> str:
     return f"{BENCH[0]}\n{note}\n\n" + "\n\n".join(parts) + f"\n{BENCH[1]}"
 
 
+def _geomean(values: list) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def headline_block(csv_path: Path, runs: list[str]) -> str:
-    ratios: dict = {}
+    """Per op and peer: the peer's time over triton-swa's under graph replay (geometric mean, least,
+    most) and, where the run timed both eagerly too, the same of the eager wall times per call."""
+    graph: dict = {}
+    eager: dict = {}
     first = None
     for run_id in runs:
         rows = read_csv(csv_path, run_id)
         first = first or rows[0]
-        ok = {(r["case"], r["provider"]): r["us_p50"] for r in rows if r["status"].startswith("ok") and math.isfinite(r["us_p50"])}
-        for (case, provider), us in ok.items():
+        ok = {(r["case"], r["provider"]): r for r in rows if r["status"].startswith("ok") and math.isfinite(r["us_p50"])}
+        for (case, provider), r in ok.items():
             mine = ok.get((case, "triton_swa"))
             if provider in ("triton_swa", *P.CEILINGS) or mine is None:
                 continue
-            op = case.split("-")[0]
-            ratios.setdefault((op, provider), []).append(us / mine)
-    lines = ["| op | peer | cases | peer / triton-swa, geometric mean | least | most |", "| --- | --- | --- | --- | --- | --- |"]
-    for (op, provider), values in sorted(ratios.items()):
-        mean = math.exp(sum(math.log(v) for v in values) / len(values))
-        lines.append(f"| {op} | {provider} | {len(values)} | {mean:.2f}x | {min(values):.2f}x | {max(values):.2f}x |")
+            key = (case.split("-")[0], provider)
+            graph.setdefault(key, []).append(r["us_p50"] / mine["us_p50"])
+            if math.isfinite(r["eager_us_p50"]) and math.isfinite(mine["eager_us_p50"]):
+                eager.setdefault(key, []).append(r["eager_us_p50"] / mine["eager_us_p50"])
+    with_eager = bool(eager)
+    head = "| op | peer | cases | peer / triton-swa, geometric mean | least | most |"
+    rule = "| --- | --- | --- | --- | --- | --- |"
+    if with_eager:
+        head += " eager: cases | geometric mean | least |"
+        rule += " --- | --- | --- |"
+    lines = [head, rule]
+    for key, values in sorted(graph.items()):
+        line = f"| {key[0]} | {key[1]} | {len(values)} | {_geomean(values):.2f}x | {min(values):.2f}x | {max(values):.2f}x |"
+        if with_eager:
+            ev = eager.get(key)
+            line += f" {len(ev)} | {_geomean(ev):.2f}x | {min(ev):.2f}x |" if ev else " 0 | n/a | n/a |"
+        lines.append(line)
+    timing = "CUDA-graph replay, p50" + ("; eager: wall time per call, back to back" if with_eager else "")
     note = (
-        f"Time per call of each peer over triton-swa's on the same bytes (CUDA-graph replay, p50; above 1: triton-swa is "
+        f"Time per call of each peer over triton-swa's on the same bytes ({timing}; above 1: triton-swa is "
         f"faster), over the cases both run correctly, on {_provenance(first)}; from `{csv_path.relative_to(ROOT)}`, every "
         "case in [docs/performance.md](docs/performance.md)."
     )
