@@ -9,7 +9,9 @@ fresh subprocess, and in that one engine start runs the phases asked for:
   eager attention) and with the other backends' tokens;
 - ``load``: closed-loop streaming clients (``Engine.async_generate(stream=True)``) at each concurrency
   and prompt length, ``--output-len`` tokens each (greedy, EOS ignored): output tokens per second over
-  the phase, time to first token and inter-token latency (p50 / p99).
+  the phase, time to first token and inter-token latency (p50 / p99);
+- ``profile``: one prefill of ``--profile`` tokens under SGLang's profiler, its device time by kernel
+  class (attention, GEMMs, the rest: :mod:`triton_swa.benchmark.engine_profile`).
 
 Models are written here: random weights from Gemma-like and gpt-oss-like configs at real sizes (:data:`MODELS`), in
 bf16. A model whose tokens are checked has its weights written (transformers loads the same bytes);
@@ -337,6 +339,13 @@ def worker_main(spec_path: str, result_path: str) -> int:
                 )
             )
             _write(result_path, result)
+        if spec.get("profile"):
+            from triton_swa.benchmark.engine_profile import profile_prefill
+
+            result["stage"] = f"profile P{spec['profile']}"
+            _write(result_path, result)
+            device = "cpu" if spec["engine_args"].get("device") == "cpu" else "cuda"
+            result["profile"] = profile_prefill(engine, _prompts(1, spec["profile"], 4242)[0], os.path.abspath("profile"), device)
         result["ok"], result["stage"] = True, "done"
     except BaseException as e:  # noqa: BLE001 - everything is reported to the parent
         result["error"] = f"{type(e).__name__}: {e}"
@@ -365,17 +374,19 @@ def run_backend(
     load: list[tuple[int, int, int]],
     output_len: int,
     pythonpath: list[str],
+    profile: int = 0,
     env: dict | None = None,
     timeout_s: float = 600.0,
     log_path: str | None = None,
     device: str = "cuda",
 ) -> dict:
-    """One engine start of ``backend`` on ``model_path`` running the phases asked for; never raises for
-    an engine failure (``ok`` False, ``stage``, ``error``, ``tracebacks``)."""
+    """One engine start of ``backend`` on ``model_path`` running the phases asked for (the token check,
+    the ``load`` phases, then a prefill of ``profile`` tokens under SGLang's profiler if non-zero); never
+    raises for an engine failure (``ok`` False, ``stage``, ``error``, ``tracebacks``)."""
     from triton_swa.testing.sglang_engine import _kill_group, extract_tracebacks
 
     args = dict(engine_args, model_path=model_path, attention_backend=backend)
-    spec = {"engine_args": args, "tokens": tokens, "load": [list(x) for x in load], "output_len": output_len}
+    spec = {"engine_args": args, "tokens": tokens, "load": [list(x) for x in load], "output_len": output_len, "profile": profile}
     with tempfile.TemporaryDirectory(prefix="triton_swa_serve_") as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         log_path = log_path or os.path.join(tmp, "log.txt")
@@ -602,6 +613,13 @@ def main(argv=None) -> int:
     p.add_argument("--spec", default="", help="speculative algorithms, comma-separated (NGRAM, STANDALONE, ...)")
     p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
     p.add_argument("--spec-load", action="store_true", help="speculative runs run the --load phases too (default: tokens only)")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="PROMPT_LEN",
+        help="after the other phases, a prefill of PROMPT_LEN tokens under SGLang's profiler: device time by kernel class",
+    )
     p.add_argument("--jobs", type=int, default=1, help="engines side by side on the GPU, each pool capped (runs without --load only)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
     p.add_argument(
@@ -663,7 +681,7 @@ def main(argv=None) -> int:
     if a.drift:
         drift = drift_jobs(a.drift, base_args, root=a.model_root, pythonpath=pythonpath, out=out, timeout_s=a.timeout, device=device)
     # engines side by side share the GPU's memory; only runs without a timed phase do
-    parallel = a.jobs if not any(job[2]["load"] for job in jobs) else 1
+    parallel = a.jobs if not any(job[2]["load"] or job[2].get("profile") for job in jobs) else 1
     # the drift's starts first: each runs longest (its pool is small, its requests wait for slots)
     runs = _run_jobs(drift + jobs, parallel, lambda done: _write(str(json_path), records + done))
     drift_runs, runs, at = runs[: len(drift)], runs[len(drift) :], 0
@@ -721,6 +739,7 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
                 label = f"{name} {backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
                 info = dict(model=name, graphs=graphs, spec=spec_algo, label=label)
                 run = dict(engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len)
+                run["profile"] = 0 if spec_algo else a.profile
                 run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
                 run.update(_plugin_args(name, pythonpath, device))
                 jobs.append((path, backend, run, info))
@@ -798,7 +817,7 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
     a run without timed phases alone too: a token check needs a small pool, and the memory a full-size
     pool leaves is too little for float32 activations (SGLang's `triton` on Gemma 3 1B dims, alone on an
     80 GB H100 at 0.8: out of memory in its warm-up, 2026-12-06)."""
-    if share > 1 or not run.get("load"):
+    if share > 1 or not (run.get("load") or run.get("profile")):
         run = dict(run, engine_args=_side_by_side(run["engine_args"]))
     r = run_backend(path, backend, **run)
     r.update(info)
@@ -811,6 +830,8 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
             f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}"
             + (f", accept length {ph['accept_len']:.2f}" if ph.get("accept_len") else "")
         )
+    if r.get("profile"):
+        lines.append(_fmt_profile(r["profile"]))
     sys.stdout.write("\n".join(lines) + "\n")  # one write: engines side by side finish in threads
     sys.stdout.flush()
     return r
@@ -842,6 +863,17 @@ def _run_jobs(jobs: list[tuple], parallel: int, on_done) -> list[dict]:
             runs[i] = dict(_run_job(*jobs[i], 1), retried_alone=True)
             on_done(runs)
     return runs
+
+
+def _fmt_profile(pr: dict) -> str:
+    """A prefill profile (:func:`engine_profile.profile_prefill`) as a few report lines."""
+    classes = ", ".join(f"{k} {v:.1f}" for k, v in pr["class_ms"].items())
+    lines = [
+        f"    prefill P{pr['prompt_len']} profiled: {pr['wall_ms']:.1f} ms wall, device kernels {pr['total_ms']:.1f} ms "
+        f"({pr['kernels']} kernels): {classes} ms"
+    ]
+    lines += [f"      {ms:9.2f} ms {n:6d}x  [{cls}] {name}" for name, ms, n, cls in pr["top"]]
+    return "\n".join(lines)
 
 
 def _fmt_accept(x) -> str:
