@@ -1,13 +1,16 @@
-"""serve's prefill profile (triton_swa.benchmark.engine_profile): kernel names to classes, a Chrome
-trace's device time summed by class, and the profiled request's protocol (a warm-up first, one output
-token, the trace read from the profiler's folder)."""
+"""serve's engine profiles (triton_swa.benchmark.engine_profile): kernel names to classes, a Chrome
+trace's device time summed by class, and each profile's protocol against a recording engine: the
+prefill's (a warm-up first, one output token), the decode's (the window opens once every request
+decodes and closes after the steps asked), each trace read from the profiler's folder. SGLang's real
+profiler runs them in serve's CPU check (docs/sglang.md)."""
 
+import asyncio
 import gzip
 import json
 
 import pytest
 
-from triton_swa.benchmark.engine_profile import kernel_class, kernel_time, profile_prefill
+from triton_swa.benchmark.engine_profile import kernel_class, kernel_time, profile_decode, profile_prefill
 
 
 @pytest.mark.parametrize(
@@ -48,30 +51,81 @@ def test_kernel_time_sums_device_events_by_class_and_ranks_the_top():
     assert t["top"] == [("sm90_xmma_gemm_bf16", pytest.approx(3.0), 1, "gemm"), ("_swa_extend_kernel", pytest.approx(2.0), 2, "attention")]
 
 
-class _RecordingEngine:
-    """Records the calls profile_prefill makes; stop_profile writes a gzipped Chrome trace where
-    SGLang's profiler would (``<output_dir>/<profile_id>-TP-0.trace.json.gz``)."""
+@pytest.fixture(autouse=True)
+def _plain_profile_req(monkeypatch):
+    """SGLang's ProfileReq as a plain record of the same fields: its module imports SGLang's multimodal
+    stack (torchvision), which this venv lacks; the engine's worker has it loaded already."""
+    import types
 
-    def __init__(self):
+    from triton_swa.benchmark import engine_profile
+
+    monkeypatch.setattr(engine_profile, "_profile_req", lambda *a: types.SimpleNamespace(**engine_profile.profile_fields(*a)))
+
+
+class _TokenizerManager:
+    """What profile_* call on ``engine.tokenizer_manager``; stop_profile writes a gzipped Chrome trace
+    where SGLang's profiler does (``<output_dir>/<profile_id>-TP-0.trace.json.gz``)."""
+
+    def __init__(self, calls, kernels_per_stop):
+        self.calls, self.kernels = calls, kernels_per_stop
+
+    async def start_profile(self, req):
+        self.calls.append(("start", req.activities, req.profile_id, req.with_stack, req.record_shapes))
+        self.out = f"{req.output_dir}/{req.profile_id}-TP-0.trace.json.gz"
+
+    async def stop_profile(self):
+        self.calls.append(("stop",))
+        events = [{"ph": "X", "cat": "kernel", "name": "_swa_extend_kernel", "dur": 1000.0}] * self.kernels
+        with gzip.open(self.out, "wt") as f:
+            json.dump({"traceEvents": events}, f)
+
+
+class _RecordingEngine:
+    """Records the calls profile_prefill and profile_decode make: ``generate`` and a streaming
+    ``async_generate`` (one token per 1 ms step, as SGLang's stream reports ``completion_tokens``)."""
+
+    def __init__(self, kernels_per_stop=1):
         self.calls = []
+        self.loop = asyncio.new_event_loop()
+        self.tokenizer_manager = _TokenizerManager(self.calls, kernels_per_stop)
 
     def generate(self, input_ids, sampling_params):
         self.calls.append(("generate", len(input_ids), dict(sampling_params)))
 
-    def start_profile(self, output_dir, activities, profile_id):
-        self.calls.append(("start", activities))
-        self.out = f"{output_dir}/{profile_id}-TP-0.trace.json.gz"
+    async def async_generate(self, input_ids, sampling_params, stream):
+        assert stream
+        self.calls.append(("stream", len(input_ids), sampling_params["max_new_tokens"]))
 
-    def stop_profile(self):
-        self.calls.append(("stop",))
-        with gzip.open(self.out, "wt") as f:
-            json.dump({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "_swa_extend_kernel", "dur": 1000.0}]}, f)
+        async def chunks():
+            for n in range(1, sampling_params["max_new_tokens"] + 1):
+                await asyncio.sleep(0.001)
+                yield {"meta_info": {"completion_tokens": n}}
+
+        return chunks()
 
 
 def test_profile_prefill_warms_up_then_profiles_one_prefill(tmp_path):
     engine = _RecordingEngine()
     pr = profile_prefill(engine, list(range(64)), str(tmp_path / "profile"), "cuda")
     one_token = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
-    assert engine.calls == [("generate", 64, one_token), ("start", ["GPU"]), ("generate", 64, one_token), ("stop",)]
+    assert engine.calls == [
+        ("generate", 64, one_token),
+        ("start", ["GPU"], "prefill", False, False),
+        ("generate", 64, one_token),
+        ("stop",),
+    ]
     assert pr["prompt_len"] == 64 and pr["events"] == 1 and pr["wall_ms"] >= 0
     assert pr["class_ms"]["attention"] == pytest.approx(1.0) and pr["total_ms"] == pytest.approx(1.0)
+
+
+def test_profile_decode_profiles_steps_once_every_request_decodes(tmp_path):
+    engine = _RecordingEngine(kernels_per_stop=40)
+    pr = profile_decode(engine, [list(range(16))] * 3, 8, str(tmp_path / "decode"), "cpu")
+    streams = [c for c in engine.calls if c[0] == "stream"]
+    assert streams == [("stream", 16, 2 * 8 + 16)] * 3
+    assert [c[0] for c in engine.calls if c[0] != "stream"] == ["start", "stop"]
+    assert engine.calls[3][1:] == (["CPU"], "decode", False, False)
+    # every request made at least the steps asked in the window, and no request ran out before it closed
+    assert all(8 <= n <= 2 * 8 + 16 for n in pr["tokens_per_request"]), pr
+    assert pr["steps"] >= 8 and pr["requests"] == 3 and pr["prompt_len"] == 16
+    assert pr["device_ms_per_step"] == pytest.approx(40.0 / pr["steps"])

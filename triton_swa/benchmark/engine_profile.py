@@ -1,26 +1,34 @@
-"""Where an engine's prefill spends its GPU time: one long prompt under SGLang's own profiler.
+"""Where an engine's GPU time goes, under SGLang's own profiler (torch's profiler in the scheduler
+process, a Chrome trace per rank, started and stopped through the engine's tokenizer manager as
+``Engine.start_profile`` / ``stop_profile`` do).
 
-``serve --profile PROMPT_LEN`` runs :func:`profile_prefill` in each engine start after its other
-phases: one warm-up request of that length (compiles what the prompt needs), then the same length
-again, one output token (the prefill alone, all its chunks), under ``Engine.start_profile`` /
-``stop_profile`` (torch's profiler in the scheduler process, a Chrome trace per rank). The trace's
-device kernels are summed by class (:data:`KERNEL_CLASSES`): the attention kernels, the GEMMs, and
-the rest (norms, activations, rotary, the stand-in ops, copies). Comparing the classes across
-attention backends shows how much of the time to first token attention can move.
+``serve --profile PROMPT_LENxCONCURRENCY`` runs, in each engine start after its other phases:
+
+- :func:`profile_prefill`: one warm-up request of PROMPT_LEN tokens (compiles what it needs), then
+  another, one output token: the prefill alone, every chunk, profiled;
+- :func:`profile_decode`: CONCURRENCY such requests streamed side by side; once all decode, about
+  32 steps of the batch profiled.
+
+The traces' device kernels are summed by class (:data:`KERNEL_CLASSES`): the attention kernels, the
+GEMMs, copies, and the rest (norms, activations, rotary, sampling, the stand-in ops). Beside the
+wall time (TTFT; the step's inter-token latency) this shows how much of each attention can move.
 """
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import gzip
 import json
+import math
 import os
 import re
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-__all__ = ["KERNEL_CLASSES", "kernel_class", "kernel_time", "profile_prefill", "read_trace_events"]
+__all__ = ["KERNEL_CLASSES", "kernel_class", "kernel_time", "profile_decode", "profile_prefill", "read_trace_events"]
 
 # First match wins. Attention: triton-swa's kernels (_swa_*), SGLang's Triton attention (its extend,
 # decode and merge kernels are _fwd_*), FlashInfer's and FlashAttention's. GEMMs: cuBLAS / CUTLASS
@@ -75,17 +83,77 @@ def kernel_time(events: Iterable[Mapping], top: int = 8) -> dict:
     )
 
 
+def profile_fields(folder: str, device: str, profile_id: str) -> dict:
+    """SGLang's ``ProfileReq`` fields of one profile: device kernels on a GPU (host ops on a CPU, where
+    there are no device kernels), no stacks and no shapes, so the profiler's own cost stays small."""
+    activities = ["GPU"] if device == "cuda" else ["CPU"]
+    return dict(output_dir=folder, activities=activities, profile_id=profile_id, with_stack=False, record_shapes=False)
+
+
+def _profile_req(folder: str, device: str, profile_id: str):
+    from sglang.srt.managers.io_struct import ProfileReq
+
+    return ProfileReq(**profile_fields(folder, device, profile_id))
+
+
 def profile_prefill(engine, prompt: list[int], folder: str, device: str) -> dict:
-    """One warm-up request of ``prompt``, then ``prompt`` again (one output token) under SGLang's
-    profiler; returns the profiled request's wall time and :func:`kernel_time` of its trace."""
+    """One warm-up request of ``prompt``, then ``prompt`` again (one output token: its prefill, every
+    chunk) under SGLang's profiler; the profiled request's wall time and :func:`kernel_time` of its trace."""
     sampling = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
     engine.generate(input_ids=prompt, sampling_params=sampling)
     os.makedirs(folder, exist_ok=True)
-    activities = ["GPU"] if device == "cuda" else ["CPU"]
-    engine.start_profile(output_dir=folder, activities=activities, profile_id="prefill")
+    tm = engine.tokenizer_manager
+    engine.loop.run_until_complete(tm.start_profile(_profile_req(folder, device, "prefill")))
     t0 = time.monotonic()
     engine.generate(input_ids=prompt, sampling_params=sampling)
     wall_ms = 1e3 * (time.monotonic() - t0)
-    engine.stop_profile()
+    engine.loop.run_until_complete(tm.stop_profile())
     events = read_trace_events(folder)
     return dict(prompt_len=len(prompt), wall_ms=wall_ms, events=len(events), **kernel_time(events))
+
+
+def profile_decode(engine, prompts: list[list[int]], steps: int, folder: str, device: str) -> dict:
+    """``prompts`` streamed side by side; once every one is decoding, about ``steps`` decode steps of
+    the batch under SGLang's profiler. Returns the window's wall time, the tokens each request made in
+    it (the steps, one token per step without speculation) and :func:`kernel_time` of its trace, with
+    the device time per step."""
+    os.makedirs(folder, exist_ok=True)
+    sampling = {"temperature": 0.0, "max_new_tokens": 2 * steps + 16, "ignore_eos": True}
+    made = [0] * len(prompts)
+    tm = engine.tokenizer_manager
+
+    async def consume(i: int, prompt: list[int]) -> None:
+        gen = engine.async_generate(input_ids=prompt, sampling_params=sampling, stream=True)
+        if asyncio.iscoroutine(gen):
+            gen = await gen
+        async for chunk in gen:
+            made[i] = int(chunk.get("meta_info", {}).get("completion_tokens", made[i]))
+
+    async def window() -> tuple[float, list[int]]:
+        tasks = [asyncio.ensure_future(consume(i, p)) for i, p in enumerate(prompts)]
+        while min(made) < 2 and not all(t.done() for t in tasks):
+            await asyncio.sleep(0.002)
+        await tm.start_profile(_profile_req(folder, device, "decode"))
+        before, t0 = list(made), time.monotonic()
+        while min(m - b for m, b in zip(made, before)) < steps and not any(t.done() for t in tasks):
+            await asyncio.sleep(0.002)
+        await tm.stop_profile()
+        wall = time.monotonic() - t0
+        advanced = [m - b for m, b in zip(made, before)]
+        await asyncio.gather(*tasks)
+        return wall, advanced
+
+    wall_s, advanced = engine.loop.run_until_complete(window())
+    events = read_trace_events(folder)
+    t = kernel_time(events)
+    n = statistics.median(advanced) if advanced else 0
+    return dict(
+        requests=len(prompts),
+        prompt_len=len(prompts[0]) if prompts else 0,
+        wall_ms=1e3 * wall_s,
+        steps=n,
+        tokens_per_request=advanced,
+        device_ms_per_step=t["total_ms"] / n if n else math.nan,
+        events=len(events),
+        **t,
+    )

@@ -10,8 +10,8 @@ fresh subprocess, and in that one engine start runs the phases asked for:
 - ``load``: closed-loop streaming clients (``Engine.async_generate(stream=True)``) at each concurrency
   and prompt length, ``--output-len`` tokens each (greedy, EOS ignored): output tokens per second over
   the phase, time to first token and inter-token latency (p50 / p99);
-- ``profile``: one prefill of ``--profile`` tokens under SGLang's profiler, its device time by kernel
-  class (attention, GEMMs, the rest: :mod:`triton_swa.benchmark.engine_profile`).
+- ``profile``: one prefill, then a batch's decode steps, under SGLang's profiler: device time by
+  kernel class (attention, GEMMs, the rest: :mod:`triton_swa.benchmark.engine_profile`).
 
 Models are written here: random weights from Gemma-like and gpt-oss-like configs at real sizes (:data:`MODELS`), in
 bf16. A model whose tokens are checked has its weights written (transformers loads the same bytes);
@@ -340,12 +340,18 @@ def worker_main(spec_path: str, result_path: str) -> int:
             )
             _write(result_path, result)
         if spec.get("profile"):
-            from triton_swa.benchmark.engine_profile import profile_prefill
+            from triton_swa.benchmark.engine_profile import profile_decode, profile_prefill
 
-            result["stage"] = f"profile P{spec['profile']}"
-            _write(result_path, result)
+            prompt_len, concurrency = spec["profile"]
             device = "cpu" if spec["engine_args"].get("device") == "cpu" else "cuda"
-            result["profile"] = profile_prefill(engine, _prompts(1, spec["profile"], 4242)[0], os.path.abspath("profile"), device)
+            result["stage"] = f"profile prefill P{prompt_len}"
+            _write(result_path, result)
+            prompt = _prompts(1, prompt_len, 4242)[0]
+            result["profile"] = {"prefill": profile_prefill(engine, prompt, os.path.abspath("profile-prefill"), device)}
+            result["stage"] = f"profile decode P{prompt_len} C{concurrency}"
+            _write(result_path, result)
+            prompts = _prompts(concurrency, prompt_len, 4343)
+            result["profile"]["decode"] = profile_decode(engine, prompts, PROFILE_STEPS, os.path.abspath("profile-decode"), device)
         result["ok"], result["stage"] = True, "done"
     except BaseException as e:  # noqa: BLE001 - everything is reported to the parent
         result["error"] = f"{type(e).__name__}: {e}"
@@ -374,14 +380,14 @@ def run_backend(
     load: list[tuple[int, int, int]],
     output_len: int,
     pythonpath: list[str],
-    profile: int = 0,
+    profile: tuple[int, int] | None = None,
     env: dict | None = None,
     timeout_s: float = 600.0,
     log_path: str | None = None,
     device: str = "cuda",
 ) -> dict:
     """One engine start of ``backend`` on ``model_path`` running the phases asked for (the token check,
-    the ``load`` phases, then a prefill of ``profile`` tokens under SGLang's profiler if non-zero); never
+    the ``load`` phases, then ``profile``'s prefill and decode under SGLang's profiler if given); never
     raises for an engine failure (``ok`` False, ``stage``, ``error``, ``tracebacks``)."""
     from triton_swa.testing.sglang_engine import _kill_group, extract_tracebacks
 
@@ -615,10 +621,10 @@ def main(argv=None) -> int:
     p.add_argument("--spec-load", action="store_true", help="speculative runs run the --load phases too (default: tokens only)")
     p.add_argument(
         "--profile",
-        type=int,
-        default=0,
-        metavar="PROMPT_LEN",
-        help="after the other phases, a prefill of PROMPT_LEN tokens under SGLang's profiler: device time by kernel class",
+        default="",
+        metavar="PROMPTxCONCURRENCY",
+        help="after the other phases, under SGLang's profiler: one prefill of PROMPT tokens, then CONCURRENCY such requests' "
+        f"decode ({PROFILE_STEPS} steps): device time by kernel class",
     )
     p.add_argument("--jobs", type=int, default=1, help="engines side by side on the GPU, each pool capped (runs without --load only)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
@@ -739,7 +745,7 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
                 label = f"{name} {backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
                 info = dict(model=name, graphs=graphs, spec=spec_algo, label=label)
                 run = dict(engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len)
-                run["profile"] = 0 if spec_algo else a.profile
+                run["profile"] = None if spec_algo or not a.profile else [int(x) for x in a.profile.lower().split("x")]
                 run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
                 run.update(_plugin_args(name, pythonpath, device))
                 jobs.append((path, backend, run, info))
@@ -793,6 +799,9 @@ def _plugin_args(name: str, pythonpath: list[str], device: str) -> dict:
     return {"pythonpath": [*pythonpath, str(ENGINE_PLUGINS)], "env": {"SGLANG_PLUGINS": ",".join(("triton_swa", *plugins))}}
 
 
+# decode steps a profile covers (``--profile``): enough that the window's edges (a step or two) are noise
+PROFILE_STEPS = 32
+
 # The KV pool of each engine that runs beside others (``--jobs``): enough for the token check's prompts
 # (and a speculative run's drafts) at every model's size, small enough for 6 engines on an 80 GB GPU.
 SIDE_BY_SIDE_TOKENS = 16384
@@ -830,8 +839,8 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
             f"TTFT p50 {ph['ttft_ms_p50']:.1f} ms p99 {ph['ttft_ms_p99']:.1f}, ITL p50 {ph['itl_ms_p50']:.2f} ms p99 {ph['itl_ms_p99']:.2f}"
             + (f", accept length {ph['accept_len']:.2f}" if ph.get("accept_len") else "")
         )
-    if r.get("profile"):
-        lines.append(_fmt_profile(r["profile"]))
+    for what, pr in (r.get("profile") or {}).items():
+        lines.append(_fmt_profile(what, pr))
     sys.stdout.write("\n".join(lines) + "\n")  # one write: engines side by side finish in threads
     sys.stdout.flush()
     return r
@@ -865,13 +874,13 @@ def _run_jobs(jobs: list[tuple], parallel: int, on_done) -> list[dict]:
     return runs
 
 
-def _fmt_profile(pr: dict) -> str:
-    """A prefill profile (:func:`engine_profile.profile_prefill`) as a few report lines."""
+def _fmt_profile(what: str, pr: dict) -> str:
+    """A profile (:mod:`triton_swa.benchmark.engine_profile`'s prefill or decode) as a few report lines."""
     classes = ", ".join(f"{k} {v:.1f}" for k, v in pr["class_ms"].items())
-    lines = [
-        f"    prefill P{pr['prompt_len']} profiled: {pr['wall_ms']:.1f} ms wall, device kernels {pr['total_ms']:.1f} ms "
-        f"({pr['kernels']} kernels): {classes} ms"
-    ]
+    head = f"    {what} P{pr['prompt_len']}"
+    if what == "decode":
+        head += f" x{pr['requests']}, {pr['steps']} steps: {pr['device_ms_per_step']:.2f} ms of device time a step;"
+    lines = [f"{head} {pr['wall_ms']:.1f} ms wall, device kernels {pr['total_ms']:.1f} ms ({pr['kernels']} kernels): {classes} ms"]
     lines += [f"      {ms:9.2f} ms {n:6d}x  [{cls}] {name}" for name, ms, n, cls in pr["top"]]
     return "\n".join(lines)
 
