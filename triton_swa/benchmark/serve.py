@@ -339,19 +339,20 @@ def worker_main(spec_path: str, result_path: str) -> int:
                 )
             )
             _write(result_path, result)
-        if spec.get("profile"):
+        for i, (prompt_len, concurrency) in enumerate(spec.get("profile") or []):
             from triton_swa.benchmark.engine_profile import profile_decode, profile_prefill
 
-            prompt_len, concurrency = spec["profile"]
             device = "cpu" if spec["engine_args"].get("device") == "cpu" else "cuda"
+            profiles = result.setdefault("profile", {})
             result["stage"] = f"profile prefill P{prompt_len}"
             _write(result_path, result)
-            prompt = _prompts(1, prompt_len, 4242)[0]
-            result["profile"] = {"prefill": profile_prefill(engine, prompt, os.path.abspath("profile-prefill"), device)}
+            prompt = _prompts(1, prompt_len, 4242 + i)[0]
+            profiles[f"prefill P{prompt_len}"] = profile_prefill(engine, prompt, os.path.abspath(f"profile-prefill-{i}"), device)
             result["stage"] = f"profile decode P{prompt_len} C{concurrency}"
             _write(result_path, result)
-            prompts = _prompts(concurrency, prompt_len, 4343)
-            result["profile"]["decode"] = profile_decode(engine, prompts, PROFILE_STEPS, os.path.abspath("profile-decode"), device)
+            prompts = _prompts(concurrency, prompt_len, 4343 + i)
+            folder = os.path.abspath(f"profile-decode-{i}")
+            profiles[f"decode P{prompt_len} C{concurrency}"] = profile_decode(engine, prompts, PROFILE_STEPS, folder, device)
         result["ok"], result["stage"] = True, "done"
     except BaseException as e:  # noqa: BLE001 - everything is reported to the parent
         result["error"] = f"{type(e).__name__}: {e}"
@@ -380,14 +381,14 @@ def run_backend(
     load: list[tuple[int, int, int]],
     output_len: int,
     pythonpath: list[str],
-    profile: tuple[int, int] | None = None,
+    profile: list[tuple[int, int]] | None = None,
     env: dict | None = None,
     timeout_s: float = 600.0,
     log_path: str | None = None,
     device: str = "cuda",
 ) -> dict:
     """One engine start of ``backend`` on ``model_path`` running the phases asked for (the token check,
-    the ``load`` phases, then ``profile``'s prefill and decode under SGLang's profiler if given); never
+    the ``load`` phases, then each ``profile``'s prefill and decode under SGLang's profiler); never
     raises for an engine failure (``ok`` False, ``stage``, ``error``, ``tracebacks``)."""
     from triton_swa.testing.sglang_engine import _kill_group, extract_tracebacks
 
@@ -622,9 +623,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--profile",
         default="",
-        metavar="PROMPTxCONCURRENCY",
-        help="after the other phases, under SGLang's profiler: one prefill of PROMPT tokens, then CONCURRENCY such requests' "
-        f"decode ({PROFILE_STEPS} steps): device time by kernel class",
+        metavar="PROMPTxCONCURRENCY,...",
+        help="after the other phases, under SGLang's profiler, for each: one prefill of PROMPT tokens, then CONCURRENCY such "
+        f"requests' decode ({PROFILE_STEPS} steps): device time by kernel class",
     )
     p.add_argument("--jobs", type=int, default=1, help="engines side by side on the GPU, each pool capped (runs without --load only)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
@@ -745,7 +746,7 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
                 label = f"{name} {backend} graphs {graphs}" + (f" spec {spec_algo}" if spec_algo else "")
                 info = dict(model=name, graphs=graphs, spec=spec_algo, label=label)
                 run = dict(engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len)
-                run["profile"] = None if spec_algo or not a.profile else [int(x) for x in a.profile.lower().split("x")]
+                run["profile"] = [] if spec_algo else [[int(x) for x in item.split("x")] for item in filter(None, a.profile.split(","))]
                 run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
                 run.update(_plugin_args(name, pythonpath, device))
                 jobs.append((path, backend, run, info))
@@ -877,9 +878,9 @@ def _run_jobs(jobs: list[tuple], parallel: int, on_done) -> list[dict]:
 def _fmt_profile(what: str, pr: dict) -> str:
     """A profile (:mod:`triton_swa.benchmark.engine_profile`'s prefill or decode) as a few report lines."""
     classes = ", ".join(f"{k} {v:.1f}" for k, v in pr["class_ms"].items())
-    head = f"    {what} P{pr['prompt_len']}"
-    if what == "decode":
-        head += f" x{pr['requests']}, {pr['steps']} steps: {pr['device_ms_per_step']:.2f} ms of device time a step;"
+    head = f"    {what}"
+    if "steps" in pr:
+        head += f", {pr['steps']} steps: {pr['device_ms_per_step']:.2f} ms of device time a step;"
     lines = [f"{head} {pr['wall_ms']:.1f} ms wall, device kernels {pr['total_ms']:.1f} ms ({pr['kernels']} kernels): {classes} ms"]
     lines += [f"      {ms:9.2f} ms {n:6d}x  [{cls}] {name}" for name, ms, n, cls in pr["top"]]
     return "\n".join(lines)
