@@ -129,3 +129,8 @@ def test_profile_decode_profiles_steps_once_every_request_decodes(tmp_path):
     assert all(8 <= n < 16 * 8 for n in pr["tokens_per_request"]), pr
     assert pr["steps"] >= 8 and pr["requests"] == 3 and pr["prompt_len"] == 16
     assert pr["device_ms_per_step"] == pytest.approx(40.0 / pr["steps"])
+
+
+def test_profile_decode_refuses_outputs_too_short_to_fill_its_window(tmp_path):
+    with pytest.raises(ValueError, match="max_new_tokens must be at least steps"):
+        profile_decode(_RecordingEngine(), [[1, 2, 3]], 8, str(tmp_path), "cpu", max_new_tokens=9)

@@ -112,15 +112,19 @@ def profile_prefill(engine, prompt: list[int], folder: str, device: str) -> dict
     return dict(prompt_len=len(prompt), wall_ms=wall_ms, events=len(events), **kernel_time(events))
 
 
-def profile_decode(engine, prompts: list[list[int]], steps: int, folder: str, device: str) -> dict:
+def profile_decode(engine, prompts: list[list[int]], steps: int, folder: str, device: str, max_new_tokens: int | None = None) -> dict:
     """``prompts`` streamed side by side; once every one is decoding, about ``steps`` decode steps of
     the batch under SGLang's profiler. Returns the window's wall time, the tokens each request made in
     it (the steps, one token per step without speculation) and :func:`kernel_time` of its trace, with
-    the device time per step."""
+    the device time per step. Each request asks ``max_new_tokens`` (default ``16 * steps``; more than
+    ``steps`` + 2, else the window cannot fill)."""
+    max_new_tokens = 16 * steps if max_new_tokens is None else max_new_tokens
+    if max_new_tokens < steps + 2:
+        raise ValueError(f"max_new_tokens must be at least steps + 2 = {steps + 2}, got {max_new_tokens}")
     os.makedirs(folder, exist_ok=True)
     # long enough that no request ends before the window does: the first requests decode while the
     # last ones still prefill (32k prompts, 16 of them: seconds)
-    sampling = {"temperature": 0.0, "max_new_tokens": 16 * steps, "ignore_eos": True}
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     made = [0] * len(prompts)
     tm = engine.tokenizer_manager
 

@@ -352,7 +352,10 @@ def worker_main(spec_path: str, result_path: str) -> int:
             _write(result_path, result)
             prompts = _prompts(concurrency, prompt_len, 4343 + i)
             folder = os.path.abspath(f"profile-decode-{i}")
-            profiles[f"decode P{prompt_len} C{concurrency}"] = profile_decode(engine, prompts, PROFILE_STEPS, folder, device)
+            room = spec["engine_args"].get("context_length", 1 << 30) - prompt_len  # the context caps the outputs
+            profiles[f"decode P{prompt_len} C{concurrency}"] = profile_decode(
+                engine, prompts, PROFILE_STEPS, folder, device, max_new_tokens=min(16 * PROFILE_STEPS, room)
+            )
         result["ok"], result["stage"] = True, "done"
     except BaseException as e:  # noqa: BLE001 - everything is reported to the parent
         result["error"] = f"{type(e).__name__}: {e}"
