@@ -100,7 +100,8 @@ def profile_prefill(engine, prompt: list[int], folder: str, device: str) -> dict
     """One warm-up request of ``prompt``, then ``prompt`` again (one output token: its prefill, every
     chunk) under SGLang's profiler; the profiled request's wall time and :func:`kernel_time` of its trace."""
     sampling = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
-    engine.generate(input_ids=prompt, sampling_params=sampling)
+    # the warm-up is the prompt reversed: as long, and no prefix the radix cache could serve the second
+    engine.generate(input_ids=prompt[::-1], sampling_params=sampling)
     os.makedirs(folder, exist_ok=True)
     tm = engine.tokenizer_manager
     engine.loop.run_until_complete(tm.start_profile(_profile_req(folder, device, "prefill")))
