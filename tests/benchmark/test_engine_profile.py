@@ -134,3 +134,14 @@ def test_profile_decode_profiles_steps_once_every_request_decodes(tmp_path):
 def test_profile_decode_refuses_outputs_too_short_to_fill_its_window(tmp_path):
     with pytest.raises(ValueError, match="max_new_tokens must be at least steps"):
         profile_decode(_RecordingEngine(), [[1, 2, 3]], 8, str(tmp_path), "cpu", max_new_tokens=9)
+
+
+def test_a_profile_only_run_writes_no_csv_row():
+    from triton_swa.benchmark.serve import _rows
+
+    base = dict(backend="triton_swa", graphs="on", spec="", ok=True, start_s=1.0, sglang="0.5.23")
+    profiled = dict(base, profile={"prefill P8": {}})
+    checked = dict(base, tokens=[[1, 2]], spec_meta=[])
+    failed = dict(base, ok=False, stage="launch", error="no memory")
+    rows = _rows([profiled, checked, failed], "m", 4, "abc", "clean", "run", dict(gpu="g", torch="t", triton="tr"))
+    assert [(r["case"], r["status"][:5]) for r in rows] == [("serve-m-graph-tokens", "ok"), ("serve-m-graph-tokens", "ERROR")]

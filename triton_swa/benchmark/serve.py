@@ -763,9 +763,12 @@ def row_provenance(sha: str, dirty: str, run_id: str, status: str, env0: dict) -
 
 def _rows(runs: list[dict], name: str, output_len: int, sha: str, dirty: str, run_id: str, env0: dict) -> list[dict]:
     """The CSV rows (docs/contract.md section 7) of model ``name``'s runs: one per timed phase, or one
-    ``-tokens`` row (with the mean acceptance length) for a run without phases."""
+    ``-tokens`` row (with the mean acceptance length) for a run without phases that checked tokens or
+    did not finish. A profile (``--profile``) has no row: the JSON and the report hold it."""
     rows = []
     for r in runs:
+        if r["ok"] and not r.get("phases") and r.get("profile") and not r.get("tokens"):
+            continue
         status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
         case_base = f"serve-{name}-{'graph' if r['graphs'] == 'on' else 'eager'}" + (f"-{r['spec']}" if r["spec"] else "")
         for ph in r.get("phases") or [None]:
