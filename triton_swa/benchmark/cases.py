@@ -137,6 +137,13 @@ def catalog(
             elif op == "prefill" and s.window_left >= 0:
                 n = (contexts or [8192])[0]
                 cases.append(Case("prefill", s, 1, n, new=n, page_size=(pages or [1])[0]))
+            elif op == "prefill" and not quick:
+                # a full layer's chunked prefill, as an engine runs a 32k prompt in chunks of 8192: the
+                # first chunk and the last (over a 24k prefix). On Gemma-4-like (512-wide heads) these
+                # are most of the time to first token (docs/sglang.md, "Where the time goes").
+                n = (contexts or [8192])[0]
+                page = (pages or [1])[0]
+                cases += [Case("prefill", s, 1, n, new=n, page_size=page), Case("prefill", s, 1, 4 * n, new=n, page_size=page)]
             elif op == "verify":
                 L = (contexts or [4096])[0] + 8
                 for B in batches or ([1, 8] if not quick else [8]):
