@@ -5,7 +5,8 @@ One subprocess per target (the compiled ``@triton.jit`` path needs ``TRITON_INTE
 this session's interpreter tier sets). Each launch must compile and fit the target's shared memory,
 fp8 pools of both formats included (read natively where Triton converts them, else as bytes decoded
 in the kernel), and no launcher may refuse a case. On sm_90, ptxas may not serialise the wgmma of any
-extend kernel (its warning C7515).
+extend kernel (its warning C7515), the bf16 / fp16 launches may not spill, and the prefill's tensor-core
+path (wgmma or mma.sync) is pinned per head dim.
 """
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ def test_every_kernel_compiles_for(target):
     # ptxas keeps every extend kernel's wgmma asynchronous on Hopper (C7515 would halve its rate)
     serialised = [f"{r['case']} [{r['variant']}]" for r in results if r["wgmma_serialised"]]
     assert not serialised, serialised
+    if target == "sm_90":
+        # on Hopper the bf16 / fp16 launches keep every value in registers: spills (stack bytes) only in
+        # the fp32 tiles and the fp8 paths
+        spilled = [
+            f"{r['case']} {r['kernel']}: {r['spills']} B"
+            for r in attention
+            if r["spills"] and "fp32" not in r["case"] and "fp8" not in r["case"]
+        ]
+        assert not spilled, spilled
+        # tiles of 64 rows and more take Hopper's wgmma; the D 512 prefill's 32-row tiles take mma.sync
+        # (docs/performance.md: the wide-head prefill runs far below the tensor cores' rate)
+        cores = {r["case"]: r["tensor_cores"] for r in attention if r["case"].startswith("extend-prefill")}
+        assert cores == {"extend-prefill-d128": "wgmma", "extend-prefill-d256": "wgmma", "extend-prefill-d512": "mma"}, cores
     kernels = {r["kernel"] for r in results}
     assert kernels >= {
         "_swa_decode_kernel",

@@ -6,7 +6,8 @@ up to the launch, which is recorded instead (:class:`~triton_swa.runtime.launch.
 recorded launch is then compiled with ``triton.compile(ASTSource(...), target=GPUTarget(...))``,
 with the launcher's exact constexprs and options and the argument specialisation Triton's JIT would
 derive, and its shared memory is checked against the target's limit. Registers and spills come from
-cuobjdump's resource usage (NVIDIA: ``LOCAL`` bytes per thread) or the AMDGPU assembly's notes.
+cuobjdump's resource usage (NVIDIA: ``STACK`` bytes per thread, where spills land) or the AMDGPU
+assembly's notes.
 
 It needs the compiled path of ``@triton.jit`` (``TRITON_INTERPRET`` unset): the tests run it in a
 subprocess. Report: ``python -m triton_swa.testing.compile_matrix [--target sm_90 ...] [--case ...]``.
@@ -46,6 +47,7 @@ class CompileResult:
     registers: int | None = None
     spills: int | None = None
     wgmma_serialised: bool = False
+    tensor_cores: str = ""
     seconds: float = 0.0
     error: str = ""
 
@@ -93,16 +95,19 @@ def _specialise(fn, args: tuple, constexprs: dict, backend):
 
 
 def _nvidia_registers(cubin: bytes) -> tuple[int | None, int | None]:
-    """(registers, local-memory bytes: spills) of the kernel in ``cubin``, from the cuobjdump that
-    Triton bundles."""
+    """(registers, stack bytes per thread: spills) of the kernel in ``cubin``, from the cuobjdump that
+    Triton bundles. Register spills land in the stack frame (``STACK``; ``ptxas -v`` says "N bytes
+    stack frame, M bytes spill stores"); ``LOCAL`` counts only declared local arrays, which Triton
+    kernels have none of, so it read 0 for kernels that spill (D 512 prefill at 64-row tiles on sm_90:
+    ``STACK:280``, ``LOCAL:0``)."""
     tool = os.path.join(os.path.dirname(importlib.import_module("triton.backends.nvidia").__file__), "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         done = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
     regs = re.search(r"REG:(\d+)", done.stdout)
-    local = re.search(r"LOCAL:(\d+)", done.stdout)
-    return (int(regs.group(1)) if regs else None), (int(local.group(1)) if local else None)
+    stack = re.search(r"STACK:(\d+)", done.stdout)
+    return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None)
 
 
 def _amd_registers(amdgcn: str) -> tuple[int | None, int | None]:
@@ -131,6 +136,16 @@ def wgmma_serialised(ptx: str) -> bool:
             f.write(ptx)
         info = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"], capture_output=True, text=True)
     return "C7515" in info.stdout + info.stderr
+
+
+def tensor_core_path(ptx: str) -> str:
+    """The tensor-core instructions of a kernel's PTX: ``wgmma`` (Hopper's asynchronous warpgroup MMA),
+    ``mma`` (the warp-level ``mma.sync`` of Ampere and later, on Hopper at a fraction of wgmma's
+    rate) or ``none``. On sm_90, Triton 3.6 takes wgmma only for tiles of at least 64 rows: the D 512
+    extend's 32-row tiles run on ``mma``."""
+    if "wgmma.mma_async" in ptx:
+        return "wgmma"
+    return "mma" if "mma.sync" in ptx else "none"
 
 
 def _variant(constexprs: dict, options: dict) -> str:
@@ -171,6 +186,7 @@ def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[
             res.shared = int(kernel.metadata.shared)
             if facts.backend == "cuda":
                 res.registers, res.spills = _nvidia_registers(kernel.asm["cubin"])
+                res.tensor_cores = tensor_core_path(kernel.asm["ptx"])
                 if facts.name == "sm_90" and fn.__name__ == "_swa_extend_kernel":
                     res.wgmma_serialised = wgmma_serialised(kernel.asm["ptx"])
             else:
@@ -388,7 +404,7 @@ def main(argv=None) -> int:
                     status = "ok" if r.ok else f"FAIL {r.error}"
                     print(
                         f"{r.target:8} {r.case:38} {r.kernel:28} smem {r.shared:>7} regs {regs:>4} spill {spill:>5} "
-                        f"{r.seconds:5.1f}s {status}",
+                        f"tc {r.tensor_cores or '-':5} {r.seconds:5.1f}s {status}",
                         flush=True,
                     )
         summary.append(_summary_row(target, results))
