@@ -66,6 +66,10 @@ def extend_config(
       warps (two warpgroups of 64 rows for wgmma) keeps the tensor cores fed; ``block_n`` halves so
       that the fp32 accumulator (``block_m x Dv``) and the score tile stay in registers, with two
       K/V stages in shared memory. ``D = 512`` drops to 32-row tiles: a 64-row wgmma tile spills.
+      The price (sm_90, ptxas 2026-12-06): below 64 rows Triton emits ``mma.sync``, not wgmma, and
+      SGLang's engine profile put Gemma-4-like's 512-wide full layers at about 83 TFLOP/s of causal
+      prefill (docs/sglang.md). 64 x 32 tiles over 8 warps with 2 stages take wgmma for 280 bytes of
+      stack spills (64 x 16: 192 bytes; 128 x 32: 2120): the candidate to time on the GPU.
     - ``edge_in_loop`` on at ``D = 256`` only: streaming the window's lower edge inside the main
       loop took the D 256 prefill from 316-317 to 341-348 TFLOP/s, and changed nothing measurable
       at D 128 (283-291 against 272-290, alternated in one run;
