@@ -2,10 +2,11 @@
 process, a Chrome trace per rank, started and stopped through the engine's tokenizer manager as
 ``Engine.start_profile`` / ``stop_profile`` do).
 
-``serve --profile PROMPT_LENxCONCURRENCY`` runs, in each engine start after its other phases:
+``serve --profile PROMPT_LENxCONCURRENCY,...`` runs, in each engine start after its other phases and
+for each item:
 
 - :func:`profile_prefill`: one warm-up request of PROMPT_LEN tokens (compiles what it needs), then
-  another, one output token: the prefill alone, every chunk, profiled;
+  another prompt as long, one output token: the prefill alone, every chunk, profiled;
 - :func:`profile_decode`: CONCURRENCY such requests streamed side by side; once all decode, about
   32 steps of the batch profiled.
 
@@ -97,8 +98,9 @@ def _profile_req(folder: str, device: str, profile_id: str):
 
 
 def profile_prefill(engine, prompt: list[int], folder: str, device: str) -> dict:
-    """One warm-up request of ``prompt``, then ``prompt`` again (one output token: its prefill, every
-    chunk) under SGLang's profiler; the profiled request's wall time and :func:`kernel_time` of its trace."""
+    """A warm-up request as long as ``prompt`` (its tokens reversed), then ``prompt`` (one output token:
+    its prefill, every chunk) under SGLang's profiler; the profiled request's wall time and
+    :func:`kernel_time` of its trace."""
     sampling = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
     # the warm-up is the prompt reversed: as long, and no prefix the radix cache could serve the second
     engine.generate(input_ids=prompt[::-1], sampling_params=sampling)
