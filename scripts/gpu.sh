@@ -30,8 +30,9 @@
 #                                      comes in parts, one per call of the held machine (.whl/vllm_engine/callN from
 #                                      scripts/carry_vllm_engine.sh): a call short of parts stores its part and says
 #                                      which to carry next; the call that completes them installs and runs
-#   bash scripts/gpu.sh profile SHA    where a decode or verify case's GPU time goes (default: the wide-head
-#                                      decodes; --case ID ... for others): the split sweep and the time by kernel
+#   bash scripts/gpu.sh profile SHA    where a decode, prefill or verify case's GPU time goes (default: the wide-head
+#                                      decodes; --case ID ... for others): the split sweep (--tile BMxBNxWxS ...:
+#                                      those extend tiles instead) and the time by kernel
 #                                      (python -m triton_swa.benchmark.splits), then each case's default calls
 #                                      under Nsight Compute (ncu) where the machine has it
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order

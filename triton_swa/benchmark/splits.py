@@ -1,4 +1,4 @@
-"""Where a decode or verify case's GPU time goes: ``python -m triton_swa.benchmark.splits [--case ID ...]``.
+"""Where a decode, prefill or verify case's GPU time goes: ``python -m triton_swa.benchmark.splits [--case ID ...]``.
 
 For each case (default: the 512-wide-head full-attention decodes FlashInfer wins under graph replay,
 and a wide batch beside them; any decode or verify case of the default and heuristics grids by
@@ -8,6 +8,10 @@ and a wide batch beside them; any decode or verify case of the default and heuri
   4, ... (each output checked against the float64 reference first, NaN-poisoned), timed by CUDA-graph
   replay over rotated input sets, beside a read and a copy of the same bytes (the bandwidth ceiling);
 - the default's time by kernel (the split kernel and the merge kernel) from ``torch.profiler``.
+
+``--tile BMxBNxWARPSxSTAGES`` (repeatable) times those extend tiles beside the default instead of the
+split counts (``block_m``, ``block_n``, ``num_warps``, ``num_stages`` overrides, each output checked
+first): the way to try a tile the compile tier proposes, e.g. D 512 prefill at 64x32x8x2.
 
 ``--once CASE`` runs the default call a few times and nothing else: the target of a kernel profiler
 (``scripts/gpu.sh profile`` runs it under Nsight Compute where ``ncu`` is on the machine).
@@ -32,10 +36,10 @@ FORCED_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 def _cases(ids):
     from .cases import catalog
 
-    every = {c.id: c for grid in ("default", "heuristics") for c in catalog(["decode", "verify"], grid=grid)}
+    every = {c.id: c for grid in ("default", "heuristics") for c in catalog(["decode", "prefill", "verify"], grid=grid)}
     missing = [i for i in ids if i not in every]
     if missing:
-        raise SystemExit(f"unknown case ids {missing}; decode and verify cases look like {DEFAULT_CASES[0]}")
+        raise SystemExit(f"unknown case ids {missing}; decode cases look like {DEFAULT_CASES[0]}")
     return [every[i] for i in ids]
 
 
@@ -75,7 +79,18 @@ def _kernel_times(fn, reps: int = 50) -> dict:
     return out
 
 
-def sweep(case) -> list[str]:
+def parse_tile(text: str) -> dict:
+    """``BMxBNxWARPSxSTAGES`` as ``swa_extend``'s overrides (``64x32x8x2``)."""
+    parts = text.lower().split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--tile must be BMxBNxWARPSxSTAGES of positive ints (64x32x8x2), got {text!r}")
+    return dict(zip(("block_m", "block_n", "num_warps", "num_stages"), map(int, parts)))
+
+
+def sweep(case, tiles: tuple[dict, ...] = ()) -> list[str]:
+    """The split sweep of ``case`` (or, with ``tiles``, the extend tile sweep) as report lines."""
+    if tiles and case.op == "decode":
+        raise ValueError("--tile overrides extend tiles: give prefill or verify cases")
     from .providers import _copy, _read, build, check, reference
     from .runner import _set_bytes, _time, input_set_count
 
@@ -88,15 +103,19 @@ def sweep(case) -> list[str]:
     lines.append(f"read of the same bytes {read_us:.1f} us ({kv_bytes / read_us / 1e3:.0f} GB/s), copy {copy_us:.1f} us")
     lines.append("| splits | us p50 (graph) | GB/s | over the read | max abs err |")
     lines.append("| --- | ---: | ---: | ---: | ---: |")
-    for forced in (None, *FORCED_SPLITS):
-        extra = {} if forced is None else {"num_splits": forced}
+    if tiles:
+        lines[-2] = "| tile (block_m x block_n x warps x stages) | us p50 (graph) | GB/s | over the read | max abs err |"
+        lines.append(f"flops per call {case.flops() / 1e12:.2f} TFLOP (TFLOP/s = that / us p50 x 1e6)")
+    for extra in tiles or [{}, *({"num_splits": n} for n in FORCED_SPLITS)]:
         err = check(case, sets[0], _call(case, sets[0], **extra), want)
-        splits = _chosen_splits(case) if forced is None else forced
+        if tiles:
+            label = "x".join(str(extra[k]) for k in ("block_m", "block_n", "num_warps", "num_stages")) if extra else "default"
+        else:
+            label = f"{_chosen_splits(case)} (default)" if not extra else str(extra["num_splits"])
         if not err < 0.05:
-            lines.append(f"| {splits} | - | - | - | {err:.3g} (wrong: not timed) |")
+            lines.append(f"| {label} | - | - | - | {err:.3g} (wrong: not timed) |")
             continue
         us = _time([_call(case, x, **extra) for x in sets], "cuda")[0][1]
-        label = f"{splits} (default)" if forced is None else str(splits)
         lines.append(f"| {label} | {us:.1f} | {kv_bytes / us / 1e3:.0f} | {us / read_us:.2f}x | {err:.2g} |")
     fns = [_call(case, x) for x in sets]
     step = iter(range(10**9))
@@ -109,7 +128,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triton_swa.benchmark.splits", description=__doc__.split("\n")[0])
     parser.add_argument("--case", action="append", help=f"a decode or verify case id (default: {', '.join(DEFAULT_CASES)})")
     parser.add_argument("--once", metavar="CASE", help="run CASE's default call 5 times, nothing else (for a kernel profiler)")
+    parser.add_argument("--tile", action="append", default=[], help="BMxBNxWARPSxSTAGES: time these extend tiles (and the default)")
     args = parser.parse_args(argv)
+    tiles = tuple(parse_tile(t) for t in args.tile)
+    if tiles:
+        tiles = ({},) + tiles  # the default's own tile first
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -125,7 +148,7 @@ def main(argv=None) -> int:
         print(f"{case.id}: {_chosen_splits(case)} splits")
         return 0
     for case in _cases(args.case or DEFAULT_CASES):
-        print("\n".join(sweep(case)), flush=True)
+        print("\n".join(sweep(case, tiles)), flush=True)
         torch.cuda.empty_cache()
     return 0
 
