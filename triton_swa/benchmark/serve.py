@@ -691,7 +691,7 @@ def main(argv=None) -> int:
     if a.drift:
         drift = drift_jobs(a.drift, base_args, root=a.model_root, pythonpath=pythonpath, out=out, timeout_s=a.timeout, device=device)
     # engines side by side share the GPU's memory; only runs without a timed phase do
-    parallel = a.jobs if not any(job[2]["load"] or job[2].get("profile") for job in jobs) else 1
+    parallel = 1 if any(_timed(job[2]) for job in jobs) else a.jobs
     # the drift's starts first: each runs longest (its pool is small, its requests wait for slots)
     runs = _run_jobs(drift + jobs, parallel, lambda done: _write(str(json_path), records + done))
     drift_runs, runs, at = runs[: len(drift)], runs[len(drift) :], 0
@@ -827,13 +827,19 @@ def _side_by_side(engine_args: dict) -> dict:
     return dict(engine_args, max_total_tokens=capped)
 
 
+def _timed(run: dict) -> bool:
+    """Whether a run times something (a load phase or a profile): such a run takes the GPU alone, with a
+    full-size pool."""
+    return bool(run.get("load") or run.get("profile"))
+
+
 def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> dict:
     """One :func:`run_backend` of the matrix, labelled with ``info``; prints its outcome and phases as one
     block. Its pool is capped (:func:`_side_by_side`) where ``share`` engines run side by side, and for
     a run without timed phases alone too: a token check needs a small pool, and the memory a full-size
     pool leaves is too little for float32 activations (SGLang's `triton` on Gemma 3 1B dims, alone on an
     80 GB H100 at 0.8: out of memory in its warm-up, 2026-12-06)."""
-    if share > 1 or not (run.get("load") or run.get("profile")):
+    if share > 1 or not _timed(run):
         run = dict(run, engine_args=_side_by_side(run["engine_args"]))
     r = run_backend(path, backend, **run)
     r.update(info)
