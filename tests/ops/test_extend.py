@@ -52,6 +52,7 @@ class Case:
     bn: int | None = 16
     pack: int | None = None
     edge: bool | None = None  # edge_in_loop override
+    dvp: int | None = None  # dv_parts override
     chunk: int = 5
 
     @property
@@ -83,6 +84,8 @@ class Case:
             parts.append(f"pack{self.pack}")
         if self.edge is not None:
             parts.append(f"edge{int(self.edge)}")
+        if self.dvp is not None:
+            parts.append(f"dvp{self.dvp}")
         return "-".join(parts)
 
 
@@ -192,6 +195,7 @@ def run_kernel(case: Case, built: dict, **extra) -> torch.Tensor:
         block_n=case.bn,
         pack=case.pack,
         edge_in_loop=case.edge,
+        dv_parts=case.dvp,
         **extra,
     )
     assert got is out
@@ -234,6 +238,11 @@ def cpu_cases() -> list[Case]:
         Case(**_mix(*MIX), W=9, HQ=6, H=1, pack=2),  # MQA, group of 6
         Case(**_mix(*MIX), W=12, D=24),  # head dim not a power of two
         Case(**_mix(*MIX), W=12, D=16, DV=40, paged=True, ps=4),  # V head dim of its own
+        # the value width divided among programs (D 512's accumulator): whole parts, a masked last
+        # part (Dv 40 in two of 32), four parts over packed heads on pages, with the edge in the loop
+        Case(**_mix(*MIX), W=11, DV=32, dvp=2),
+        Case(**_mix(*MIX), W=12, D=16, DV=40, paged=True, ps=4, dvp=2),
+        Case(**_mix(*MIX), W=-1, HQ=8, H=2, bm=32, bn=32, DV=64, dvp=4, paged=True, ps=4, edge=True, sinks=True),
         Case(**_mix(*MIX), W=12, dtype=torch.float16),
         # bf16 through the interpreter's float32 dots (UPCAST_DOT, docs/contract.md §8): prefill, chunked prefill,
         # one-token extends, over a CSR list and a page table with softcap and sinks, and chain verify
@@ -548,6 +557,8 @@ def _bad_inputs():
         ("splits-0", kw("num_splits", 0), ValueError, "num_splits must be >= 1"),
         ("splits-65", kw("num_splits", 65), ValueError, "num_splits must be at most 64"),
         ("splits-float", kw("num_splits", 2.0), TypeError, "num_splits must be an int"),
+        ("dv-parts-3", kw("dv_parts", 3), ValueError, "dv_parts must be a power of two"),
+        ("dv-parts-narrow", kw("dv_parts", 2), ValueError, "dv_parts must leave at least 16 value columns"),
         ("max-window", kw("max_window", -1), ValueError, "max_window must be >= 0"),
         ("max-window-bool", kw("max_window", True), TypeError, "max_window must be an int"),
     ]
@@ -642,6 +653,7 @@ def split_cases() -> list:
         (Case(**_mix((75, 21), (60, 1), (14, 0)), W=-1, D=24, DV=40), 3),
         (Case(**_mix((60, 7), (13, 13), (40, 4)), W=30, mode="noncausal", HQ=8, H=2, pack=2), 2),
         (Case(**_mix((50, 4), (9, 4)), W=40, dtype=torch.bfloat16, sinks=True), 3),  # bf16 split verify
+        (Case(**VERIFY, W=40, HQ=8, H=2, DV=32, dvp=2, sinks=True), 3),  # splits x value parts
     ]
     return [pytest.param(c, n, id=f"{c.id}-S{n}") for c, n in cases]
 
@@ -652,7 +664,7 @@ def test_split_matches_reference(case, num_splits, device):
     out, grids = _run_split(case, built, num_splits)
     T, HQ = built["args"]["q"].shape[:2]
     tok = case.bm // (case.pack or min(_pow2_divisor(case.HQ // case.H), case.bm))
-    assert grids["main"][0][0] == -(-max(case.new) // tok) * num_splits
+    assert grids["main"][0][0] == -(-max(case.new) // tok) * num_splits * (case.dvp or 1)
     assert grids["merge"] == [(T * HQ, 1, 1)]
     assert_close(out, built["expected"], name=f"{case.id} num_splits={num_splits}")
 
@@ -883,6 +895,7 @@ PLAN_CASES = [
     (Case(**_mix(*MIX), W=11, paged=True, ps=4, sinks=True, softcap=2.5), None),
     (Case(**_mix((70, 6), (30, 8), (9, 5), (20, 0)), W=35, mode="tree", HQ=8), 3),
     (Case(**VERIFY, W=40, fp8="tensor", paged=True, ps=4, dtype=torch.float16), 2),
+    (Case(**VERIFY, W=40, DV=32, dvp=2), 2),
 ]
 
 
@@ -894,7 +907,7 @@ def test_extend_plan_runs_layers(case, num_splits, device):
 
     built = build(case, device)
     args, kw = built["args"], built["kw"]
-    opts = dict(block_m=case.bm, block_n=case.bn, pack=case.pack, edge_in_loop=case.edge, num_splits=num_splits)
+    opts = dict(block_m=case.bm, block_n=case.bn, pack=case.pack, edge_in_loop=case.edge, num_splits=num_splits, dv_parts=case.dvp)
     plan = swa_extend_plan(*args.values(), **built["index"], **kw, max_extend_len=max(case.new), **opts)
     flip = lambda x: x.view(torch.uint8).flip(1).contiguous().view(x.dtype)
     second = dict(args, q=torch.randn_like(args["q"].float()).to(case.dtype), k_buffer=flip(args["k_buffer"]))
@@ -919,6 +932,8 @@ FUSED_STORE_CASES = [
     (Case(**_mix(*MIX), W=11, paged=True, ps=4, sinks=True, dtype=torch.bfloat16), None),
     (Case(**VERIFY, W=40, fp8="tensor", paged=True, ps=4, dtype=torch.float16, HQ=8), 2),
     (Case(**VERIFY, W=40, fp8="float", dtype=torch.float16, mode="tree"), 3),
+    # value parts with the fused store (the first part's programs write)
+    (Case(**_mix(*MIX), W=11, HQ=8, H=2, DV=32, dvp=2), 2),
 ]
 
 
@@ -933,7 +948,7 @@ def test_extend_plan_fused_store(case, num_splits, device):
     built = build(case, device)
     args, kw, state = built["args"], built["kw"], built["state"]
     loc, mapping = state.new_slots().to(device), state.mapping
-    opts = dict(block_m=case.bm, block_n=case.bn, pack=case.pack, num_splits=num_splits, max_extend_len=max(case.new))
+    opts = dict(block_m=case.bm, block_n=case.bn, pack=case.pack, num_splits=num_splits, max_extend_len=max(case.new), dv_parts=case.dvp)
     plain = swa_extend_plan(*args.values(), **built["index"], **kw, **opts)
     fused = swa_extend_plan(*args.values(), **built["index"], **kw, **opts, store_loc=loc, store_mapping=mapping)
     scales = {key: kw[key] for key in ("sinks", "k_scale", "v_scale") if key in kw}

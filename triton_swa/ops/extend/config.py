@@ -26,7 +26,8 @@ class ExtendConfig:
     ``block_m`` rows per program (``block_m // pack`` tokens x ``pack`` query heads of one KV head),
     ``block_n`` keys per inner step, ``pack`` query heads per tile (divides the GQA group size),
     ``edge_in_loop``: causal launches stream the window's lower-edge key tiles inside the main loop
-    (masked by a branch) rather than in a loop of their own.
+    (masked by a branch) rather than in a loop of their own. ``dv_parts``: programs each query tile's
+    value width is divided among (each computes the scores whole).
     """
 
     block_m: int
@@ -35,6 +36,7 @@ class ExtendConfig:
     num_warps: int
     num_stages: int
     edge_in_loop: bool = False
+    dv_parts: int = 1
 
 
 def _pow2_divisor(n: int) -> int:

@@ -204,7 +204,7 @@ def _swa_extend_tiles(
         alpha = tl.math.exp2(m_i - m_ij_safe)
         l_i = l_i * alpha + tl.sum(b_p, 1)
         acc = acc * alpha[:, None]
-        # [BLOCK_N, BLOCK_DV]
+        # [BLOCK_N, the program's value columns]
         b_v = _load_2d(p_v, m_key, m_dv, MASKED, not EVEN_DV)
         if KV_FP8 != 0:
             b_v = fp8_decode(b_v, KV_FP8)
@@ -295,6 +295,7 @@ def _swa_extend_kernel(
     STORE_V_SCALE: tl.constexpr,
     K_ENC: tl.constexpr,
     V_ENC: tl.constexpr,
+    DV_PARTS: tl.constexpr = 1,
 ):
     """One program: ``BLOCK_M // GP`` new tokens x ``GP`` query heads of request ``program_id(2)``.
 
@@ -310,6 +311,12 @@ def _swa_extend_kernel(
     are clipped to ``[0, T)`` (an identity for a valid ``qo_indptr``), so that no ``qo_indptr``
     (device contents, unchecked outside debug mode) makes it read or write past those tensors.
 
+    ``DV_PARTS``: the value width is divided among that many programs (``program_id(0)`` is then
+    ``(query tile [* num_splits + split]) * DV_PARTS + part``); each computes the tile's scores whole and
+    accumulates ``BLOCK_DV // DV_PARTS`` output columns. It buys a wide head's fp32 accumulator out of
+    the register file (D 512: 64 rows x 256 columns over one warpgroup) at the price of computing the
+    scores ``DV_PARTS`` times.
+
     ``STORE``: the step's new K/V (``store_kv``'s job, fused) are written too, each token and KV head
     once: by the program of the token's tile that holds the first query-head group of the KV head
     (and split 0). The tiles read new keys from ``k``/``v``, never from the buffers, so no program
@@ -319,11 +326,17 @@ def _swa_extend_kernel(
     TOK: tl.constexpr = BLOCK_M // GP
     EVEN_D: tl.constexpr = D == BLOCK_D
     EVEN_DV: tl.constexpr = DV == BLOCK_DV
+    PART_DV: tl.constexpr = BLOCK_DV // DV_PARTS
+    i_tile = tl.program_id(0)
+    i_dv = 0
+    if DV_PARTS > 1:
+        i_dv = i_tile % DV_PARTS
+        i_tile = i_tile // DV_PARTS
     if SPLIT:
-        i_m = tl.program_id(0) // num_splits
-        i_s = tl.program_id(0) % num_splits
+        i_m = i_tile // num_splits
+        i_s = i_tile % num_splits
     else:
-        i_m = tl.program_id(0)
+        i_m = i_tile
     i_hg = tl.program_id(1)
     i_b = tl.program_id(2)
 
@@ -343,7 +356,7 @@ def _swa_extend_kernel(
     m_row = (o_i < E) & (o_m < TOK * GP)
     o_n = tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
-    o_dv = tl.arange(0, BLOCK_DV)
+    o_dv = i_dv * PART_DV + tl.arange(0, PART_DV)
     m_d = o_d < D
     m_dv = o_dv < DV
 
@@ -379,7 +392,7 @@ def _swa_extend_kernel(
     if SOFTCAP:
         qk_scale = sm_scale
 
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, PART_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
@@ -543,10 +556,14 @@ def _swa_extend_kernel(
         # partial output over this split's keys (v_scale already in P) and its log2-sum-exp2
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         b_lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        # [BLOCK_M, BLOCK_DV]
+        # [BLOCK_M, PART_DV]
         b_o = acc / l_safe[:, None]
         o_row = (o_qt * HQ + o_h) * num_splits + i_s
-        tl.store(part + lse_offset + o_row, b_lse, mask=m_row)
+        m_lse = m_row
+        if DV_PARTS > 1:
+            # every part computes the same sum: the first writes it
+            m_lse = m_row & (i_dv == 0)
+        tl.store(part + lse_offset + o_row, b_lse, mask=m_lse)
         tl.store(part + o_row[:, None] * DV + o_dv[None, :], b_o, mask=m_row[:, None] & m_dv[None, :])
     else:
         if HAS_SINK:
@@ -555,7 +572,7 @@ def _swa_extend_kernel(
             m_i, l_i, alpha = fold_sink(m_i, l_i, b_sink)
             acc = acc * alpha[:, None]
         b_o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        # [BLOCK_M, BLOCK_DV]
+        # [BLOCK_M, PART_DV]
         p_o = out + o_qt[:, None] * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
         tl.store(p_o, b_o.to(out.dtype.element_ty), mask=m_row[:, None] & m_dv[None, :])
 
@@ -563,6 +580,8 @@ def _swa_extend_kernel(
     # for a D128 verify when it came first); the tile's tokens at once, one head
     if STORE:
         writes = (i_hg * GP) % G == 0
+        if DV_PARTS > 1:
+            writes = writes & (i_dv == 0)
         if SPLIT:
             writes = writes & (i_s == 0)
         if writes:

@@ -344,7 +344,7 @@ def _check_inputs(
         if window_left >= 0:
             max_window = min(max_window, window_left + 1)
     check_int("max_window", max_window, minimum=0)
-    block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits = overrides
+    block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits, dv_parts = overrides
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if value is not None:
             check_pow2(name, value, 16)
@@ -357,6 +357,10 @@ def _check_inputs(
         check_int("num_splits", num_splits, minimum=1)
         if num_splits > MAX_SPLITS:
             raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+    if dv_parts is not None:
+        check_pow2("dv_parts", dv_parts, 1)
+        if dv_parts > max(1, triton.next_power_of_2(DV) // 16):
+            raise ValueError(f"dv_parts must leave at least 16 value columns a part (Dv = {DV}), got {dv_parts}")
 
     inputs = _Inputs()
     inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B = T, HQ, H, D, DV, B
@@ -376,7 +380,7 @@ def _check_inputs(
 def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: int, device: torch.device) -> _Plan:
     """Tiles (``extend_config`` unless overridden), splits (``extend_num_splits``), grids and launchers."""
     T, HQ, H, D, DV, B = inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B
-    block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits = inputs.overrides
+    block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits, dv_parts = inputs.overrides
     interpret = interpreting()
     # bf16 dots in float32 under the interpreter only (docs/contract.md §8: its bf16 tl.dot is wrong)
     upcast = interpret and dtype == torch.bfloat16
@@ -392,6 +396,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     stages = cfg.num_stages if num_stages is None else num_stages
     if edge_in_loop is None:
         edge_in_loop = cfg.edge_in_loop
+    parts = cfg.dv_parts if dv_parts is None else dv_parts
     causal = inputs.causal and not inputs.has_mask
     plain_causal = causal and not inputs.has_qpos
     # a causal tile's diagonal spans its own bm // gp tokens: narrower key tiles there (16 keys at
@@ -401,11 +406,11 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     m_tiles = triton.cdiv(max_extend_len, bm // gp)
     if num_splits is None:
         resident = extend_resident_programs(bm, bn, stages, D, DV, itemsize, facts.smem_per_sm)
-        num_splits = extend_num_splits(m_tiles * (HQ // gp) * B, inputs.max_window, bn, facts.num_sms, resident, m_tiles == 1)
+        num_splits = extend_num_splits(m_tiles * parts * (HQ // gp) * B, inputs.max_window, bn, facts.num_sms, resident, m_tiles == 1)
     plan = _Plan()
     plan.split = num_splits > 1
     plan.num_splits = num_splits
-    plan.grid = extend_grid(m_tiles, num_splits, HQ // gp, B, T * HQ if plan.split else 0)
+    plan.grid = extend_grid(m_tiles * parts, num_splits, HQ // gp, B, T * HQ if plan.split else 0)
     plan.empty = T == 0 or B == 0 or max_extend_len == 0
     # split-KV partials [T, HQ, splits, Dv], then their log2-sum-exp2 [T, HQ, splits]
     plan.lse_offset = T * HQ * num_splits * DV if plan.split else 0
@@ -439,6 +444,7 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
         SPLIT=plan.split,
         EDGE_IN_LOOP=edge_in_loop and plain_causal,
         UPCAST_DOT=upcast,
+        DV_PARTS=parts,
         # the fused K/V store: off here (a plan with store_loc launches a variant, _store_variant)
         **NO_STORE_CONSTEXPRS,
     )
@@ -498,6 +504,7 @@ def swa_extend(
     edge_in_loop: bool | None = None,
     max_window: int | None = None,
     num_splits: int | None = None,
+    dv_parts: int | None = None,
 ) -> torch.Tensor:
     """Sliding-window attention of new tokens over their cached window prefix and each other.
 
@@ -567,6 +574,10 @@ def swa_extend(
             second kernel merges (adding the sinks). ``None``: ``extend_num_splits``, which splits
             only launches that leave most SMs idle (verify and short extends at small batch); ``1``
             disables; tests force more to walk the split path on tiny shapes.
+        dv_parts (int | None): programs a query tile's value width is divided among (a power of
+            two, at least 16 value columns each; each computes the scores whole): override
+            ``extend_config``'s choice, which divides only where a wide head's accumulator would not
+            fit the registers otherwise.
         debug (bool | None): check every index this call reads or writes before launching (a host
             sync; ValueError naming request, position and slot); None follows ``TRITON_SWA_DEBUG``
             (see :mod:`triton_swa.runtime.guard`).
@@ -586,7 +597,7 @@ def swa_extend(
     sm_scale = check_sm_scale(sm_scale, None)
     ks, ks_t = split_kv_scale("k_scale", k_scale)
     vs, vs_t = split_kv_scale("v_scale", v_scale)
-    overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits)
+    overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits, dv_parts)
     args = (
         q,
         k,
@@ -1039,6 +1050,7 @@ def swa_extend_plan(
     edge_in_loop: bool | None = None,
     max_window: int | None = None,
     num_splits: int | None = None,
+    dv_parts: int | None = None,
     store_loc: torch.Tensor | None = None,
     store_mapping: torch.Tensor | None = None,
 ) -> ExtendPlan:
@@ -1068,7 +1080,7 @@ def swa_extend_plan(
     sm_scale = check_sm_scale(sm_scale, None)
     split_kv_scale("k_scale", k_scale)
     split_kv_scale("v_scale", v_scale)
-    overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits)
+    overrides = (block_m, block_n, pack, num_warps, num_stages, edge_in_loop, num_splits, dv_parts)
     args = (
         q,
         k,
