@@ -34,7 +34,7 @@
 #                                      decodes; --case ID ... for others): the split sweep (--tile BMxBNxWxS ...:
 #                                      those extend tiles instead) and the time by kernel
 #                                      (python -m triton_swa.benchmark.splits), then each case's default calls
-#                                      under Nsight Compute (ncu) where the machine has it
+#                                      under Nsight Compute (ncu) where the machine has it (PROFILE_NCU=0: not)
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
 #   bash scripts/gpu.sh verify SHA     tests, vllm, then the step's host cost beside .ab/before without
 #                                      FlashInfer: one call (about 500 s) carrying .whl/sglang, .vllm_slim
@@ -237,6 +237,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "transformers", 
 profile() {  # profile [--case ID ...]: the split sweep of those cases (default: the wide-head decodes), then ncu
   echo "git_sha $sha" > "$out/profile-$sha.log"
   timeout "${PROFILE_TIMEOUT_S:-240}" python3 -m triton_swa.benchmark.splits "$@" 2>&1 | tee -a "$out/profile-$sha.log"
+  [ "${PROFILE_NCU:-1}" = 1 ] || { echo "PROFILE_NCU=0: no hardware counters asked for"; return 0; }
   command -v ncu >/dev/null || { echo "no ncu on this machine: no hardware counters"; return 0; }
   local metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
   metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active

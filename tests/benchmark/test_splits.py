@@ -7,10 +7,11 @@ import pytest
 from triton_swa.benchmark import splits
 
 
-def test_a_tile_is_four_positive_ints():
+def test_a_tile_is_four_or_five_positive_ints():
     assert splits.parse_tile("64x32x8x2") == dict(block_m=64, block_n=32, num_warps=8, num_stages=2)
-    for bad in ("64x32x8", "64x32x8x0", "64x32xeightx2", ""):
-        with pytest.raises(ValueError, match="--tile must be BMxBNxWARPSxSTAGES"):
+    assert splits.parse_tile("128x16x8x3x2") == dict(block_m=128, block_n=16, num_warps=8, num_stages=3, dv_parts=2)
+    for bad in ("64x32x8", "64x32x8x0", "64x32xeightx2", "64x32x8x2x2x1", ""):
+        with pytest.raises(ValueError, match=r"--tile must be BMxBNxWARPSxSTAGES\[xPARTS\]"):
             splits.parse_tile(bad)
 
 

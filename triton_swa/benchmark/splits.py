@@ -9,8 +9,8 @@ and a wide batch beside them; any decode or verify case of the default and heuri
   replay over rotated input sets, beside a read and a copy of the same bytes (the bandwidth ceiling);
 - the default's time by kernel (the split kernel and the merge kernel) from ``torch.profiler``.
 
-``--tile BMxBNxWARPSxSTAGES`` (repeatable) times those extend tiles beside the default instead of the
-split counts (``block_m``, ``block_n``, ``num_warps``, ``num_stages`` overrides, each output checked
+``--tile BMxBNxWARPSxSTAGES[xPARTS]`` (repeatable) times those extend tiles beside the default instead of
+the split counts (``block_m``, ``block_n``, ``num_warps``, ``num_stages``, ``dv_parts`` overrides, each output checked
 first): the way to try a tile the compile tier proposes, e.g. D 512 prefill at 64x32x8x2.
 
 ``--once CASE`` runs the default call a few times and nothing else: the target of a kernel profiler
@@ -79,12 +79,16 @@ def _kernel_times(fn, reps: int = 50) -> dict:
     return out
 
 
+TILE_KNOBS = ("block_m", "block_n", "num_warps", "num_stages", "dv_parts")
+
+
 def parse_tile(text: str) -> dict:
-    """``BMxBNxWARPSxSTAGES`` as ``swa_extend``'s overrides (``64x32x8x2``)."""
+    """``BMxBNxWARPSxSTAGES[xPARTS]`` as ``swa_extend``'s overrides (``64x32x8x2``; ``128x16x8x3x2``
+    divides the value width between two programs, ``dv_parts``)."""
     parts = text.lower().split("x")
-    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--tile must be BMxBNxWARPSxSTAGES of positive ints (64x32x8x2), got {text!r}")
-    return dict(zip(("block_m", "block_n", "num_warps", "num_stages"), map(int, parts)))
+    if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--tile must be BMxBNxWARPSxSTAGES[xPARTS] of positive ints (64x32x8x2), got {text!r}")
+    return dict(zip(TILE_KNOBS, map(int, parts)))
 
 
 def sweep(case, tiles: tuple[dict, ...] = ()) -> list[str]:
@@ -103,12 +107,12 @@ def sweep(case, tiles: tuple[dict, ...] = ()) -> list[str]:
     lines.append(f"read of the same bytes {read_us:.1f} us ({kv_bytes / read_us / 1e3:.0f} GB/s), copy {copy_us:.1f} us")
     if tiles:
         lines.append(f"flops per call {case.flops() / 1e12:.2f} TFLOP (TFLOP/s: that / us p50 x 1e6)")
-    head = "tile (block_m x block_n x warps x stages)" if tiles else "splits"
+    head = "tile (block_m x block_n x warps x stages [x value parts])" if tiles else "splits"
     lines.append(f"| {head} | us p50 (graph) | GB/s | over the read | max abs err |")
     lines.append("| --- | ---: | ---: | ---: | ---: |")
     for extra in tiles or [{}, *({"num_splits": n} for n in FORCED_SPLITS)]:
         if tiles:
-            label = "x".join(str(extra[k]) for k in ("block_m", "block_n", "num_warps", "num_stages")) if extra else "default"
+            label = "x".join(str(extra[k]) for k in TILE_KNOBS if k in extra) if extra else "default"
         else:
             label = str(extra["num_splits"]) if extra else None
         try:
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triton_swa.benchmark.splits", description=__doc__.split("\n")[0])
     parser.add_argument("--case", action="append", help=f"a decode or verify case id (default: {', '.join(DEFAULT_CASES)})")
     parser.add_argument("--once", metavar="CASE", help="run CASE's default call 5 times, nothing else (for a kernel profiler)")
-    parser.add_argument("--tile", action="append", default=[], help="BMxBNxWARPSxSTAGES: time these extend tiles (and the default)")
+    parser.add_argument("--tile", action="append", default=[], help="BMxBNxWARPSxSTAGES[xPARTS]: time these extend tiles (and the default)")
     args = parser.parse_args(argv)
     tiles = tuple(parse_tile(t) for t in args.tile)
     if tiles:
