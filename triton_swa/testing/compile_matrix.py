@@ -245,10 +245,10 @@ def _decode_call(hq, h, d, dv=None, *, batch, window, page=1, dtype=torch.bfloat
 
 def _extend_call(
     hq, h, d, *, batch, new, prefix, window_left, dtype=torch.bfloat16, kv=None, page=1, mode="causal", softcap=0.0, sinks=False,
-    fused_store=False,
+    fused_store=False, dv_parts=None,
 ):  # fmt: skip
     """``swa_extend``; with ``fused_store``, a plan that writes the step's K/V in its launch (through a
-    mapping) and its run."""
+    mapping) and its run; ``dv_parts`` its override."""
     from ..ops.extend import swa_extend, swa_extend_plan
 
     kv = kv or dtype
@@ -260,7 +260,7 @@ def _extend_call(
     slots = batch * max(cached, 1) + page
     slots += (-slots) % page
     kb = torch.zeros(slots, h, d).to(kv)
-    extra = dict(sinks=torch.zeros(hq) if sinks else None, logit_cap=softcap)
+    extra = dict(sinks=torch.zeros(hq) if sinks else None, logit_cap=softcap, dv_parts=dv_parts)
     if kv not in (torch.float16, torch.bfloat16, torch.float32):
         extra.update(k_scale=0.5, v_scale=0.5)
     if mode == "tree":
@@ -349,6 +349,9 @@ CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "extend-prefill-d128": lambda: _extend_call(32, 16, 128, batch=1, new=2048, prefix=0, window_left=1023),
     "extend-prefill-d256": lambda: _extend_call(32, 16, 256, batch=1, new=2048, prefix=0, window_left=1023),
     "extend-prefill-d512": lambda: _extend_call(32, 4, 512, batch=1, new=512, prefix=0, window_left=-1),
+    # the value width in two programs (the wide heads' accumulator halved) at the default tiles
+    "extend-prefill-d512-dvparts": lambda: _extend_call(32, 4, 512, batch=1, new=512, prefix=0, window_left=-1, dv_parts=2),
+    "extend-verify-d512-dvparts": lambda: _extend_call(32, 4, 512, batch=8, new=8, prefix=2048, window_left=-1, dv_parts=2),
     "extend-chunk-d64-pages-sinks": lambda: _extend_call(64, 8, 64, batch=4, new=256, prefix=512, window_left=127, page=16, sinks=True),
     "extend-verify-d128-split": lambda: _extend_call(32, 8, 128, batch=1, new=8, prefix=4096, window_left=1023),
     "extend-verify-d512-fp32": lambda: _extend_call(32, 4, 512, batch=8, new=8, prefix=2048, window_left=-1, dtype=torch.float32),
