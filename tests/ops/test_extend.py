@@ -558,7 +558,7 @@ def _bad_inputs():
         ("splits-65", kw("num_splits", 65), ValueError, "num_splits must be at most 64"),
         ("splits-float", kw("num_splits", 2.0), TypeError, "num_splits must be an int"),
         ("dv-parts-3", kw("dv_parts", 3), ValueError, "dv_parts must be a power of two"),
-        ("dv-parts-narrow", kw("dv_parts", 2), ValueError, "dv_parts must leave at least 16 value columns"),
+        ("dv-parts-narrow", kw("dv_parts", 2), ValueError, "dv_parts must leave every part 16 value columns"),
         ("max-window", kw("max_window", -1), ValueError, "max_window must be >= 0"),
         ("max-window-bool", kw("max_window", True), TypeError, "max_window must be an int"),
     ]
@@ -573,6 +573,17 @@ def test_bad_input_raises_before_launch(name, mutate, exc, match, device):
     index = {k: v for k, v in index.items() if v is not None}
     with pytest.raises(exc, match=match):
         swa_extend(*args.values(), **index, **kw)
+
+
+def test_dv_parts_leave_every_part_a_real_column(device):
+    """Dv 40 pads to 64 columns: two parts of 32 each hold real ones, four of 16 would leave the last
+    (48-63) none, and are refused by name before anything is written."""
+    case = Case(**_mix(*MIX), W=11, DV=40)
+    built = build(case, device)
+    out = torch.full(tuple(built["expected"].shape), NAN, dtype=case.dtype, device=device)
+    with pytest.raises(ValueError, match="dv_parts must leave every part 16 value columns or more, some of them real"):
+        swa_extend(*built["args"].values(), **built["index"], **built["kw"], out=out, dv_parts=4)
+    assert torch.isnan(out).all()
 
 
 def test_cases_cover_the_issue():

@@ -359,8 +359,9 @@ def _check_inputs(
             raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
     if dv_parts is not None:
         check_pow2("dv_parts", dv_parts, 1)
-        if dv_parts > max(1, triton.next_power_of_2(DV) // 16):
-            raise ValueError(f"dv_parts must leave at least 16 value columns a part (Dv = {DV}), got {dv_parts}")
+        width = max(16, triton.next_power_of_2(DV)) // dv_parts  # columns a part, the last one masked
+        if dv_parts > 1 and (width < 16 or (dv_parts - 1) * width >= DV):
+            raise ValueError(f"dv_parts must leave every part 16 value columns or more, some of them real (Dv = {DV}), got {dv_parts}")
 
     inputs = _Inputs()
     inputs.T, inputs.HQ, inputs.H, inputs.D, inputs.DV, inputs.B = T, HQ, H, D, DV, B
