@@ -64,10 +64,12 @@ def test_models_at_real_size_write_their_configs(tmp_path, name):
 def test_gpu_engine_env(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.delenv("TRITON_SWA_ENGINE_FUSED_OPS", raising=False)
     env = sglang_engine.gpu_engine_env([str(sglang_engine.CUDA_STUBS)])
     assert "TRITON_INTERPRET" not in env  # the real kernels on the GPU
     # the stand-in image loads the same plugins for every backend
-    assert env["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins" and env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
+    standins = "triton_swa,triton_swa_gpu_standins,triton_swa_fused_ops"
+    assert env["SGLANG_PLUGINS"] == standins and env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
     assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"  # only with the stand-in
     paths = env["PYTHONPATH"].split(os.pathsep)
     assert paths[0] == str(sglang_engine.CUDA_STUBS) and str(sglang_engine.ENGINE_PLUGINS) in paths
@@ -76,9 +78,16 @@ def test_gpu_engine_env(monkeypatch):
     assert "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK" not in real and real["SGLANG_PLUGINS"] == "triton_swa"
     # a run's own plugins are added, each name once
     more = sglang_engine.gpu_engine_env([str(sglang_engine.CUDA_STUBS)], {"SGLANG_PLUGINS": "triton_swa,triton_swa_prefix_rule", "X": "1"})
-    assert more["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins,triton_swa_prefix_rule" and more["X"] == "1"
+    assert more["SGLANG_PLUGINS"] == standins + ",triton_swa_prefix_rule" and more["X"] == "1"
     cpu = sglang_engine.gpu_engine_env([], device="cpu")
     assert cpu["TRITON_INTERPRET"] == "1" and cpu["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert cpu["SGLANG_PLUGINS"] == "triton_swa"  # the CPU engine runs SGLang's own CPU layers
+    # the plain-torch layers of the earlier runs, on request; anything else is refused by name
+    monkeypatch.setenv("TRITON_SWA_ENGINE_FUSED_OPS", "torch")
+    assert sglang_engine.gpu_engine_env([str(sglang_engine.CUDA_STUBS)])["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins"
+    monkeypatch.setenv("TRITON_SWA_ENGINE_FUSED_OPS", "cuda")
+    with pytest.raises(ValueError, match="TRITON_SWA_ENGINE_FUSED_OPS"):
+        sglang_engine.gpu_engine_env([str(sglang_engine.CUDA_STUBS)])
 
 
 def test_stand_in_weak_ref_tensor():

@@ -166,7 +166,7 @@ def test_gpu_server_environment_and_arguments(tmp_path):
     )
     env, args = srv._env, srv.args
     # the CUDA stand-in image loads the compiled-package stand-ins for every backend, before the caller's plugins
-    assert env["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins,triton_swa_pool_probe"
+    assert env["SGLANG_PLUGINS"] == "triton_swa,triton_swa_gpu_standins,triton_swa_fused_ops,triton_swa_pool_probe"
     assert env["TRITON_SWA_DEBUG"] == "1"
     assert env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch" and env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
     assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1" and "TRITON_INTERPRET" not in env and "SGLANG_USE_CPU_ENGINE" not in env

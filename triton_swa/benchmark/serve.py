@@ -19,9 +19,12 @@ a speed-only model is a config with ``load_format="dummy"`` (SGLang's own seeded
 
 The engine's environment on a GPU (:func:`gpu_engine_env`): ``SGLANG_PLUGINS=triton_swa`` (for every
 backend, so all run in the same set-up), ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` (SGLang's fused
-layers take their plain-torch paths: its compiled ``sgl_kernel`` is built for another torch), and
-the ``sgl_kernel`` stand-in (``tests/integration/stubs_cuda``) on ``PYTHONPATH``, where the real one
-does not import. Both are the same for every backend compared.
+layers take their plain-torch paths: its compiled ``sgl_kernel`` is built for another torch), the
+``sgl_kernel`` stand-in (``tests/integration/stubs_cuda``) on ``PYTHONPATH``, where the real one
+does not import, and the test-side plugin that gives the norm and rotary layers one Triton kernel
+each where the real ``sgl_kernel`` would give them a fused one (``tests/engine/plugins/
+triton_swa_fused_ops.py``; ``TRITON_SWA_ENGINE_FUSED_OPS=torch`` leaves it out). All are the same for
+every backend compared.
 
 Results: ``serve-<date>-<gpu>.csv`` (one row per phase and backend, :data:`COLUMNS`), ``serve-<sha>.json``
 (everything each run returned) and a text report on stdout.
@@ -45,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from triton_swa.testing.sglang_engine import ENGINE_PLUGINS, gpu_engine_env, sgl_kernel_path, tie_tol
+from triton_swa.testing.sglang_engine import ENGINE_PLUGINS, fused_ops_standin, gpu_engine_env, sgl_kernel_path, tie_tol
 
 __all__ = ["COLUMNS", "MODELS", "ServeModel", "build_model", "compare_tokens", "gpu_engine_env", "main", "run_backend", "tie_tol"]
 
@@ -656,6 +659,9 @@ def main(argv=None) -> int:
     run_id = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
     pythonpath = sgl_kernel_path(device)
     print(f"serve: {env0}, git {sha} ({dirty}); on PYTHONPATH: {pythonpath or 'nothing (the real sgl_kernel imports)'}", flush=True)
+    if pythonpath and device == "cuda":
+        layers = "Triton stand-ins (triton_swa_fused_ops)" if fused_ops_standin() else "plain torch (TRITON_SWA_ENGINE_FUSED_OPS=torch)"
+        print(f"serve: SGLang's norm and rotary layers, every backend: {layers}", flush=True)
     load: list[tuple[int, int, int]] = []
     for item in filter(None, a.load.split(",")):
         parts = [int(x) for x in item.lower().replace("k", "000").split("x")]

@@ -619,6 +619,16 @@ def sgl_kernel_path(device: str) -> list[str]:
     return paths
 
 
+def fused_ops_standin(env=None) -> bool:
+    """Whether GPU engines get the Triton norm and rotary stand-ins (tests/engine/plugins/
+    triton_swa_fused_ops.py): yes unless ``TRITON_SWA_ENGINE_FUSED_OPS=torch`` asks for SGLang's
+    plain-torch layers (the set-up of the GPU engine runs before 2026-12-07)."""
+    value = (os.environ if env is None else env).get("TRITON_SWA_ENGINE_FUSED_OPS", "triton")
+    if value not in ("triton", "torch"):
+        raise ValueError(f"TRITON_SWA_ENGINE_FUSED_OPS must be 'triton' or 'torch', got {value!r}")
+    return value == "triton"
+
+
 def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str = "cuda") -> dict:
     """The environment of a GPU engine subprocess (triton_swa.benchmark.serve's module doc says why each
     setting); ``device="cpu"`` is SGLang's CPU engine with the kernels in Triton's interpreter."""
@@ -639,8 +649,11 @@ def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str
     elif str(CUDA_STUBS) in pythonpath:
         env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in has no wheel metadata to check
         # the same image for every backend: the compiled packages SGLang's speculative paths import
-        # (tests/engine/plugins/triton_swa_gpu_standins.py)
+        # (tests/engine/plugins/triton_swa_gpu_standins.py) and, unless TRITON_SWA_ENGINE_FUSED_OPS=torch,
+        # one Triton kernel per norm and rotary layer for sgl_kernel's (triton_swa_fused_ops.py)
         plugins.append("triton_swa_gpu_standins")
+        if fused_ops_standin(env):
+            plugins.append("triton_swa_fused_ops")
         pythonpath += [] if str(ENGINE_PLUGINS) in pythonpath else [str(ENGINE_PLUGINS)]
     extra = dict(extra or {})
     plugins += [n for n in extra.pop("SGLANG_PLUGINS", "").split(",") if n and n not in plugins]
