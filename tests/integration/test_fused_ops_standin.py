@@ -77,6 +77,20 @@ def _rand(*shape, dtype=torch.bfloat16, scale=1.0):
     return (torch.randn(*shape) * scale).to(dtype)
 
 
+def check_norm(ops_wrapper, cls, layer, x, res=None, post=None):
+    """``cls``'s norm of ``x`` (with the residual, and its post addition, given) by the plugin
+    against SGLang's ``forward_native``: the output within the bound, the residual sum exact."""
+    args = tuple(a for a in (x, res, post) if a is not None)
+    want = cls.forward_native(layer, *args)
+    got = _call(ops_wrapper, cls, layer, *args)
+    if res is None:
+        assert_within_ulp(got, want)
+        return
+    assert_within_ulp(got[0], want[0])
+    assert_sum_equal(got[1], want[1])
+    assert not torch.equal(want[1], res), "the case adds nothing"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(5, 48), (3, 2, 40)])
 @pytest.mark.parametrize("adds", [0, 1, 2])
@@ -87,15 +101,7 @@ def test_rmsnorm(ops, dtype, shape, adds):
     with torch.no_grad():
         layer.weight.copy_(torch.randn(shape[-1]))
     x, res, post = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype, scale=4), _rand(*shape, dtype=dtype)
-    args = (x,) if adds == 0 else (x, res) if adds == 1 else (x, res, post)
-    want = RMSNorm.forward_native(layer, *args)
-    got = _call(ops._rmsnorm, RMSNorm, layer, *args)
-    if adds == 0:
-        assert_within_ulp(got, want)
-        return
-    assert_within_ulp(got[0], want[0])
-    assert_sum_equal(got[1], want[1])
-    assert not torch.equal(want[1], res), "the case adds nothing"
+    check_norm(ops._rmsnorm, RMSNorm, layer, x, res if adds else None, post if adds == 2 else None)
 
 
 # bfloat16 without the second addition: under the interpreter's truncation, two rounded sums of
@@ -108,14 +114,7 @@ def test_gemma_rmsnorm(ops, adds, dtype):
     with torch.no_grad():
         layer.weight.copy_(torch.randn(40) * 0.5)
     x, res, post = _rand(6, 40, dtype=dtype), _rand(6, 40, dtype=dtype, scale=8), _rand(6, 40, dtype=dtype)
-    args = (x,) if adds == 0 else (x, res) if adds == 1 else (x, res, post)
-    want = GemmaRMSNorm.forward_native(layer, *args)
-    got = _call(ops._gemma_rmsnorm, GemmaRMSNorm, layer, *args)
-    if adds == 0:
-        assert_within_ulp(got, want)
-        return
-    assert_within_ulp(got[0], want[0])
-    assert_sum_equal(got[1], want[1])
+    check_norm(ops._gemma_rmsnorm, GemmaRMSNorm, layer, x, res if adds else None, post if adds == 2 else None)
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -126,14 +125,7 @@ def test_gemma3_rmsnorm(ops, residual):
     with torch.no_grad():
         layer.weight.copy_(torch.randn(32) * 0.5)
     x, res = _rand(2, 3, 32, dtype=torch.float16), _rand(2, 3, 32, dtype=torch.float16, scale=8)
-    args = (x, res) if residual else (x,)
-    want = Gemma3RMSNorm.forward_native(layer, *args)
-    got = _call(ops._gemma3_rmsnorm, Gemma3RMSNorm, layer, *args)
-    if residual:
-        assert_within_ulp(got[0], want[0])
-        assert torch.equal(got[1], want[1])
-    else:
-        assert_within_ulp(got, want)
+    check_norm(ops._gemma3_rmsnorm, Gemma3RMSNorm, layer, x, res if residual else None)
 
 
 @pytest.mark.parametrize("with_scale, shift", [(True, 0.0), (True, 1.0), (False, 0.0)])
