@@ -68,8 +68,8 @@ def test_every_kernel_compiles_for(target):
         # tiles of 64 rows and more take Hopper's wgmma; the D 512 prefill's 32-row tiles take mma.sync
         # (docs/performance.md: the wide-head prefill runs far below the tensor cores' rate)
         cores = {r["case"]: r["tensor_cores"] for r in attention if r["case"].startswith("extend-prefill")}
-        want = {"extend-prefill-d128": "wgmma", "extend-prefill-d256": "wgmma", "extend-prefill-d512": "mma"}
-        assert cores == dict(want, **{"extend-prefill-d512-dvparts": "mma"}), cores
+        want = {"extend-prefill-d128": "wgmma", "extend-prefill-d256": "wgmma", "extend-prefill-d512": "wgmma"}
+        assert cores == dict(want, **{"extend-prefill-d512-dvparts": "wgmma"}), cores
         # dv_parts halves the wide heads' accumulator: fewer registers than the tile whole (245, 2026-12-07)
         regs = {r["case"]: r["registers"] for r in attention if r["case"].startswith("extend-verify-d512")}
         assert regs["extend-verify-d512-dvparts"] < 200, regs

@@ -485,6 +485,29 @@ def test_config_heuristic_is_legal(d, dv, group, e):
         assert cfg.block_m == 16  # a one-tile request pads no more than the tensor-core minimum
 
 
+def test_wide_head_tile_only_for_hopper_prefills():
+    """D 512 on Hopper: launches of at least WIDE_HEAD_TILE's rows take it (value width in parts);
+    verify-sized launches, fp32, other targets and narrower heads keep their tiles."""
+    from triton_swa.ops.extend.config import WIDE_HEAD_TILE
+
+    bm, bn, warps, stages, parts = WIDE_HEAD_TILE
+    wide = extend_config(512, 512, 8, 8192, torch.bfloat16, wgmma=True)
+    assert (wide.block_m, wide.block_n, wide.num_warps, wide.num_stages, wide.dv_parts) == WIDE_HEAD_TILE
+    assert 512 // parts >= 16 and wide.block_m % wide.pack == 0
+    assert extend_config(512, 512, 8, bm // 8, torch.float16, wgmma=True).dv_parts == parts  # exactly bm rows
+    for cfg in (
+        extend_config(512, 512, 8, 8, torch.bfloat16, wgmma=True),  # verify: 64 rows
+        extend_config(512, 512, 8, 8192, torch.float32, wgmma=True),
+        extend_config(512, 512, 8, 8192, torch.bfloat16),  # the portable default
+        extend_config(256, 256, 2, 8192, torch.bfloat16, wgmma=True),
+    ):
+        assert cfg.dv_parts == 1 and cfg.block_m <= 128, cfg
+    assert extend_config(512, 512, 8, 8192, torch.bfloat16).block_m == 32
+    # the shared-memory fit counts a program's part of the value width (the tile fits an H200 whole)
+    fitted = extend_config(512, 512, 8, 8192, torch.bfloat16, smem_limit=227 * 1024, wgmma=True)
+    assert (fitted.block_m, fitted.block_n, fitted.num_stages) == (bm, bn, stages)
+
+
 def _bad_inputs():
     """(name, mutate(args, index, kw), exception, message fragment)."""
 

@@ -39,6 +39,11 @@ class ExtendConfig:
     dv_parts: int = 1
 
 
+# sm_90's tile for a head wider than 256 (D 512) in launches of at least block_m rows, as
+# (block_m, block_n, warps, stages, dv_parts): extend_config's docstring says why
+WIDE_HEAD_TILE = (128, 16, 8, 3, 2)
+
+
 def _pow2_divisor(n: int) -> int:
     return n & -n
 
@@ -52,6 +57,7 @@ def extend_config(
     interpret: bool = False,
     smem_limit: int | None = None,
     kv_bytes: bool = False,
+    wgmma: bool = False,
 ) -> ExtendConfig:
     """Default tile shape for an extend launch, from the head dims, GQA group and longest request.
 
@@ -67,11 +73,15 @@ def extend_config(
       rows over 8 warps; ``bench/results/extend-sweep-*``). ``D = 256``: ``block_m`` 128 rows over 8
       warps (two warpgroups of 64 rows for wgmma) keeps the tensor cores fed; ``block_n`` halves so
       that the fp32 accumulator (``block_m x Dv``) and the score tile stay in registers, with two
-      K/V stages in shared memory. ``D = 512`` drops to 32-row tiles: a 64-row wgmma tile spills.
-      The price (sm_90, ptxas 2026-12-06): below 64 rows Triton emits ``mma.sync``, not wgmma, and
-      SGLang's engine profile put Gemma-4-like's 512-wide full layers at about 83 TFLOP/s of causal
-      prefill (docs/sglang.md). 64 x 32 tiles over 8 warps with 2 stages take wgmma for 280 bytes of
-      stack spills (64 x 16: 192 bytes; 128 x 32: 2120): the candidate to time on the GPU.
+      K/V stages in shared memory. ``D = 512``: a whole 64-row wgmma tile spills (sm_90, ptxas:
+      64 x 32 over 8 warps, 2 stages: 280 bytes of stack; 64 x 16: 192), and below 64 rows Triton
+      emits ``mma.sync``, not wgmma: the portable default's 32 x 32 tiles, which SGLang's engine
+      profile put at about 83 TFLOP/s of causal prefill (Gemma-4-like's full layers,
+      docs/sglang.md). On Hopper (``wgmma``), launches of at least 128 rows take
+      :data:`WIDE_HEAD_TILE` instead: 128 x 16 over 8 warps, 3 stages, the value width in 2 parts
+      (``dv_parts``): each program accumulates 256 columns, as at ``D = 256``, for 254 registers
+      and no spill, at the price of computing the scores twice. Shorter launches (verify, short
+      chunks) keep the 32-row tiles below.
     - ``edge_in_loop`` on at ``D = 256`` only: streaming the window's lower edge inside the main
       loop took the D 256 prefill from 316-317 to 341-348 TFLOP/s, and changed nothing measurable
       at D 128 (283-291 against 272-290, alternated in one run;
@@ -97,7 +107,7 @@ def extend_config(
     if interpret:
         pack = min(_pow2_divisor(group), 16)
         return ExtendConfig(16, 16, pack, 1, 1)
-    edge = False
+    edge, parts = False, 1
     if d <= 128:
         block_m, block_n, warps, stages = 64, 64, 4, 3
     elif d <= 256:
@@ -108,7 +118,10 @@ def extend_config(
         block_m, block_n, stages = max(16, block_m // 2), max(16, block_n // 2), min(stages, 2)
     pack = min(_pow2_divisor(group), block_m)
     rows = max(1, max_extend_len) * pack
-    if rows < block_m:
+    if d > 256 and wgmma and dtype != torch.float32 and rows >= WIDE_HEAD_TILE[0]:
+        # Hopper, a 512-wide head's prefill: the value width in parts, for wgmma without spills
+        block_m, block_n, warps, stages, parts = WIDE_HEAD_TILE
+    elif rows < block_m:
         # a short request: one tile holds it whole; tiles below 16 rows do not map to tensor cores
         block_m = max(16, triton.next_power_of_2(rows))
         block_n = 64 if d <= 128 else 32
@@ -116,9 +129,11 @@ def extend_config(
         stages = 3 if d <= 128 else 2
     if smem_limit is not None:
         q_tiles = 2 if kv_bytes else 1
-        block_m, block_n, stages = _fit_shared(block_m, block_n, stages, head_dim, v_head_dim, dtype.itemsize, smem_limit, q_tiles)
+        # a program holds its part of the value columns
+        dv_part = -(-v_head_dim // parts)
+        block_m, block_n, stages = _fit_shared(block_m, block_n, stages, head_dim, dv_part, dtype.itemsize, smem_limit, q_tiles)
         pack = min(pack, block_m)
-    return ExtendConfig(block_m, block_n, pack, warps, stages, edge)
+    return ExtendConfig(block_m, block_n, pack, warps, stages, edge, parts)
 
 
 def extend_shared_bytes(

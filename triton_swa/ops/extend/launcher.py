@@ -387,7 +387,8 @@ def _plan(inputs: _Inputs, max_extend_len: int, dtype: torch.dtype, itemsize: in
     upcast = interpret and dtype == torch.bfloat16
     facts = device_facts(device)
     kv_fp8, kv_view = kv_fp8_mode(facts, inputs.kv_dtype)
-    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret, facts.smem_per_program, kv_fp8 != KV_NATIVE)
+    wgmma = facts.backend == "cuda" and facts.arch == 90  # Hopper's warpgroup MMA (Triton emits it from 64-row tiles)
+    cfg = extend_config(D, DV, HQ // H, max_extend_len, dtype, interpret, facts.smem_per_program, kv_fp8 != KV_NATIVE, wgmma)
     bm = cfg.block_m if block_m is None else block_m
     bn = cfg.block_n if block_n is None else block_n
     gp = min(cfg.pack, bm) if pack is None else pack
