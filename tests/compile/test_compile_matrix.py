@@ -58,11 +58,14 @@ def test_every_kernel_compiles_for(target):
     assert not serialised, serialised
     if target == "sm_90":
         # on Hopper the bf16 / fp16 launches keep every value in registers: spills (stack bytes) only in
-        # the fp32 tiles and the fp8 paths
+        # the fp32 tiles and the fp8 paths. One measured exception: the D 512 prefill's WIDE_HEAD_TILE
+        # (128 x 32) spills 32 B and still ran 1.27-1.33x faster than 128 x 16 with no spill (H100,
+        # graph replay, 2026-12-07: 73.5 against 101.1 ms at 32k, 8.0 against 10.7 ms at 8k)
+        wide_spill = {"extend-prefill-d512": 32, "extend-prefill-d512-dvparts": 32}
         spilled = [
             f"{r['case']} {r['kernel']}: {r['spills']} B"
             for r in attention
-            if r["spills"] and "fp32" not in r["case"] and "fp8" not in r["case"]
+            if (r["spills"] or 0) > wide_spill.get(r["case"], 0) and "fp32" not in r["case"] and "fp8" not in r["case"]
         ]
         assert not spilled, spilled
         # tiles of 64 rows and more take Hopper's wgmma; the D 512 prefill's 32-row tiles take mma.sync

@@ -41,7 +41,7 @@ class ExtendConfig:
 
 # sm_90's tile for a head wider than 256 (D 512) in launches of at least block_m rows, as
 # (block_m, block_n, warps, stages, dv_parts): extend_config's docstring says why
-WIDE_HEAD_TILE = (128, 16, 8, 3, 2)
+WIDE_HEAD_TILE = (128, 32, 8, 2, 2)
 
 
 def _pow2_divisor(n: int) -> int:
@@ -78,9 +78,13 @@ def extend_config(
       emits ``mma.sync``, not wgmma: the portable default's 32 x 32 tiles, which SGLang's engine
       profile put at about 83 TFLOP/s of causal prefill (Gemma-4-like's full layers,
       docs/sglang.md). On Hopper (``wgmma``), launches of at least 128 rows take
-      :data:`WIDE_HEAD_TILE` instead: 128 x 16 over 8 warps, 3 stages, the value width in 2 parts
-      (``dv_parts``): each program accumulates 256 columns, as at ``D = 256``, for 254 registers
-      and no spill, at the price of computing the scores twice. Shorter launches (verify, short
+      :data:`WIDE_HEAD_TILE` instead: 128 x 32 over 8 warps, 2 stages, the value width in 2 parts
+      (``dv_parts``): each program accumulates 256 columns, as at ``D = 256``, at the price of
+      computing the scores twice. ptxas (sm_90) gives it 255 registers and 32 bytes of stack; it
+      still ran fastest of four tiles on an H100 (graph replay, causal, 2026-12-07; 32k / 8k
+      prompt tokens): 128 x 32 73.5 / 8.0 ms (about 209 / 274 TFLOP/s), 128 x 16 with 3 stages
+      and no spill 101.1 / 10.7, 64 x 32 211.8 / 18.8, the 32 x 32 default 338.7 / 39.9
+      (``bench/results/engines-2026-12-07-NVIDIA_H100.log``). Shorter launches (verify, short
       chunks) keep the 32-row tiles below.
     - ``edge_in_loop`` on at ``D = 256`` only: streaming the window's lower edge inside the main
       loop took the D 256 prefill from 316-317 to 341-348 TFLOP/s, and changed nothing measurable
