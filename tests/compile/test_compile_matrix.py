@@ -5,8 +5,8 @@ One subprocess per target (the compiled ``@triton.jit`` path needs ``TRITON_INTE
 this session's interpreter tier sets). Each launch must compile and fit the target's shared memory,
 fp8 pools of both formats included (read natively where Triton converts them, else as bytes decoded
 in the kernel), and no launcher may refuse a case. On sm_90, ptxas may not serialise the wgmma of any
-extend kernel (its warning C7515), the bf16 / fp16 launches may not spill, and the prefill's tensor-core
-path (wgmma or mma.sync) is pinned per head dim.
+extend kernel (its warning C7515), the bf16 / fp16 launches may not spill (the D 512 prefill's wide
+tile: at most 32 B), and the prefill's tensor-core path (wgmma or mma.sync) is pinned per head dim.
 """
 
 from __future__ import annotations
