@@ -36,10 +36,10 @@ if [ "$#" -gt 0 ]; then
 fi
 status=0
 t0=$SECONDS
-"${PYTEST[@]}" -n "${TEST_WORKERS:-2}" --dist worksteal --ignore=tests/engine || status=$?
+"${PYTEST[@]}" -n "${TEST_WORKERS:-2}" --dist worksteal --durations=20 --ignore=tests/engine || status=$?
 tier_done suite "$t0"
 t0=$SECONDS
-"${PYTEST[@]}" -p no:xdist -rA tests/engine || status=$?
+"${PYTEST[@]}" -p no:xdist -rA --durations=20 tests/engine || status=$?
 tier_done "engine tier" "$t0"
 echo "times: $(IFS=,; echo "${TIMES[*]}")"
 exit "$status"
