@@ -338,3 +338,83 @@ def test_real_width_qk_norms_give_scores_a_spread_of_about_three(family, head_di
     w = centre if family == "gemma4" else 1 + centre
     scores = (q * w * k * w).sum(-1) * (1.0 if family == "gemma4" else head_dim**-0.5)
     assert abs(float(scores.std()) / QK_SCORE_STD - 1) < 0.05
+
+
+class _StreamingEngine:
+    """Streams ``max_new_tokens`` tokens a request, one a millisecond (the first after ``first_ms``
+    on the engine's first request: a cold start), and records each request's prompt and length."""
+
+    def __init__(self, first_ms=30.0):
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        self.requests = []
+        self.first_ms = first_ms
+
+    async def async_generate(self, input_ids, sampling_params, stream):
+        import asyncio
+
+        assert stream
+        cold = not self.requests
+        self.requests.append((tuple(input_ids), sampling_params["max_new_tokens"]))
+
+        async def chunks():
+            await asyncio.sleep(self.first_ms / 1e3 if cold else 0.001)
+            for n in range(1, sampling_params["max_new_tokens"] + 1):
+                await asyncio.sleep(0.001)
+                yield {"meta_info": {"completion_tokens": n}}
+
+        return chunks()
+
+
+def test_load_phases_warm_up_each_prompt_length_once_and_report_its_cold_start():
+    engine = _StreamingEngine(first_ms=40.0)
+    result, stages = {}, []
+    serve.load_phases(engine, [(24, 1, 2), (24, 2, 4), (40, 2, 2)], 5, result, stages.append)
+    lengths = [(len(p), n) for p, n in engine.requests]
+    warm = serve.WARM_UP_TOKENS
+    # one warm-up before the first phase of each prompt length, then the phase's requests
+    assert lengths == [(24, warm)] + [(24, 5)] * 6 + [(40, warm)] + [(40, 5)] * 2
+    assert stages == ["warm-up P24", "load P24 C1", "load P24 C2", "warm-up P40", "load P40 C2", "load done"]
+    # no timed prompt is the warm-up's (the radix cache would serve it)
+    assert engine.requests[0][0] not in {p for p, _ in engine.requests[1:7]}
+    assert set(result["cold_ttft_ms"]) == {"24", "40"} and result["cold_ttft_ms"]["24"] >= 40.0
+    # the cold start stays out of the timed phases
+    assert [(ph["prompt_len"], ph["concurrency"], ph["requests"], ph["output_tokens"]) for ph in result["phases"]] == [
+        (24, 1, 2, 10),
+        (24, 2, 4, 20),
+        (40, 2, 2, 10),
+    ]
+    assert all(ph["ttft_ms_p99"] < 40.0 for ph in result["phases"]), result["phases"]
+
+
+def test_cold_starts_get_a_csv_row_of_their_own(capsys):
+    run = dict(
+        ok=True,
+        backend="triton_swa",
+        graphs="on",
+        spec="",
+        start_s=60.0,
+        wall_s=90.0,
+        label="g",
+        cold_ttft_ms={"32768": 17195.1},
+        phases=[
+            dict(
+                prompt_len=32768,
+                concurrency=1,
+                requests=4,
+                output_tokens=256,
+                phase_s=2.0,
+                out_tok_s=128.0,
+                ttft_ms_p50=400.0,
+                ttft_ms_p99=500.0,
+                itl_ms_p50=3.0,
+                itl_ms_p99=5.0,
+                accept_len=None,
+            )
+        ],
+    )
+    rows = serve._rows([run], "gemma4-like", 64, "abc1234", "clean", "r", {"gpu": "G"})
+    assert [r["case"] for r in rows] == ["serve-gemma4-like-graph-P32768-cold", "serve-gemma4-like-graph-P32768-C1-O64"]
+    assert rows[0]["ttft_ms_p50"] == "17195.100" and rows[0]["requests"] == 1 and rows[0]["out_tok_s"] == ""
+    assert all(set(r) == set(serve.COLUMNS) for r in rows)

@@ -9,7 +9,10 @@ fresh subprocess, and in that one engine start runs the phases asked for:
   eager attention) and with the other backends' tokens;
 - ``load``: closed-loop streaming clients (``Engine.async_generate(stream=True)``) at each concurrency
   and prompt length, ``--output-len`` tokens each (greedy, EOS ignored): output tokens per second over
-  the phase, time to first token and inter-token latency (p50 / p99);
+  the phase, time to first token and inter-token latency (p50 / p99). Before the first phase of each
+  prompt length one request of that length warms the engine up (:data:`WARM_UP_TOKENS` new tokens);
+  its time to first token is reported as the cold start (the JIT compiles a fresh engine meets on its
+  first prompt of that size), and the timed phases are warm;
 - ``profile``: one prefill, then a batch's decode steps, under SGLang's profiler: device time by
   kernel class (attention, GEMMs, the rest: :mod:`triton_swa.benchmark.engine_profile`).
 
@@ -264,6 +267,49 @@ async def _stream_one(engine, prompt: list[int], sampling: dict) -> dict:
     return {"ttft": ttft, "itls": itls, "tokens": count, "accept_len": meta.get("spec_accept_length")}
 
 
+WARM_UP_TOKENS = 8  # new tokens of the warm-up request before each prompt length's first timed phase
+
+
+def load_phases(engine, loads: list, output_len: int, result: dict, stage) -> None:
+    """Each ``(prompt_len, concurrency, requests)`` of ``loads`` timed on ``engine``, in order, each
+    prompt length's first phase preceded by one warm-up request of that length (a prompt of its own,
+    so SGLang's radix cache serves no timed prompt from it). Fills ``result["cold_ttft_ms"]`` (the
+    warm-ups' times to first token by prompt length) and ``result["phases"]`` (one summary per phase)
+    as they finish; ``stage(what)`` is called before each request set and once more at the end, so
+    that a run cut short keeps what it measured."""
+    cold = result.setdefault("cold_ttft_ms", {})
+    phases = result.setdefault("phases", [])
+    for i, (prompt_len, concurrency, requests) in enumerate(loads):
+        if str(prompt_len) not in cold:
+            stage(f"warm-up P{prompt_len}")
+            sampling = {"temperature": 0.0, "max_new_tokens": WARM_UP_TOKENS, "ignore_eos": True}
+            warm = engine.loop.run_until_complete(_stream_one(engine, _prompts(1, prompt_len, 900 + i)[0], sampling))
+            cold[str(prompt_len)] = 1e3 * warm["ttft"]
+        stage(f"load P{prompt_len} C{concurrency}")
+        ph = engine.loop.run_until_complete(_load_phase(engine, prompt_len, concurrency, requests, output_len, 1000 + i))
+        rs = ph["results"]
+        ttfts = [r["ttft"] for r in rs]
+        itls = [x for r in rs for x in r["itls"]]
+        toks = sum(r["tokens"] for r in rs)
+        accepts = [r["accept_len"] for r in rs if r["accept_len"] is not None]
+        phases.append(
+            dict(
+                prompt_len=prompt_len,
+                concurrency=concurrency,
+                requests=len(rs),
+                output_tokens=toks,
+                phase_s=ph["phase_s"],
+                out_tok_s=toks / ph["phase_s"],
+                ttft_ms_p50=1e3 * _quantile(ttfts, 0.5),
+                ttft_ms_p99=1e3 * _quantile(ttfts, 0.99),
+                itl_ms_p50=1e3 * _quantile(itls, 0.5),
+                itl_ms_p99=1e3 * _quantile(itls, 0.99),
+                accept_len=statistics.mean(accepts) if accepts else None,
+            )
+        )
+    stage("load done")
+
+
 async def _load_phase(engine, prompt_len: int, concurrency: int, requests: int, output_len: int, seed: int) -> dict:
     sampling = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
     prompts = _prompts(requests, prompt_len, seed)
@@ -317,31 +363,13 @@ def worker_main(spec_path: str, result_path: str) -> int:
                 {k: o.get("meta_info", {}).get(k) for k in ("spec_accept_length", "spec_verify_ct", "completion_tokens")} for o in outs
             ]
             _write(result_path, result)
-        for i, (prompt_len, concurrency, requests) in enumerate(spec.get("load", [])):
-            result["stage"] = f"load P{prompt_len} C{concurrency}"
-            _write(result_path, result)
-            ph = engine.loop.run_until_complete(_load_phase(engine, prompt_len, concurrency, requests, spec["output_len"], 1000 + i))
-            rs = ph["results"]
-            ttfts = [r["ttft"] for r in rs]
-            itls = [x for r in rs for x in r["itls"]]
-            toks = sum(r["tokens"] for r in rs)
-            accepts = [r["accept_len"] for r in rs if r["accept_len"] is not None]
-            result["phases"].append(
-                dict(
-                    prompt_len=prompt_len,
-                    concurrency=concurrency,
-                    requests=len(rs),
-                    output_tokens=toks,
-                    phase_s=ph["phase_s"],
-                    out_tok_s=toks / ph["phase_s"],
-                    ttft_ms_p50=1e3 * _quantile(ttfts, 0.5),
-                    ttft_ms_p99=1e3 * _quantile(ttfts, 0.99),
-                    itl_ms_p50=1e3 * _quantile(itls, 0.5),
-                    itl_ms_p99=1e3 * _quantile(itls, 0.99),
-                    accept_len=statistics.mean(accepts) if accepts else None,
-                )
-            )
-            _write(result_path, result)
+        if spec.get("load"):
+
+            def stage(what: str) -> None:
+                result["stage"] = what
+                _write(result_path, result)
+
+            load_phases(engine, spec["load"], spec["output_len"], result, stage)
         for i, (prompt_len, concurrency) in enumerate(spec.get("profile") or []):
             from triton_swa.benchmark.engine_profile import profile_decode, profile_prefill
 
@@ -768,15 +796,23 @@ def row_provenance(sha: str, dirty: str, run_id: str, status: str, env0: dict) -
 
 
 def _rows(runs: list[dict], name: str, output_len: int, sha: str, dirty: str, run_id: str, env0: dict) -> list[dict]:
-    """The CSV rows (docs/contract.md section 7) of model ``name``'s runs: one per timed phase, or one
-    ``-tokens`` row (with the mean acceptance length) for a run without phases that checked tokens or
-    did not finish. A profile (``--profile``) has no row: the JSON and the report hold it."""
+    """The CSV rows (docs/contract.md section 7) of model ``name``'s runs: one per timed phase and one
+    ``-cold`` row per prompt length's warm-up (its time to first token), or one ``-tokens`` row (with
+    the mean acceptance length) for a run without phases that checked tokens or did not finish. A
+    profile (``--profile``) has no row: the JSON and the report hold it."""
     rows = []
     for r in runs:
         if r["ok"] and not r.get("phases") and r.get("profile") and not r.get("tokens"):
             continue
         status = "ok" if r["ok"] else f"ERROR at {r.get('stage')}: {r.get('error', '')[:200]}"
         case_base = f"serve-{name}-{'graph' if r['graphs'] == 'on' else 'eager'}" + (f"-{r['spec']}" if r["spec"] else "")
+        for prompt_len, ms in (r.get("cold_ttft_ms") or {}).items():
+            # the warm-up before the phases of this prompt length: a fresh engine's first such prompt
+            row = {c: "" for c in COLUMNS}
+            row.update(op="serve", provider=r["backend"], start_s=f"{r.get('start_s', 0):.1f}", sglang=r.get("sglang", ""))
+            row.update(row_provenance(sha, dirty, run_id, status, env0), case=f"{case_base}-P{prompt_len}-cold", requests=1)
+            row.update(ttft_ms_p50=f"{ms:.3f}", ttft_ms_p99=f"{ms:.3f}")
+            rows.append(row)
         for ph in r.get("phases") or [None]:
             row = {c: "" for c in COLUMNS}
             row.update(
@@ -852,6 +888,8 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
     status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
     lines = [f"  {r['label']}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)"]
     lines += ["    " + "\n    ".join(tb.splitlines()[-6:]) for tb in r.get("tracebacks", [])[:2]]
+    for prompt_len, ms in (r.get("cold_ttft_ms") or {}).items():
+        lines.append(f"    warm-up P{prompt_len}: first token in {ms:.1f} ms (cold: the phases below are warm)")
     for ph in r.get("phases", []):
         lines.append(
             f"    P{ph['prompt_len']} C{ph['concurrency']} x{ph['requests']}: {ph['out_tok_s']:.0f} out tok/s, "
