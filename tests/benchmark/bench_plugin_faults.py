@@ -20,3 +20,15 @@ def _partial(case, x):
 
 
 PROVIDERS = {"crashes": _crash, "wrong": _wrong, "partial": _partial}
+
+
+def _hang(case, x):
+    def call():
+        import time
+
+        time.sleep(600)  # as a kernel that never returns
+
+    return call
+
+
+PROVIDERS["hangs"] = _hang

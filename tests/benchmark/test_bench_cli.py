@@ -148,6 +148,8 @@ def test_the_launch_floor_moves_no_bytes_and_is_not_checked():
         (["--op", "step,decode"], "--op step runs alone"),
         (["--compare", "/nonexistent"], "expected [NAME=]DIR with DIR/triton_swa/__init__.py"),
         (["--compare", str(ROOT), "--providers", "flex"], "--compare runs provider triton_swa of each tree"),
+        (["--compare", str(ROOT), "--time-limit", "60"], "--time-limit stops the providers' run only"),
+        (["--time-limit", "0"], "--time-limit must be a positive number of seconds"),
     ],
 )
 def test_bad_arguments_are_named(args, message, capsys):
@@ -249,3 +251,56 @@ def test_git_answers_only_for_its_own_checkout(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "_ROOT", tmp_path / "venv" / "site-packages")
     (tmp_path / "venv" / "site-packages").mkdir(parents=True)
     assert runner._git("rev-parse", "--short", "HEAD") is None
+
+
+_FAKE_WORKER = """
+import json, sys, time
+args = sys.argv[sys.argv.index("--cases") + 1].split(",")
+print(json.dumps(dict(event="start", case=args[0], provider="triton_swa")), flush=True)
+print(json.dumps(dict(event="row", case=args[0], provider="triton_swa", status="ok", us=[1.0, 1.0, 1.0])), flush=True)
+print(json.dumps(dict(event="start", case=args[0], provider="hangs")), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_time_limit_kills_a_stuck_worker_and_keeps_the_rows_it_measured(tmp_path):
+    import time
+
+    from triton_swa.benchmark.runner import _drive
+
+    script = tmp_path / "worker.py"
+    script.write_text(_FAKE_WORKER)
+    t0 = time.time()
+    rows = _drive(
+        ["c1", "c2"], ["triton_swa", "hangs"], "cpu", dict(os.environ), 600.0, worker=[sys.executable, str(script)], stop_at=t0 + 3
+    )
+    assert time.time() - t0 < 60
+    status = {(r["case"], r["provider"]): r["status"] for r in rows}
+    assert status[("c1", "triton_swa")] == "ok"
+    # the pair in flight and every pair not reached: NOT RUN, not CRASHED
+    assert set(status) == {("c1", "triton_swa"), ("c1", "hangs"), ("c2", "triton_swa"), ("c2", "hangs")}
+    assert all(v.startswith("NOT RUN (stopped early: time limit") for k, v in status.items() if k != ("c1", "triton_swa")), status
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke run")
+def test_sigterm_writes_the_rows_so_far_and_the_pairs_left_as_not_run(tmp_path):
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{HERE}")
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "triton_swa", "bench", "--smoke", "--out", str(tmp_path), "--op", "decode"]
+    cmd += ["--providers", "hangs", "--plugin", "bench_plugin_faults", "--git-sha", "x", "--dirty", "dirty"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert "cases x 1 providers" in proc.stdout.readline()  # printed as the run starts
+        time.sleep(2.0)  # the first worker is stuck in its first call
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    rows = _rows(tmp_path)
+    assert {r["case"] for r in rows} == {c.id for c in catalog(("decode",), smoke=True)}
+    assert all(r["status"] == "NOT RUN (stopped early: signal SIGTERM)" for r in rows), [r["status"] for r in rows]
+    assert "NOT RUN: " in err

@@ -76,12 +76,14 @@ def _new_run_id() -> str:
 
 
 def _report(args, table: list[dict], sha, dirty, run_id: str, plots: bool = True) -> int:
-    """Print the summary, write the rows (and the plot) unless ``--no-csv``, name every row that failed;
-    1 when one did, 2 when the rows could not be written."""
+    """Print the summary, write the rows (and the plot) unless ``--no-csv``, name every row that failed
+    and count the pairs not run (a run stopped early); 1 when a row failed or was not run, 2 when the
+    rows could not be written."""
     from .runner import plot, summary
 
     print(summary(table))
     bad = [r for r in table if r["status"].split(" ")[0] in ("WRONG", "ERROR", "CRASHED", "CRASHED:")]
+    not_run = [r for r in table if r["status"].startswith("NOT RUN")]
     if not args.no_csv:
         csv_path = _write(args, table, sha, dirty)
         if csv_path is None:
@@ -91,7 +93,9 @@ def _report(args, table: list[dict], sha, dirty, run_id: str, plots: bool = True
             print(f"plot: {png}" if plot(csv_path, png) else "plot: matplotlib is not installed (pip install 'triton-swa[bench]')")
     for r in bad:
         print(f"{r['status'].split(':')[0]}: {r['case']} {r['provider']}: {r['status']}", file=sys.stderr)
-    return 1 if bad else 0
+    if not_run:
+        print(f"NOT RUN: {len(not_run)} of {len(table)} (case, provider) pairs: {not_run[0]['status']}", file=sys.stderr)
+    return 1 if bad or not_run else 0
 
 
 def _sglang_backend(args, parser, device: str) -> int:
@@ -201,6 +205,13 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--dirty", choices=("clean", "dirty"), help="whether the tree has uncommitted changes")
     parser.add_argument("--no-csv", action="store_true", help="print the table only")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="S",
+        help="stop after S seconds (FlashInfer's build included), as on SIGTERM: the rows so far are written, the pairs left "
+        "recorded NOT RUN",
+    )
     parser.add_argument("--plugin", action="append", default=[], help="a module whose PROVIDERS dict adds providers (yours)")
     parser.add_argument("--replot", metavar="CSV", help="only redraw the plot of every run in CSV, beside it")
     parser.add_argument(
@@ -234,6 +245,10 @@ def main(argv=None) -> int:
             parser.error(f"{name}: unknown {unknown}; choose from {', '.join(allowed)}")
     if args.compare and args.providers:
         parser.error("--compare runs provider triton_swa of each tree: leave --providers out")
+    if args.time_limit is not None and (args.compare or "step" in ops or "sglang_backend" in ops):
+        parser.error("--time-limit stops the providers' run only: not with --compare, --op step or --op sglang_backend")
+    if args.time_limit is not None and args.time_limit <= 0:
+        parser.error(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     try:
         from .compare import parse_trees
 
@@ -266,5 +281,5 @@ def main(argv=None) -> int:
         rows = run_cases(cases, trees, device, args.rounds or 3)
     else:
         print(f"{len(cases)} cases x {len(providers)} providers on {device}, run {run_id}", flush=True)
-        rows = run(cases, providers, device, args.plugin)
+        rows = run(cases, providers, device, args.plugin, time_limit=args.time_limit)
     return _report(args, to_csv_rows(cases, rows, sha, dirty, run_id), sha, dirty, run_id)

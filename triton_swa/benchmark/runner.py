@@ -18,6 +18,10 @@ the calls are timed eagerly: a test of the tool, not a measurement.
 FlashInfer's providers JIT-build their kernels on first use: the driver builds the ones the run
 will need in a child process first (``providers.start_flashinfer_build``) and times nothing before
 it is done.
+
+A run stopped early (``time_limit`` passed, or SIGTERM: a ``timeout`` around the command) keeps what
+it measured: the rows done so far, and every (case, provider) left as ``NOT RUN``, so the CSV and
+the summary are still written.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ import datetime
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -264,72 +270,163 @@ def worker_env(cases: list[Case], device: str, plugins: list[str] = ()) -> dict:
     return env
 
 
-def run(cases: list[Case], providers: list[str], device: str, plugins: list[str] = (), timeout_s: float = 900.0) -> list[dict]:
-    """All (case, provider) rows, through worker subprocesses (a crash costs only its own row)."""
+class TimeLimit(Exception):
+    """The run must stop now: its time limit passed, or it was sent SIGTERM."""
+
+
+def _raise_time_limit(signum, frame):
+    raise TimeLimit(f"signal {signal.Signals(signum).name}")
+
+
+class stops_on_sigterm:
+    """While inside, SIGTERM raises :class:`TimeLimit` (in the main thread; elsewhere nothing changes)."""
+
+    def __enter__(self):
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGTERM, _raise_time_limit)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+        return False
+
+
+def not_run(ids: list[str], providers: list[str], rows: list[dict], why: str) -> list[dict]:
+    """A ``NOT RUN`` row for every (case, provider) of ``ids`` x ``providers`` that ``rows`` lacks."""
+    done = {(r["case"], r["provider"]) for r in rows}
+    return [dict(event="row", case=c, provider=p, status=f"NOT RUN ({why})", us=None) for c in ids for p in providers if (c, p) not in done]
+
+
+def run(
+    cases: list[Case], providers: list[str], device: str, plugins: list[str] = (), timeout_s: float = 900.0, time_limit: float | None = None
+) -> list[dict]:
+    """All (case, provider) rows, through worker subprocesses (a crash costs only its own row).
+    ``time_limit`` (seconds from now, the FlashInfer build included) or SIGTERM stops the run early:
+    the pairs left are ``NOT RUN`` rows."""
+    stop_at = None if time_limit is None else time.time() + time_limit
     ids = [c.id for c in cases]
     env = worker_env(cases, device, plugins)
     builder = None
-    keys = P.flashinfer_build_keys(cases, providers) if device == "cuda" else []
-    if keys and not isinstance(P._flashinfer_modules(), str):
-        # the builder and the workers must build for the same architectures (the modules' names)
-        env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
-        log = Path(tempfile.gettempdir()) / "triton-swa-flashinfer-build.log"
-        with log.open("w") as f:
-            builder = P.start_flashinfer_build(keys, env, log=f)
-        print(f"flashinfer: building {len(keys)} JIT module(s) first (log: {log})", file=sys.stderr, flush=True)
-        # eager columns timed beside a compiler would time the compiler: nothing runs before it is done
-        t = time.perf_counter()
-        builder.wait()
-        print(f"flashinfer: built in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
-    try:
-        rows = _drive(ids, providers, device, env, timeout_s)
-    finally:
-        P.stop_flashinfer_build(builder)
+    rows: list[dict] = []
+    with stops_on_sigterm():
+        try:
+            keys = P.flashinfer_build_keys(cases, providers) if device == "cuda" else []
+            if keys and not isinstance(P._flashinfer_modules(), str):
+                # the builder and the workers must build for the same architectures (the modules' names)
+                env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
+                log = Path(tempfile.gettempdir()) / "triton-swa-flashinfer-build.log"
+                with log.open("w") as f:
+                    builder = P.start_flashinfer_build(keys, env, log=f)
+                print(f"flashinfer: building {len(keys)} JIT module(s) first (log: {log})", file=sys.stderr, flush=True)
+                # eager columns timed beside a compiler would time the compiler: nothing runs before it is done
+                t = time.perf_counter()
+                _wait(builder, stop_at)
+                print(f"flashinfer: built in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+            rows = _drive(ids, providers, device, env, timeout_s, stop_at=stop_at)
+        except TimeLimit as stop:  # in the FlashInfer build: nothing was timed
+            why = f"stopped early: {stop}"
+            print(f"triton-swa bench: {why}; every pair is a NOT RUN row", file=sys.stderr, flush=True)
+            rows = not_run(ids, providers, [], why)
+        finally:
+            P.stop_flashinfer_build(builder)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     return rows
 
 
-def _drive(ids: list[str], providers: list[str], device: str, env: dict, timeout_s: float, worker=None, cwd=None) -> list[dict]:
-    """The workers of :func:`run`, one after another until every (case, provider) has its row
-    (``worker``: the command that starts one, before its arguments; ``cwd``: where it runs)."""
-    total, rows, skip = len(ids) * len(providers), [], set()
-    while True:
-        done = {(r["case"], r["provider"]) for r in rows} | skip
-        left = [cid for cid in ids if any((cid, p) not in done for p in providers)]
-        if not left:
-            break
-        cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--device", device]
-        cmd += ["--cases", ",".join(left), "--providers", ",".join(providers), "--skip", json.dumps(sorted(done))]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
-        current = None
-        deadline = time.time() + timeout_s
-        for line in proc.stdout:
-            if not line.startswith("{"):
-                continue
-            rec = json.loads(line)
-            if rec["event"] == "start":
-                current = (rec["case"], rec["provider"])
-                _progress(len(rows) + len(skip), total, f"{rec['case']} {rec['provider']}")
-            elif rec["event"] == "row":
-                rows.append(rec)
-                current = None
-            elif rec["event"] == "tree":  # a comparison's worker: where its package came from
-                print(f"worker: triton_swa {rec['triton_swa']}, reference {rec['reference']}", file=sys.stderr, flush=True)
-            if time.time() > deadline:
-                proc.kill()
-                break
+def _wait(proc, stop_at: float | None) -> None:
+    """Wait for ``proc``; :class:`TimeLimit` once ``stop_at`` passes first."""
+    if stop_at is None:
         proc.wait()
-        err = proc.stderr.read()
-        if current is None and proc.returncode != 0:
-            # died outside any provider (building inputs): the rest of its first case is lost
-            first = next(cid for cid in left if any((cid, p) not in done for p in providers))
-            for p in providers:
-                if (first, p) not in done and not any((r["case"], r["provider"]) == (first, p) for r in rows):
-                    rows.append(dict(event="row", case=first, provider=p, status=f"CRASHED (inputs): {_last_line(err)}", us=None))
-        elif current is not None:
-            rows.append(dict(event="row", case=current[0], provider=current[1], status=f"CRASHED: {_last_line(err)}", us=None))
+        return
+    try:
+        proc.wait(timeout=max(0.0, stop_at - time.time()))
+    except subprocess.TimeoutExpired:
+        raise TimeLimit("time limit, in the FlashInfer build") from None
+
+
+def _drive(
+    ids: list[str], providers: list[str], device: str, env: dict, timeout_s: float, worker=None, cwd=None, stop_at: float | None = None
+) -> list[dict]:
+    """The workers of :func:`run`, one after another until every (case, provider) has its row
+    (``worker``: the command that starts one, before its arguments; ``cwd``: where it runs). Past
+    ``stop_at`` (a ``time.time()``), or on SIGTERM inside :class:`stops_on_sigterm`, the worker is
+    killed and the rows so far come back with ``NOT RUN`` rows for the pairs left."""
+    total, rows, skip = len(ids) * len(providers), [], set()
+    proc = None
+    try:
+        while True:
+            done = {(r["case"], r["provider"]) for r in rows} | skip
+            left = [cid for cid in ids if any((cid, p) not in done for p in providers)]
+            if not left:
+                break
+            if stop_at is not None and time.time() > stop_at:
+                raise TimeLimit("time limit")
+            cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--device", device]
+            cmd += ["--cases", ",".join(left), "--providers", ",".join(providers), "--skip", json.dumps(sorted(done))]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+            expired = _kill_at(proc, stop_at)
+            current = None
+            deadline = time.time() + timeout_s
+            for line in proc.stdout:
+                if not line.startswith("{"):
+                    continue
+                rec = json.loads(line)
+                if rec["event"] == "start":
+                    current = (rec["case"], rec["provider"])
+                    _progress(len(rows) + len(skip), total, f"{rec['case']} {rec['provider']}")
+                elif rec["event"] == "row":
+                    rows.append(rec)
+                    current = None
+                elif rec["event"] == "tree":  # a comparison's worker: where its package came from
+                    print(f"worker: triton_swa {rec['triton_swa']}, reference {rec['reference']}", file=sys.stderr, flush=True)
+                if time.time() > deadline:
+                    proc.kill()
+                    break
+            proc.wait()
+            expired.cancel()
+            if expired.fired:
+                raise TimeLimit("time limit")
+            err = proc.stderr.read()
+            if current is None and proc.returncode != 0:
+                # died outside any provider (building inputs): the rest of its first case is lost
+                first = next(cid for cid in left if any((cid, p) not in done for p in providers))
+                for p in providers:
+                    if (first, p) not in done and not any((r["case"], r["provider"]) == (first, p) for r in rows):
+                        rows.append(dict(event="row", case=first, provider=p, status=f"CRASHED (inputs): {_last_line(err)}", us=None))
+            elif current is not None:
+                rows.append(dict(event="row", case=current[0], provider=current[1], status=f"CRASHED: {_last_line(err)}", us=None))
+    except TimeLimit as stop:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        why = f"stopped early: {stop}"
+        print(f"\ntriton-swa bench: {why}; the pairs left are NOT RUN rows", file=sys.stderr, flush=True)
+        rows += not_run(ids, providers, rows, why)
     return rows
+
+
+class _kill_at:
+    """Kills ``proc`` at ``stop_at`` (a ``time.time()``; None: never) from a timer thread, so that a
+    worker stuck in one call still ends; ``fired`` says whether it did."""
+
+    def __init__(self, proc, stop_at: float | None):
+        self.fired = False
+        self.timer = None
+        if stop_at is not None:
+            self.timer = threading.Timer(max(0.0, stop_at - time.time()), self._fire, args=(proc,))
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _fire(self, proc) -> None:
+        self.fired = True
+        proc.kill()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 def _last_line(text: str) -> str:
