@@ -389,31 +389,10 @@ def test_load_phases_warm_up_each_prompt_length_once_and_report_its_cold_start()
 
 
 def test_cold_starts_get_a_csv_row_of_their_own(capsys):
-    run = dict(
-        ok=True,
-        backend="triton_swa",
-        graphs="on",
-        spec="",
-        start_s=60.0,
-        wall_s=90.0,
-        label="g",
-        cold_ttft_ms={"32768": 17195.1},
-        phases=[
-            dict(
-                prompt_len=32768,
-                concurrency=1,
-                requests=4,
-                output_tokens=256,
-                phase_s=2.0,
-                out_tok_s=128.0,
-                ttft_ms_p50=400.0,
-                ttft_ms_p99=500.0,
-                itl_ms_p50=3.0,
-                itl_ms_p99=5.0,
-                accept_len=None,
-            )
-        ],
-    )
+    phase = dict(prompt_len=32768, concurrency=1, requests=4, output_tokens=256, phase_s=2.0, out_tok_s=128.0, accept_len=None)
+    phase.update(ttft_ms_p50=400.0, ttft_ms_p99=500.0, itl_ms_p50=3.0, itl_ms_p99=5.0)
+    run = dict(ok=True, backend="triton_swa", graphs="on", spec="", start_s=60.0, wall_s=90.0, label="g", phases=[phase])
+    run["cold_ttft_ms"] = {"32768": 17195.1}
     rows = serve._rows([run], "gemma4-like", 64, "abc1234", "clean", "r", {"gpu": "G"})
     assert [r["case"] for r in rows] == ["serve-gemma4-like-graph-P32768-cold", "serve-gemma4-like-graph-P32768-C1-O64"]
     assert rows[0]["ttft_ms_p50"] == "17195.100" and rows[0]["requests"] == 1 and rows[0]["out_tok_s"] == ""
