@@ -100,8 +100,9 @@ bench_run() {  # bench_run NAME TIMEOUT ARGS...: one triton-swa bench run into $
 bench() {
   install_wheels >/dev/null 2>&1 || echo "no carried wheels: SGLang's Triton peer skips"
   # each run's own --time-limit stops it 20 s before its timeout, so the rows it measured are written
-  # (the pairs left recorded NOT RUN); FlashInfer's first JIT build on a fresh machine took 286 s of
-  # the decode run's time on an H100 (2026-12-07): on a held machine ~/.cache keeps it for later calls
+  # (the pairs left recorded NOT RUN). FlashInfer's first JIT build on a fresh machine took 286 s of
+  # the decode run's time on an H100 (2026-12-07), module after module; it now runs as one ninja build.
+  # On a held machine ~/.cache keeps it for later calls
   local decode=${DECODE_TIMEOUT_S:-330} extend=${EXTEND_TIMEOUT_S:-240}
   bench_run decode "$decode" --op decode --time-limit $((decode - 20)) "$@"
   bench_run extend "$extend" --op prefill,verify --time-limit $((extend - 20)) "$@"

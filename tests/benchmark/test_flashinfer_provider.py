@@ -55,6 +55,60 @@ def test_the_background_build_builds_what_the_run_will_plan_once_each():
     assert P.flashinfer_build_keys(cases, ["triton_swa"]) == []
 
 
+class _Spec:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def build(self, need_lock=False):
+        assert need_lock
+        self.log.append(("build", self.name))
+
+
+def _fake_flashinfer_jit(monkeypatch, log, one_run_fails=False):
+    """``flashinfer.jit`` and ``flashinfer.jit.attention.modules`` as far as the build child uses them."""
+    import sys
+    import types
+
+    def build_jit_specs(specs):
+        log.append(("one run", [s.name for s in specs]))
+        if one_run_fails:
+            raise RuntimeError("Ninja build failed.")
+
+    modules = types.SimpleNamespace(
+        gen_batch_decode_module=lambda *a: _Spec(f"decode-{a[1]}-{a[4]}-{a[7]}", log),
+        _gen_batch_prefill_primary_module=lambda backend, *a: _Spec(f"prefill-{backend}-{a[1]}-{a[4]}-{a[7]}", log),
+    )
+    jit = types.ModuleType("flashinfer.jit")
+    jit.build_jit_specs = build_jit_specs
+    attention = types.ModuleType("flashinfer.jit.attention")
+    attention.modules = modules
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", jit)
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.attention", attention)
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.attention.modules", modules)
+    monkeypatch.setattr(P, "_flashinfer_modules", lambda: ("decode", "prefill"))
+
+
+KEYS = [["prefill", "bfloat16", 256, True], ["decode", "bfloat16", 256, True], ["decode", "float8_e4m3fn", 512, False]]
+NAMES = ["prefill-fa2-torch.bfloat16-256-True", "decode-torch.bfloat16-256-True", "decode-torch.float8_e4m3fn-512-False"]
+
+
+def test_the_build_child_compiles_every_module_in_one_ninja_run(monkeypatch, capsys):
+    log = []
+    _fake_flashinfer_jit(monkeypatch, log)
+    assert P._flashinfer_build(KEYS) == 0
+    assert log == [("one run", NAMES)]  # no module built alone
+    assert capsys.readouterr().err.count("built ") == 3
+
+
+def test_the_build_child_builds_one_module_at_a_time_when_the_one_run_fails(monkeypatch, capsys):
+    log = []
+    _fake_flashinfer_jit(monkeypatch, log, one_run_fails=True)
+    assert P._flashinfer_build(KEYS) == 0
+    assert log == [("one run", NAMES)] + [("build", n) for n in NAMES]
+    assert "building one by one" in capsys.readouterr().err
+
+
 # ---- a stand-in for FlashInfer's wrappers: what they are documented to compute ----
 
 
