@@ -282,6 +282,26 @@ def test_a_time_limit_kills_a_stuck_worker_and_keeps_the_rows_it_measured(tmp_pa
     assert all(v.startswith("NOT RUN (stopped early: time limit") for k, v in status.items() if k != ("c1", "triton_swa")), status
 
 
+def test_a_worker_stuck_past_its_own_limit_costs_only_its_pair(tmp_path):
+    import time
+
+    from triton_swa.benchmark.runner import _drive
+
+    script = tmp_path / "worker.py"
+    script.write_text(_FAKE_WORKER)
+    t0 = time.time()
+    rows = _drive(["c1", "c2"], ["triton_swa", "hangs"], "cpu", dict(os.environ), 2.0, worker=[sys.executable, str(script)])
+    assert time.time() - t0 < 60
+    status = {(r["case"], r["provider"]): r["status"] for r in rows}
+    # each worker was killed in its hanging call; the next one went on from the next case
+    assert status == {
+        ("c1", "triton_swa"): "ok",
+        ("c1", "hangs"): "CRASHED: killed after 2 s (a worker's limit)",
+        ("c2", "triton_swa"): "ok",
+        ("c2", "hangs"): "CRASHED: killed after 2 s (a worker's limit)",
+    }
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke run")
 def test_sigterm_writes_the_rows_so_far_and_the_pairs_left_as_not_run(tmp_path):
     import signal

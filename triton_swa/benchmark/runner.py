@@ -367,9 +367,8 @@ def _drive(
             cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--device", device]
             cmd += ["--cases", ",".join(left), "--providers", ",".join(providers), "--skip", json.dumps(sorted(done))]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
-            expired = _kill_at(proc, stop_at)
+            expired = _kill_at(proc, stop_at, time.time() + timeout_s)
             current = None
-            deadline = time.time() + timeout_s
             for line in proc.stdout:
                 if not line.startswith("{"):
                     continue
@@ -382,14 +381,11 @@ def _drive(
                     current = None
                 elif rec["event"] == "tree":  # a comparison's worker: where its package came from
                     print(f"worker: triton_swa {rec['triton_swa']}, reference {rec['reference']}", file=sys.stderr, flush=True)
-                if time.time() > deadline:
-                    proc.kill()
-                    break
             proc.wait()
             expired.cancel()
-            if expired.fired:
+            if expired.fired == "run":
                 raise TimeLimit("time limit")
-            err = proc.stderr.read()
+            err = f"killed after {timeout_s:.0f} s (a worker's limit)" if expired.fired == "worker" else proc.stderr.read()
             if current is None and proc.returncode != 0:
                 # died outside any provider (building inputs): the rest of its first case is lost
                 first = next(cid for cid in left if any((cid, p) not in done for p in providers))
@@ -409,24 +405,24 @@ def _drive(
 
 
 class _kill_at:
-    """Kills ``proc`` at ``stop_at`` (a ``time.time()``; None: never) from a timer thread, so that a
-    worker stuck in one call still ends; ``fired`` says whether it did."""
+    """Kills ``proc`` from a timer thread at ``stop_at`` (the run's limit, a ``time.time()``; None:
+    none) or at ``deadline`` (the worker's), whichever comes first, so that a worker stuck in one call
+    still ends; ``fired`` says which did: ``"run"``, ``"worker"`` or None."""
 
-    def __init__(self, proc, stop_at: float | None):
-        self.fired = False
-        self.timer = None
-        if stop_at is not None:
-            self.timer = threading.Timer(max(0.0, stop_at - time.time()), self._fire, args=(proc,))
-            self.timer.daemon = True
-            self.timer.start()
+    def __init__(self, proc, stop_at: float | None, deadline: float):
+        self.fired = None
+        which = "run" if stop_at is not None and stop_at <= deadline else "worker"
+        at = stop_at if which == "run" else deadline
+        self.timer = threading.Timer(max(0.0, at - time.time()), self._fire, args=(proc, which))
+        self.timer.daemon = True
+        self.timer.start()
 
-    def _fire(self, proc) -> None:
-        self.fired = True
+    def _fire(self, proc, which: str) -> None:
+        self.fired = which
         proc.kill()
 
     def cancel(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        self.timer.cancel()
 
 
 def _last_line(text: str) -> str:
