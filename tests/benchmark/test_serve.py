@@ -311,7 +311,7 @@ def test_a_start_refused_for_memory_beside_others_runs_again_alone(monkeypatch, 
     monkeypatch.setattr(serve, "_run_job", fake_job)
     seen = []
     jobs = [("/m", name, {}, {"label": name}) for name in ("a", "b", "c")]
-    runs = serve._run_jobs(jobs, 3, lambda done: seen.append(len(done)))
+    runs = serve._run_jobs(jobs, 3, lambda done: seen.append(sum(r is not None for r in done)))
     assert [r["label"] for r in runs] == ["a", "b", "c"] and all(r["ok"] for r in runs)
     assert runs[1]["retried_alone"] and ("b", 1) in calls and calls.count(("b", 3)) == 1
     assert seen[-1] == 3 and "b: refused for memory beside other engines; once more, alone" in capsys.readouterr().out
@@ -397,3 +397,36 @@ def test_cold_starts_get_a_csv_row_of_their_own(capsys):
     assert [r["case"] for r in rows] == ["serve-gemma4-like-graph-P32768-cold", "serve-gemma4-like-graph-P32768-C1-O64"]
     assert rows[0]["ttft_ms_p50"] == "17195.100" and rows[0]["requests"] == 1 and rows[0]["out_tok_s"] == ""
     assert all(set(r) == set(serve.COLUMNS) for r in rows)
+
+
+def test_a_call_cut_short_keeps_the_csv_rows_of_the_engines_that_finished(tmp_path, monkeypatch):
+    # the day's CSV holds an earlier call's rows; this call's rows are rewritten after each engine
+    path = tmp_path / "serve-day-gpu.csv"
+    earlier = serve._CsvTail(path)
+    earlier.write([dict.fromkeys(serve.COLUMNS, "earlier")])
+    tail = serve._CsvTail(path)
+    seen = []
+
+    def fake_job(path_, backend, run, info, share=1):
+        return dict(info, ok=True, backend=backend, graphs="on", spec="", phases=[], cold_ttft_ms={4096: 10.0 + len(seen)})
+
+    monkeypatch.setattr(serve, "_run_job", fake_job)
+    plans = [("m1", None, 2), ("m2", None, 1)]
+    jobs = [("/m", b, {}, {"label": b}) for b in ("x", "y", "z")]
+
+    def on_done(done):
+        rows = serve._rows_so_far(done, plans, 8, "sha", "clean", "run", {"gpu": "g"})
+        tail.write(rows)
+        seen.append([r["case"] for r in rows])
+
+    serve._run_jobs(jobs, 1, on_done)
+    assert seen[0] == ["serve-m1-graph-P4096-cold", "serve-m1-graph-tokens"]
+    assert seen[-1][-2:] == ["serve-m2-graph-P4096-cold", "serve-m2-graph-tokens"] and len(seen[-1]) == 6
+    import csv
+
+    lines = list(csv.DictReader(open(path)))
+    assert [r["op"] for r in lines] == ["earlier"] + ["serve"] * 6  # one header; earlier rows untouched
+    assert [r["provider"] for r in lines[1:]] == ["x", "x", "y", "y", "z", "z"]
+    # a shorter rewrite (a retried run) leaves no stale rows behind
+    tail.write([])
+    assert [r["op"] for r in csv.DictReader(open(path))] == ["earlier"]

@@ -727,7 +727,15 @@ def main(argv=None) -> int:
     # engines side by side share the GPU's memory; only runs without a timed phase do
     parallel = 1 if any(_timed(job[2]) for job in jobs) else a.jobs
     # the drift's starts first: each runs longest (its pool is small, its requests wait for slots)
-    runs = _run_jobs(drift + jobs, parallel, lambda done: _write(str(json_path), records + done))
+    csv_path = out / f"serve-{datetime.date.today().isoformat()}-{env0['gpu']}.csv"
+    csv_rows = _CsvTail(csv_path)
+
+    def on_done(done: list) -> None:
+        # after each engine: the JSON and this run's CSV rows so far (a call cut short keeps both)
+        _write(str(json_path), records + [r for r in done if r is not None])
+        csv_rows.write(_rows_so_far(done[len(drift) :], plans, a.output_len, sha, dirty, run_id, env0))
+
+    runs = _run_jobs(drift + jobs, parallel, on_done)
     drift_runs, runs, at = runs[: len(drift)], runs[len(drift) :], 0
     for name, reference, n in plans:
         model_runs, at = runs[at : at + n], at + n
@@ -738,15 +746,7 @@ def main(argv=None) -> int:
         records.extend(model_runs)
     if drift:
         records.extend(report_drift(a.drift, drift_runs))
-    csv_path = out / f"serve-{datetime.date.today().isoformat()}-{env0['gpu']}.csv"
-    new = not csv_path.exists()
-    import csv
-
-    with open(csv_path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    csv_rows.write(rows)
     _write(str(json_path), records)
     print(f"rows: {csv_path}")
     return 0 if all(r["ok"] for r in records) else 1
@@ -793,6 +793,37 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
 def row_provenance(sha: str, dirty: str, run_id: str, status: str, env0: dict) -> dict:
     """The columns every engine row carries (here and in vllm_serve): commit, date, run, status, device."""
     return dict(git_sha=sha, date=datetime.date.today().isoformat(), dirty=dirty, run_id=run_id, status=status, **env0)
+
+
+class _CsvTail:
+    """This call's rows at the end of the day's CSV (``serve-<date>-<gpu>.csv``, shared by the day's
+    calls), rewritten whole after each engine, so a call stopped by its ``timeout`` keeps the rows of
+    the engines that finished; the rows of earlier calls above them are never touched."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.start = path.stat().st_size if path.exists() else None
+
+    def write(self, rows: list[dict]) -> None:
+        import csv
+
+        with open(self.path, "w" if self.start is None else "r+", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            if self.start is None:
+                w.writeheader()
+            else:
+                f.seek(self.start)
+                f.truncate()
+            w.writerows(rows)
+
+
+def _rows_so_far(runs: list, plans: list, output_len: int, sha: str, dirty: str, run_id: str, env0: dict) -> list[dict]:
+    """:func:`_rows` of the finished runs (None: not finished) of ``plans``' models, in the jobs' order."""
+    rows, at = [], 0
+    for name, _reference, n in plans:
+        rows += _rows([r for r in runs[at : at + n] if r is not None], name, output_len, sha, dirty, run_id, env0)
+        at += n
+    return rows
 
 
 def _rows(runs: list[dict], name: str, output_len: int, sha: str, dirty: str, run_id: str, env0: dict) -> list[dict]:
@@ -916,12 +947,12 @@ MEMORY_RACE = (
 
 def _run_jobs(jobs: list[tuple], parallel: int, on_done) -> list[dict]:
     """Every job (:func:`_run_job`'s arguments), ``parallel`` at a time, in the jobs' order;
-    ``on_done(finished runs)`` after each. A start that met :data:`MEMORY_RACE` beside others runs
-    once more alone, after the rest (``retried_alone``)."""
+    ``on_done(runs)`` after each, the runs in the jobs' order, None for those not finished. A start
+    that met :data:`MEMORY_RACE` beside others runs once more alone, after the rest (``retried_alone``)."""
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = [pool.submit(_run_job, *job, parallel) for job in jobs]
         for _ in as_completed(futures):
-            on_done([f.result() for f in futures if f.done()])
+            on_done([f.result() if f.done() else None for f in futures])
         runs = [f.result() for f in futures]
     for i, r in enumerate(runs):
         if parallel > 1 and not r["ok"] and any(m in tb for m in MEMORY_RACE for tb in r.get("tracebacks") or []):
