@@ -28,7 +28,7 @@ from triton_swa.benchmark.runner import read_csv, run_ids, summary  # noqa: E402
 
 BENCH = ("<!-- triton-swa bench: begin -->", "<!-- triton-swa bench: end -->")
 HEADLINE = ("<!-- triton-swa headline: begin -->", "<!-- triton-swa headline: end -->")
-DEFAULT_CSV = ROOT / "bench" / "results" / "bench-4f5fdff-2026-12-01-NVIDIA_H200.csv"
+DEFAULT_CSV = ROOT / "bench" / "results" / "bench-935d729-2026-12-07-NVIDIA_H100.csv"
 
 
 def _provenance(r: dict) -> str:

@@ -13,7 +13,7 @@ has its id.
     triton-swa bench --op decode --shape g4swa,g4full --batch 1,64 --providers triton_swa,flex
     triton-swa bench --op decode --providers triton_swa,flashinfer_decode_tc,flashinfer_decode_cc
     triton-swa bench --smoke            # tiny shapes; on a CPU through Triton's interpreter
-    triton-swa bench --replot bench/results/bench-2026-12-01-NVIDIA_H200.csv   # the plots, from the rows
+    triton-swa bench --replot bench/results/bench-935d729-2026-12-07-NVIDIA_H100.csv   # the plots, from the rows
     triton-swa bench --grid heuristics --op decode --providers triton_swa,copy_same_bytes   # the heuristics' grid
     triton-swa bench --op indices       # the window index build: fused, two-pass, plain gather
     triton-swa bench --op decode --providers triton_swa,triton_swa_debug,triton_swa_fp8_bytes

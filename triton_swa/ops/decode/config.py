@@ -21,7 +21,8 @@ __all__ = [
 # A split reads at least this many times the bytes of the float32 partial output it writes (and the
 # merge reads back): G x Dv x 4 bytes per KV head against split_len x (D + Dv) x itemsize. Of the
 # default and heuristics grids only 512-wide heads at B 1 reach this bound (16 kept them at 32 splits:
-# H200, L 4k, 21.3 us against 19.6 at 64 once the merge spread its columns; bench/results/profile-367054f-*).
+# H200, L 4k, 21.3 us against 19.6 at 64 once the merge spread its columns;
+# bench/results/profile-decode-d512-2026-12-02-*, its 367054f run).
 SPLIT_READ_RATIO = 8
 # Long windows may take up to this many waves of splits, each split still this many key blocks long:
 # more programs per SM leave fewer idle SMs in the last wave once each program's loop is long.
