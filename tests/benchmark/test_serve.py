@@ -430,3 +430,25 @@ def test_a_call_cut_short_keeps_the_csv_rows_of_the_engines_that_finished(tmp_pa
     # a shorter rewrite (a retried run) leaves no stale rows behind
     tail.write([])
     assert [r["op"] for r in csv.DictReader(open(path))] == ["earlier"]
+
+
+@pytest.mark.parametrize("spec_only", [False, True])
+def test_spec_only_leaves_out_the_plain_runs_of_the_spec_models_alone(monkeypatch, tmp_path, spec_only):
+    import argparse
+
+    monkeypatch.setattr(serve, "build_model", lambda name, root, weights: f"/m/{name}")
+    monkeypatch.setattr(serve, "_draft_args", lambda algo, name, path, root, device: {"speculative_algorithm": algo})
+    monkeypatch.setattr(serve, "_plugin_args", lambda name, pythonpath, device: {})
+    a = argparse.Namespace(
+        tokens=False, graphs="on", spec="DFLASH,EAGLE", spec_models="gemma4-like", spec_only=spec_only, spec_load=True,
+        backends="triton_swa,triton", output_len=8, profile="", timeout=1.0, model_root=str(tmp_path),
+    )  # fmt: skip
+    labels = {}
+    for name in ("gemma4-like", "gemma3-1b"):
+        _, jobs = serve._model_jobs(name, a, {}, [(4096, 16, 32)], [], tmp_path, "cuda")
+        labels[name] = [info["label"] for _, _, _, info in jobs]
+    spec = [f"gemma4-like {b} graphs on spec {s}" for s in ("DFLASH", "EAGLE") for b in ("triton_swa", "triton")]
+    plain = ["gemma4-like triton_swa graphs on", "gemma4-like triton graphs on"]
+    assert labels["gemma4-like"] == (spec if spec_only else plain + spec)
+    # a model outside --spec-models keeps its plain runs
+    assert labels["gemma3-1b"] == ["gemma3-1b triton_swa graphs on", "gemma3-1b triton graphs on"]

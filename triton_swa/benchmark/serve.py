@@ -655,6 +655,9 @@ def main(argv=None) -> int:
     p.add_argument("--spec-models", default="", help="the models --spec runs on (default: every model)")
     p.add_argument("--spec-load", action="store_true", help="speculative runs run the --load phases too (default: tokens only)")
     p.add_argument(
+        "--spec-only", action="store_true", help="the --spec models' runs without speculation are left out (a call that times only those)"
+    )
+    p.add_argument(
         "--profile",
         default="",
         metavar="PROMPTxCONCURRENCY,...",
@@ -755,7 +758,8 @@ def main(argv=None) -> int:
 def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str], out: Path, device: str) -> tuple:
     """Model ``name``'s weights (or a dummy-load directory), transformers' reference tokens where
     ``--tokens`` asks (taken before any engine starts: a call cut short still leaves both sides), and
-    its matrix as :func:`_run_jobs`' jobs: graphs x (no speculation, each ``--spec``) x backends."""
+    its matrix as :func:`_run_jobs`' jobs: graphs x (no speculation unless ``--spec-only``, each ``--spec``)
+    x backends."""
     weights = bool(a.tokens)
     t0 = time.monotonic()
     path = build_model(name, a.model_root, weights=weights)
@@ -774,7 +778,8 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
     jobs = []
     spec_here = not a.spec_models or name in a.spec_models.split(",")
     for graphs in a.graphs.split(","):
-        for spec_algo in [""] + [s for s in a.spec.split(",") if s and spec_here]:
+        plain = [] if (a.spec_only and spec_here) else [""]
+        for spec_algo in plain + [s for s in a.spec.split(",") if s and spec_here]:
             for backend in a.backends.split(","):
                 eargs = dict(margs, disable_cuda_graph=(graphs == "off") or device == "cpu")
                 if spec_algo:
