@@ -42,10 +42,14 @@ def _rows(tmp_path):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke run; the GPU runs the real grid")
 def test_smoke_run_checks_and_records_every_provider(tmp_path):
-    done = _bench("--op", "decode,prefill", "--git-sha", "abc1234", "--dirty", "clean", tmp_path=tmp_path)
+    # priming on (on a GPU it is by default): two workers call every pair once before the timed one
+    done = _bench("--op", "decode,prefill", "--git-sha", "abc1234", "--dirty", "clean", "--prime-jobs", "2", tmp_path=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rows = _rows(tmp_path)
     ids = {c.id for c in catalog(("decode", "prefill"), smoke=True)}
+    n_pairs = len(ids) * len({r["provider"] for r in rows})
+    assert f"primed: {n_pairs} of {n_pairs} pairs called once" in done.stderr and "by 2 workers side by side" in done.stderr
+    assert f"timed: {n_pairs} pairs in" in done.stderr
     assert {r["case"] for r in rows} == ids
     assert all(r["git_sha"] == "abc1234" and r["dirty"] == "clean" and r["run_id"] for r in rows)
     assert len({r["run_id"] for r in rows}) == 1
@@ -150,6 +154,8 @@ def test_the_launch_floor_moves_no_bytes_and_is_not_checked():
         (["--compare", str(ROOT), "--providers", "flex"], "--compare runs provider triton_swa of each tree"),
         (["--compare", str(ROOT), "--time-limit", "60"], "--time-limit stops the providers' run only"),
         (["--time-limit", "0"], "--time-limit must be a positive number of seconds"),
+        (["--prime-jobs", "-1"], "--prime-jobs takes a count of 0 or more"),
+        (["--compare", str(ROOT), "--prime-jobs", "2"], "--prime-jobs takes a count of 0 or more"),
     ],
 )
 def test_bad_arguments_are_named(args, message, capsys):
@@ -324,3 +330,80 @@ def test_sigterm_writes_the_rows_so_far_and_the_pairs_left_as_not_run(tmp_path):
     assert {r["case"] for r in rows} == {c.id for c in catalog(("decode",), smoke=True)}
     assert all(r["status"] == "NOT RUN (stopped early: signal SIGTERM)" for r in rows), [r["status"] for r in rows]
     assert "NOT RUN: " in err
+
+
+_FAKE_PRIMER = """
+import json, sys, time
+cases = sys.argv[sys.argv.index("--cases") + 1].split(",")
+assert "--prime" in sys.argv
+for c in cases:
+    if c == "stuck":
+        time.sleep(600)
+    print(json.dumps(dict(event="primed", case=c, provider="triton_swa", s=0.5, error="")), flush=True)
+"""
+
+
+def test_priming_deals_the_cases_out_and_a_stuck_primer_costs_only_its_own_cases(tmp_path, capsys):
+    import time
+
+    from triton_swa.benchmark.runner import TimeLimit, _prime
+
+    script = tmp_path / "primer.py"
+    script.write_text(_FAKE_PRIMER)
+    worker = [sys.executable, str(script)]
+    ids = ["c1", "c2", "c3", "c4", "c5"]
+    records = _prime(ids, ["triton_swa"], "cpu", dict(os.environ), 2, 60.0, worker=worker)
+    # dealt out in turn: c1 c3 c5 to the first worker, c2 c4 to the second; every record read back
+    assert sorted(r["case"] for r in records) == ids
+    assert "primed: 5 of 5 pairs called once" in capsys.readouterr().err
+    # a primer stuck past its own limit is killed; the others' records stand
+    t0 = time.time()
+    records = _prime(["c1", "stuck", "c3"], ["triton_swa"], "cpu", dict(os.environ), 3, 2.0, worker=worker)
+    assert time.time() - t0 < 60 and sorted(r["case"] for r in records) == ["c1", "c3"]
+    # past the run's own limit: the run stops (every pair NOT RUN, as in the FlashInfer build)
+    with pytest.raises(TimeLimit, match="in the priming"):
+        _prime(["c1", "stuck"], ["triton_swa"], "cpu", dict(os.environ), 2, 600.0, worker=worker, stop_at=time.time() + 2)
+
+
+def test_prime_calls_each_pair_once_and_survives_its_failures(monkeypatch, capsys):
+    import json
+
+    from triton_swa.benchmark import runner
+
+    calls = []
+
+    def prepare(provider, case, x):
+        if provider == "na":
+            return "not this case"
+        if provider == "broken":
+            raise RuntimeError("a peer's error")
+
+        def call():
+            calls.append((case, provider))
+            if provider == "fails":
+                raise ValueError("at its call")
+
+        return call
+
+    monkeypatch.setattr(runner.P, "build", lambda case, index, device: {"case": case, "index": index})
+    monkeypatch.setattr(runner.P, "prepare", prepare)
+    runner.prime(["a", "b"], ["ok", "na", "broken", "fails"], "cpu", {"a": "A", "b": "B"})
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["case"], r["provider"], r["error"]) for r in records] == [
+        (c, p, e) for c in ("a", "b") for p, e in (("ok", ""), ("na", ""), ("broken", "RuntimeError"), ("fails", "ValueError"))
+    ]
+    assert calls == [("A", "ok"), ("A", "fails"), ("B", "ok"), ("B", "fails")]
+
+
+def test_the_time_report_names_where_the_time_went():
+    from triton_swa.benchmark.runner import _time_report
+
+    rows = [
+        dict(case="c1", provider="flex", s=12.0),
+        dict(case="c2", provider="flex", s=3.0),
+        dict(case="c1", provider="triton_swa", s=1.5),
+        dict(case="c2", provider="triton_swa", status="NOT RUN (stopped early: time limit)"),
+    ]
+    report = _time_report(rows)
+    assert report.startswith("timed: 3 pairs in 16 s; per provider: flex 15, triton_swa 2; slowest: c1 flex 12.0, c2 flex 3.0")
+    assert _time_report([]) == "timed: no pair reported its seconds"

@@ -212,6 +212,13 @@ def main(argv=None) -> int:
         help="stop after S seconds (FlashInfer's build included), as on SIGTERM: the rows so far are written, the pairs left "
         "recorded NOT RUN",
     )
+    parser.add_argument(
+        "--prime-jobs",
+        type=int,
+        metavar="N",
+        help="workers that first call every pair once side by side, untimed, so that the timed run finds every kernel compiled "
+        "(default: on a GPU half the cores, at most 8; 0: none)",
+    )
     parser.add_argument("--plugin", action="append", default=[], help="a module whose PROVIDERS dict adds providers (yours)")
     parser.add_argument("--replot", metavar="CSV", help="only redraw the plot of every run in CSV, beside it")
     parser.add_argument(
@@ -247,6 +254,11 @@ def main(argv=None) -> int:
         parser.error("--compare runs provider triton_swa of each tree: leave --providers out")
     if args.time_limit is not None and (args.compare or "step" in ops or "sglang_backend" in ops):
         parser.error("--time-limit stops the providers' run only: not with --compare, --op step or --op sglang_backend")
+    if args.prime_jobs is not None and (args.prime_jobs < 0 or args.compare or "step" in ops or "sglang_backend" in ops):
+        parser.error(
+            f"--prime-jobs takes a count of 0 or more, for the providers' run only (not --compare, --op step, sglang_backend); "
+            f"got {args.prime_jobs}"
+        )
     if args.time_limit is not None and args.time_limit <= 0:
         parser.error(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     try:
@@ -281,5 +293,5 @@ def main(argv=None) -> int:
         rows = run_cases(cases, trees, device, args.rounds or 3)
     else:
         print(f"{len(cases)} cases x {len(providers)} providers on {device}, run {run_id}", flush=True)
-        rows = run(cases, providers, device, args.plugin, time_limit=args.time_limit)
+        rows = run(cases, providers, device, args.plugin, time_limit=args.time_limit, prime_jobs=args.prime_jobs)
     return _report(args, to_csv_rows(cases, rows, sha, dirty, run_id), sha, dirty, run_id)

@@ -17,7 +17,9 @@ the calls are timed eagerly: a test of the tool, not a measurement.
 
 FlashInfer's providers JIT-build their kernels on first use: the driver builds the ones the run
 will need in a child process first (``providers.start_flashinfer_build``) and times nothing before
-it is done.
+it is done. Then, on a GPU, priming workers side by side call every pair once, untimed
+(:func:`prime`), so that the compilers' caches on disk hold every kernel before the timed worker
+starts.
 
 A run stopped early (``time_limit`` passed, or SIGTERM: a ``timeout`` around the command) keeps what
 it measured: the rows done so far, and every (case, provider) left as ``NOT RUN``, so the CSV and
@@ -156,8 +158,37 @@ def _emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
+def prime(case_ids: list[str], providers: list[str], device: str, all_cases: dict) -> None:
+    """Call every (case, provider) once on the case's first input set, nothing checked or timed: the
+    compilers' caches on disk (Triton's, Inductor's) then hold what the timed run will launch. One
+    JSON line per pair (``primed``: its seconds, or the error it met; a failure here costs nothing)."""
+    for cid in case_ids:
+        case = all_cases[cid]
+        try:
+            x = P.build(case, 0, device)
+        except Exception as exc:  # noqa: BLE001 - the timed run builds it again and reports
+            _emit(dict(event="primed", case=cid, provider="-", s=0.0, error=f"{type(exc).__name__}"))
+            continue
+        for provider in providers:
+            t = time.perf_counter()
+            error = ""
+            try:
+                call = P.prepare(provider, case, x)
+                if not isinstance(call, str):
+                    call()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - as above
+                error = type(exc).__name__
+            _emit(dict(event="primed", case=cid, provider=provider, s=round(time.perf_counter() - t, 3), error=error))
+        x = None
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
 def worker(case_ids: list[str], providers: list[str], skip: set, device: str, all_cases: dict) -> None:
-    """Run every (case, provider) not in ``skip``; one JSON line before and after each."""
+    """Run every (case, provider) not in ``skip``; one JSON line before and after each (the row with
+    ``s``: the pair's seconds, its first input set's build and the reference aside)."""
     for cid in case_ids:
         case = all_cases[cid]
         todo = [p for p in providers if (cid, p) not in skip]
@@ -168,6 +199,7 @@ def worker(case_ids: list[str], providers: list[str], skip: set, device: str, al
         sets += [P.build(case, i, device) for i in range(1, input_set_count(_set_bytes(sets[0]), device))]
         for provider in todo:
             _emit(dict(event="start", case=cid, provider=provider))
+            t = time.perf_counter()
             row = dict(event="row", case=cid, provider=provider, status="ok", max_abs_err=None, us=None)
             try:
                 calls = [P.prepare(provider, case, x) for x in sets]
@@ -185,6 +217,7 @@ def worker(case_ids: list[str], providers: list[str], skip: set, device: str, al
                             row["status"] = f"ok ({how})"
             except Exception as exc:  # noqa: BLE001 - the provider's error is its result for this case
                 row["status"] = f"ERROR {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:120]}"
+            row["s"] = round(time.perf_counter() - t, 3)
             _emit(row)
         sets = expected = None
         if device == "cuda":
@@ -299,12 +332,26 @@ def not_run(ids: list[str], providers: list[str], rows: list[dict], why: str) ->
     return [dict(event="row", case=c, provider=p, status=f"NOT RUN ({why})", us=None) for c in ids for p in providers if (c, p) not in done]
 
 
+def prime_jobs_default(device: str) -> int:
+    """Priming workers side by side (:func:`_prime`): on a GPU half the host's cores, at most 8; none
+    on a CPU (the interpreter compiles nothing)."""
+    return min(8, max(1, (os.cpu_count() or 2) // 2)) if device == "cuda" else 0
+
+
 def run(
-    cases: list[Case], providers: list[str], device: str, plugins: list[str] = (), timeout_s: float = 900.0, time_limit: float | None = None
+    cases: list[Case],
+    providers: list[str],
+    device: str,
+    plugins: list[str] = (),
+    timeout_s: float = 900.0,
+    time_limit: float | None = None,
+    prime_jobs: int | None = None,
 ) -> list[dict]:
     """All (case, provider) rows, through worker subprocesses (a crash costs only its own row).
     ``time_limit`` (seconds from now, the FlashInfer build included) or SIGTERM stops the run early:
-    the pairs left are ``NOT RUN`` rows."""
+    the pairs left are ``NOT RUN`` rows. ``prime_jobs`` workers first call every pair once side by
+    side (:func:`_prime`; None: :func:`prime_jobs_default`), so the timed worker finds every kernel
+    compiled."""
     stop_at = None if time_limit is None else time.time() + time_limit
     ids = [c.id for c in cases]
     env = worker_env(cases, device, plugins)
@@ -324,8 +371,12 @@ def run(
                 t = time.perf_counter()
                 _wait(builder, stop_at)
                 print(f"flashinfer: built in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+            jobs = prime_jobs_default(device) if prime_jobs is None else prime_jobs
+            if jobs > 0:
+                _prime(ids, providers, device, env, jobs, timeout_s, stop_at=stop_at)
             rows = _drive(ids, providers, device, env, timeout_s, stop_at=stop_at)
-        except TimeLimit as stop:  # in the FlashInfer build: nothing was timed
+            print(_time_report(rows), file=sys.stderr, flush=True)
+        except TimeLimit as stop:  # in the FlashInfer build or the priming: nothing was timed
             why = f"stopped early: {stop}"
             print(f"triton-swa bench: {why}; every pair is a NOT RUN row", file=sys.stderr, flush=True)
             rows = not_run(ids, providers, [], why)
@@ -334,6 +385,61 @@ def run(
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     return rows
+
+
+def _prime(
+    ids: list[str], providers: list[str], device: str, env: dict, jobs: int, timeout_s: float, worker=None, cwd=None, stop_at=None
+) -> list[dict]:
+    """Every (case, provider) called once, untimed, by ``jobs`` workers side by side (the cases dealt
+    out in turn, so each gets large and small ones), each killed at ``timeout_s`` (a priming worker's
+    failure costs nothing: the timed run compiles what it missed). Compiling is most of a fresh
+    machine's run (every kernel of every provider, per shape), and one worker compiles on one core at
+    a time. Returns the ``primed`` records; :class:`TimeLimit` once ``stop_at`` passes first."""
+    groups = [g for g in (ids[i::jobs] for i in range(jobs)) if g]
+    t0 = time.perf_counter()
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, group in enumerate(groups):
+            cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--prime", "--device", device]
+            cmd += ["--cases", ",".join(group), "--providers", ",".join(providers)]
+            out = open(os.path.join(tmp, f"prime-{i}.jsonl"), "w+")
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
+            procs.append((proc, out, _kill_at(proc, stop_at, time.time() + timeout_s)))
+        records, stopped = [], False
+        for proc, out, expired in procs:
+            proc.wait()
+            expired.cancel()
+            stopped = stopped or expired.fired == "run"
+            out.seek(0)
+            records += [rec for rec in map(json.loads, filter(lambda ln: ln.startswith("{"), out)) if rec.get("event") == "primed"]
+            out.close()
+    if stopped:
+        raise TimeLimit("time limit, in the priming")
+    calls = sum(r["s"] for r in records)
+    print(
+        f"primed: {len(records)} of {len(ids) * len(providers)} pairs called once in {time.perf_counter() - t0:.0f} s by {len(groups)} "
+        f"workers side by side ({calls:.0f} s of calls)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return records
+
+
+def _time_report(rows: list[dict]) -> str:
+    """Where the timed run's time went: seconds per provider, and the slowest pairs."""
+    timed = [r for r in rows if r.get("s") is not None]
+    if not timed:
+        return "timed: no pair reported its seconds"
+    per: dict = {}
+    for r in timed:
+        per[r["provider"]] = per.get(r["provider"], 0.0) + r["s"]
+    slow = sorted(timed, key=lambda r: -r["s"])[:5]
+    return (
+        f"timed: {len(timed)} pairs in {sum(per.values()):.0f} s; per provider: "
+        + ", ".join(f"{p} {v:.0f}" for p, v in sorted(per.items(), key=lambda kv: -kv[1]))
+        + "; slowest: "
+        + ", ".join(f"{r['case']} {r['provider']} {r['s']:.1f}" for r in slow)
+    )
 
 
 def _wait(proc, stop_at: float | None) -> None:
@@ -628,6 +734,7 @@ def main_worker(argv: list[str], interpreter: bool = True) -> int:
     parser.add_argument("--cases", required=True)
     parser.add_argument("--providers", required=True)
     parser.add_argument("--skip", default="[]")
+    parser.add_argument("--prime", action="store_true", help="call each pair once, untimed (:func:`prime`)")
     args = parser.parse_args(argv)
     if args.device != "cuda" and interpreter:
         from ..testing import use_interpreter
@@ -635,6 +742,9 @@ def main_worker(argv: list[str], interpreter: bool = True) -> int:
         use_interpreter()
     load_plugins([m for m in os.environ.get("TRITON_SWA_BENCH_PLUGINS", "").split(",") if m])
     every = {c.id: c for c in _cases_from_env()}
+    if args.prime:
+        prime(args.cases.split(","), args.providers.split(","), args.device, every)
+        return 0
     skip = {tuple(x) for x in json.loads(args.skip)}
     worker(args.cases.split(","), args.providers.split(","), skip, args.device, every)
     return 0
