@@ -207,10 +207,13 @@ def test_the_plugin_entry_point_names_register():
     assert eps[0].load() is register
 
 
-def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
+@pytest.mark.parametrize("precompiled", [False, True], ids=["plain", "after-precompile"])
+def test_sglang_forward_batch_and_radix_attention_through_the_backend(device, precompiled, monkeypatch):
     """Prefill (EXTEND), then DECODE, driven the way SGLang drives a backend: SGLang's ForwardBatch and
     RadixAttention.forward under its forward context; a KV-shared layer (k = v = None, the shared
-    layer's id) and sinks passed as a keyword. Every output against the float64 reference."""
+    layer's id) and sinks passed as a keyword. Every output against the float64 reference. After
+    ``precompile_extend`` (its compile step stubbed: nothing compiles here) the same holds, and the
+    synthetic steps it planned wrote nothing to the pools."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -229,6 +232,17 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device):
     full = RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)
     sinks = torch.randn(HQ, generator=g)
     hist = {(l, r): ([], []) for l in (0, 1) for r in rows}
+    if precompiled:
+        import triton_swa.runtime.launch as launch
+
+        recorded = []
+        monkeypatch.setattr(launch, "precompile", lambda launches, dev, jobs: (recorded.extend(launches), (0, []))[1])
+        before = [buf.clone() for l in (0, 1) for buf in (pool.get_key_buffer(l), pool.get_value_buffer(l))]
+        summary = backend.precompile_extend([sliding, full], tokens=6, dtype=torch.float32, kv_shared=True)
+        after = [buf for l in (0, 1) for buf in (pool.get_key_buffer(l), pool.get_value_buffer(l))]
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(before, after)), "precompiling wrote the pools"
+        assert recorded and "2 synthetic step(s) of 6 tokens" in summary and "refused" not in summary, summary
+        assert backend.forward_metadata is None and not backend.core._layer_plans
 
     def check(layer, q, out, new, lens, use_sinks):
         at = 0
@@ -438,3 +452,125 @@ def test_page_16_decode_over_sglangs_paged_allocator(device):
     backend = TritonSWAAttnBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, page_size=ps, device=device))
     batch = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor(rows, **on), seq.to(device), loc, seq_lens_cpu=seq)
     decode_and_check(backend, batch, layers, hist, rows, g, "P16")
+
+
+def _launch_key(fn, args, constexprs, options):
+    """A launch as Triton's JIT keys its compiled kernel: the kernel, constexprs, options, and each
+    argument's specialisation (a tensor's dtype and 16-byte alignment; an integer's being 1 or a
+    multiple of 16, where the kernel specialises it)."""
+    jit = getattr(fn, "kwargs", None) or {}
+    plain = set(jit.get("do_not_specialize", ()) or getattr(fn, "do_not_specialize", ()) or ())
+    unaligned = set(jit.get("do_not_specialize_on_alignment", ()) or ())
+    spec = []
+    for name, a in zip(fn.arg_names, args):
+        if isinstance(a, torch.Tensor):
+            spec.append((a.dtype, name in unaligned or a.data_ptr() % 16 == 0))
+        elif isinstance(a, torch.dtype):  # an aligned pointer as precompile records it
+            spec.append((a, True))
+        elif isinstance(a, bool) or a is None:
+            spec.append(a)
+        elif isinstance(a, int):
+            spec.append("i" if name in plain else (a == 1, a % 16 == 0))
+        else:
+            spec.append(type(a).__name__)
+    return (fn.arg_names[0], getattr(fn, "fn", fn).__name__, *sorted(constexprs.items()), *sorted(options.items()), *spec)
+
+
+def test_precompile_covers_every_kernel_that_prefills_then_launch(monkeypatch):
+    """What ``precompile_extend`` compiles at a start is what later prefills launch: a fresh batch of
+    two prompts, then the next chunk of each over its cached window, every layer with its K/V and as
+    a KV-shared call. Planned as for an H100 (sm_90's tiles), bf16, launches recorded and not run."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    import triton_swa.runtime.launch as launch
+    from triton_swa.integrations.sglang import TritonSWASGLangBackend, attention_layers
+    from triton_swa.runtime.device import TARGETS, planning_for
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # plan as compiled code plans (nothing is launched)
+    warm = []
+    monkeypatch.setattr(launch, "precompile", lambda launches, dev, jobs: (warm.extend(launches), (0, []))[1])
+    w, dtype = 7, torch.bfloat16
+    pool = SWAKVPool(
+        size=512, size_swa=256, page_size=1, dtype=dtype, head_num=H_FULL, head_dim=D_FULL, swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1], device="cpu", enable_memory_saver=False, swa_head_num=H_SWA, swa_head_dim=D_SWA,
+        swa_v_head_dim=D_SWA,
+    )  # fmt: skip
+    alloc = SWATokenToKVPoolAllocator(512, 256, 1, dtype, "cpu", pool, False)
+    rtp = ReqToTokenPool(4, 512, "cpu", False)
+    rows = rtp.alloc_rows(2)
+    model = torch.nn.Module()
+    model.sliding = RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=w)
+    model.full = RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 1)
+    layers = attention_layers(model)
+    assert layers == [model.sliding, model.full]
+    with planning_for(TARGETS["sm_90"]):
+        backend = TritonSWASGLangBackend(ModelRunner(pool, alloc, rtp, sliding_window_size=w, device="cpu"))
+        backend.precompile_extend(layers, tokens=64, dtype=dtype, kv_shared=True)
+        real = []
+        lens = [0, 0]
+        for new in ([40, 33], [30, 20]):  # a fresh batch, then each request's next chunk
+            prefix, t = list(lens), sum(new)
+            loc = alloc.alloc(t)
+            at = 0
+            for r, p, m in zip(rows, prefix, new):
+                rtp.req_to_token[r, p : p + m] = loc[at : at + m].to(torch.int32)
+                at += m
+            lens = [p + m for p, m in zip(prefix, new)]
+            fb = SGLBatch(
+                forward_mode=SGLMode.EXTEND, batch_size=2, input_ids=torch.zeros(t, dtype=torch.long),
+                req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(lens), out_cache_loc=loc, seq_lens_sum=sum(lens),
+                seq_lens_cpu=torch.tensor(lens), extend_prefix_lens=torch.tensor(prefix), extend_prefix_lens_cpu=prefix,
+                extend_seq_lens=torch.tensor(new), extend_seq_lens_cpu=new, extend_num_tokens=t, spec_algorithm=A.NONE,
+            )  # fmt: skip
+            with launch.recorded_launches() as launches, forward_context(ForwardContext(attn_backend=backend)):
+                backend.init_forward_metadata(fb)
+                for layer in layers:
+                    q = torch.zeros(t, HQ * layer.head_dim, dtype=dtype)
+                    k = torch.zeros(t, layer.tp_k_head_num * layer.head_dim, dtype=dtype)
+                    layer(q, k, k.clone(), fb)
+                    layer(q, None, None, fb, save_kv_cache=False)
+            real += launches
+    attention = ("_swa_extend_kernel", "_swa_merge_kernel")
+    want = {_launch_key(*x[:4]) for x in real if getattr(x[0], "fn", x[0]).__name__ in attention}
+    have = {_launch_key(*x[:4]) for x in warm}
+    assert len(want) >= 4, want  # two kinds of layer, each with its store and without
+    assert want <= have, want - have
+
+
+def test_precompiling_at_start_never_stops_a_start(monkeypatch, caplog):
+    """On a GPU the backend precompiles at construction: a failure there is a warning, not an error;
+    ``TRITON_SWA_PRECOMPILE=0`` turns it off. Its arguments come from the runner: the chunk size, the
+    model's dtype, its attention layers, and whether any layer is KV-shared (Gemma 4)."""
+    import logging
+
+    from triton_swa.integrations.sglang import TritonSWASGLangBackend
+
+    pool = sglang_swa_pool()
+    alloc = SWATokenToKVPoolAllocator(32, 16, 1, torch.float32, "cpu", pool, False)
+    rtp = ReqToTokenPool(4, 64, "cpu", False)
+    runner = ModelRunner(pool, alloc, rtp, sliding_window_size=3, device="cpu")
+    backend = TritonSWASGLangBackend(runner)
+    model = torch.nn.Module()
+    model.attn = RadixAttention(HQ, D_SWA, D_SWA**-0.5, H_SWA, 0, sliding_window_size=3)
+    model.shared = torch.nn.Module()
+    model.shared.is_kv_shared_layer = True
+    runner.model, runner.dtype = model, torch.bfloat16
+    runner.server_args = MagicMock(chunked_prefill_size=4096)
+    calls = []
+
+    def fail(layers, **kw):
+        calls.append((layers, kw))
+        raise RuntimeError("no device")
+
+    monkeypatch.setattr(backend, "precompile_extend", fail)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    backend.core.device = torch.device("cuda")  # as on a GPU (nothing runs: precompile_extend is stubbed)
+    with caplog.at_level(logging.WARNING, logger="triton_swa.integrations.sglang"):
+        backend._precompile_at_start(runner)
+    assert calls == [([model.attn], dict(tokens=4096, dtype=torch.bfloat16, kv_shared=True))]
+    assert "precompiling the extend kernels failed (RuntimeError: no device); they compile at first use" in caplog.text
+    monkeypatch.setenv("TRITON_SWA_PRECOMPILE", "0")
+    backend._precompile_at_start(runner)
+    assert len(calls) == 1

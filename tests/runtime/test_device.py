@@ -72,7 +72,7 @@ def test_fp8_decode_tiles_double_the_keys_except_on_rdna(target, fp8_keys, monke
     Planned as compiled code plans it (recorded, not run)."""
     import triton_swa.ops.decode.launcher as launcher
     from triton_swa.ops.decode import swa_decode
-    from triton_swa.testing.compile_matrix import recorded_launches
+    from triton_swa.runtime.launch import recorded_launches
 
     monkeypatch.setattr(launcher, "interpreting", lambda: False)
 

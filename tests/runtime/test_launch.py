@@ -144,3 +144,60 @@ def test_a_kernel_without_a_direct_launcher_keeps_the_jit(monkeypatch):
     for _ in range(3):
         launcher((x,))
     assert calls == [(2, 1, 1)] * 3 and launcher.compiled == {}
+
+
+def test_precompile_compiles_each_launch_through_the_jit_and_loads_it(monkeypatch):
+    """``precompile`` hands each recorded launch to the kernel's own ``warmup`` (compiled, not launched),
+    through Triton's asynchronous mode with several jobs, counts each distinct kernel once, loads it,
+    and reports the launches that failed instead of raising."""
+    from triton_swa.runtime.launch import precompile
+
+    class Kernel:
+        loaded = 0
+
+        def _init_handles(self):
+            self.loaded += 1
+
+    class Fn:
+        __name__ = "fake_kernel"
+
+        def __init__(self):
+            self.calls, self.kernels = [], {}
+
+        def warmup(self, *args, grid, **kw):
+            if kw.get("BAD"):
+                raise RuntimeError("out of resource")
+            self.calls.append((args, grid, kw))
+            return self.kernels.setdefault(args, Kernel())  # the JIT's cache: one kernel per specialisation
+
+    fn = Fn()
+    launches = [
+        (fn, (torch.bfloat16, 3), {"BLOCK": 16}, {"num_warps": 4}, (2, 1, 1)),
+        (fn, (torch.bfloat16, 3), {"BLOCK": 16}, {"num_warps": 4}, None),
+        (fn, (torch.float16, 3), {"BLOCK": 16}, {"num_warps": 4}, (1, 1, 1)),
+        (fn, (torch.float16, 3), {"BLOCK": 16, "BAD": True}, {"num_warps": 4}, (1, 1, 1)),
+    ]
+    for jobs in (1, 4):
+        fn.calls.clear()
+        kernels, errors = precompile(launches, torch.device("cpu"), jobs)
+        assert kernels == 2 and errors == ["fake_kernel: RuntimeError: out of resource"]
+        assert [c[1] for c in fn.calls] == [(2, 1, 1), (1, 1, 1), (1, 1, 1)]  # a launch without a grid: any grid
+        assert fn.calls[0][2] == {"BLOCK": 16, "num_warps": 4}
+    assert all(k.loaded == 2 for k in fn.kernels.values())  # loaded on the device by each call
+
+
+def test_recorded_launches_record_binds_and_can_drop_their_tensors():
+    from triton_swa.runtime.launch import Launcher, recorded_launches
+
+    fn = object()
+    launcher = Launcher(fn, (4, 1, 1), {"X": 1}, None, 4)
+    aligned = torch.zeros(8, dtype=torch.float32)
+    with recorded_launches(tensors_as_dtypes=True) as launches:
+        launcher((aligned, 7))
+        assert launcher.bind((aligned, 7), (2, 1, 1)) is None
+    recorded = ((torch.float32, 7), {"X": 1}, {"num_warps": 4})
+    assert [x[1:] for x in launches] == [(*recorded, (4, 1, 1)), (*recorded, (2, 1, 1))]
+    with recorded_launches() as launches:
+        launcher((aligned, 7))
+    assert launches[0][1][0] is aligned
+    assert Launcher.__call__.__name__ == "__call__"  # restored

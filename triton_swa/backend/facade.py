@@ -82,3 +82,14 @@ class TritonSWAAttnBackend(_KVPools, _StepMetadata, _BatchChecks, _CudaGraphs, _
         self._checked_batches: dict = {}  # kind of DECODE / TARGET_VERIFY batch -> (tokens, drafts)
         self._max_windows: dict = {}  # (window_left, extend) -> the kernels' max_window
         self._window_plans: dict = {}  # extend -> the CSR window builds of the latest kind of eager step
+
+    def forget_plans(self) -> None:
+        """Drop every plan this backend and the ops have cached (layers, the step, window builds, the
+        ops' plans by signature): the next step plans afresh. For plans made where launches were only
+        recorded (:func:`triton_swa.runtime.launch.recorded_launches`), which hold no compiled kernel."""
+        from ..runtime.plans import PlanCache
+
+        PlanCache.clear_all()
+        self.forward_metadata = None
+        for cache in (self._layer_plans, self._last_decode_runs, self._checked_batches, self._max_windows, self._window_plans):
+            cache.clear()

@@ -39,7 +39,10 @@ for DECODE and TARGET_VERIFY. ``init_forward_metadata_in_graph`` has nothing to 
 
 from __future__ import annotations
 
+import logging
 import operator
+import os
+import time
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -49,9 +52,12 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from ..backend import TritonSWAAttnBackend
 
-__all__ = ["NAME", "TritonSWASGLangBackend", "read_backends_as", "register"]
+__all__ = ["NAME", "TritonSWASGLangBackend", "attention_layers", "read_backends_as", "register"]
 
 NAME = "triton_swa"
+logger = logging.getLogger(__name__)
+# what a RadixAttention exposes that the backend reads (attention layers are found by these names)
+_LAYER_NAMES = ("layer_id", "tp_q_head_num", "tp_k_head_num", "head_dim", "v_head_dim", "scaling", "sliding_window_size")
 _UNSUPPORTED_MODES = ("SPLIT_PREFILL", "DLLM_EXTEND", "PREBUILT")
 _NON_CAUSAL = ("ENCODER_ONLY", "DECODER_BIDIRECTIONAL")
 
@@ -285,6 +291,79 @@ class TritonSWASGLangBackend(AttentionBackend):
         self._graph_swa_loc: torch.Tensor | None = None
         self._verify_batch = None  # the last TARGET_VERIFY batch, for update_verify_buffers_to_fill_after_draft
         self._views: dict = {}  # (id(RadixAttention), kv_shared) -> _Layer
+        self._precompile_at_start(model_runner)
+
+    def _precompile_at_start(self, model_runner) -> None:
+        """:meth:`precompile_extend` over the runner's model, on a GPU, unless ``TRITON_SWA_PRECOMPILE=0``.
+        A failure is logged and costs nothing but the time: the kernels then compile at first use."""
+        from ..runtime.device import interpreting
+
+        model = getattr(model_runner, "model", None)
+        if os.environ.get("TRITON_SWA_PRECOMPILE", "1") == "0" or model is None or self.core.device.type != "cuda" or interpreting():
+            return
+        layers = attention_layers(model)
+        chunk = getattr(getattr(model_runner, "server_args", None), "chunked_prefill_size", None)
+        tokens = chunk if isinstance(chunk, int) and chunk > 0 else 8192
+        dtype = getattr(model_runner, "dtype", None) or model_runner.model_config.dtype
+        kv_shared = any(getattr(m, "is_kv_shared_layer", False) for m in model.modules())
+        try:
+            logger.info("triton_swa: %s", self.precompile_extend(layers, tokens=tokens, dtype=dtype, kv_shared=kv_shared))
+        except Exception as exc:  # noqa: BLE001 - never in the way of a start
+            why = f"{type(exc).__name__}: {exc}"
+            logger.warning("triton_swa: precompiling the extend kernels failed (%s); they compile at first use", why)
+
+    def precompile_extend(self, layers, *, tokens: int, dtype: torch.dtype, kv_shared: bool = False, jobs: int | None = None) -> str:
+        """Compile, before serving, the extend kernels a prefill of these layers launches, so that no
+        request waits for Triton's compiler (3-5 s per kernel on an H100, once per kind of layer and
+        K/V store: SGLang logs each one that compiles after serving started).
+
+        A synthetic EXTEND step of ``tokens`` new tokens, then one more over as many cached ones (a
+        chunked prefill's next chunk), runs through this backend's own ``forward_extend`` for every
+        layer, with their K/V (the kernel's fused store) and, with ``kv_shared``, without (Gemma 4's
+        KV-shared layers); launches are recorded, not run, and the step's slots are the pools'
+        padding slot 0. Then :func:`~triton_swa.runtime.launch.precompile` compiles the distinct
+        kernels ``jobs`` at a time (default half the cores, at most 8) and loads them on the device;
+        the plans made on the way are dropped. Not covered: prompts under 32 tokens (their own short
+        tiles), speculative verify, sinks (gpt-oss), decode (compiled by CUDA-graph capture). Returns
+        a one-line summary."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        from ..runtime.launch import precompile, recorded_launches
+
+        t0 = time.perf_counter()
+        dev = self.core.device
+        steps = [(tokens, 0)] + ([(tokens, tokens)] if 2 * tokens <= self.max_context_len else [])
+        failed, inputs = 0, {}
+        with recorded_launches(tensors_as_dtypes=True) as launches:
+            try:
+                for new, prefix in steps:
+                    fb = _extend_batch(ForwardMode.EXTEND, new, prefix, dev)
+                    self.init_forward_metadata(fb)
+                    for layer in layers:
+                        hq, h = layer.tp_q_head_num, layer.tp_k_head_num
+                        cols = (hq * layer.head_dim, h * layer.head_dim, h * layer.v_head_dim)
+                        if (new, cols) not in inputs:  # one q, k, v per shape: nothing is launched on them
+                            inputs[(new, cols)] = [torch.empty(new, c, dtype=dtype, device=dev) for c in cols]
+                        q, k, v = inputs[(new, cols)]
+                        for kv in ((k, v), (None, None)) if kv_shared else ((k, v),):
+                            try:
+                                self.forward_extend(q, *kv, layer, fb, save_kv_cache=kv[0] is not None)
+                            except (TypeError, ValueError, KeyError, IndexError):  # a layer this pool does not hold
+                                failed += 1
+            finally:
+                inputs.clear()
+                self.core.forget_plans()
+                self.forward_metadata, self._views, self.core.swa_loc = None, {}, None
+        recorded = time.perf_counter() - t0
+        jobs = min(8, max(1, (os.cpu_count() or 2) // 2)) if jobs is None else jobs
+        kernels, errors = precompile(launches, dev, jobs)
+        for e in errors:
+            logger.warning("triton_swa: precompile: %s", e)
+        return (
+            f"precompiled {kernels} extend kernel(s) for {len(layers)} layer(s) ({len(launches)} launches of {len(steps)} "
+            f"synthetic step(s) of {tokens} tokens, recorded in {recorded:.1f} s; {time.perf_counter() - t0:.1f} s in all"
+            f"{f'; {failed} layer call(s) refused' if failed else ''}{f'; {len(errors)} error(s)' if errors else ''})"
+        )
 
     @staticmethod
     def _resolve_swa_kv_pool(model_runner):
@@ -469,6 +548,38 @@ class TritonSWASGLangBackend(AttentionBackend):
         self._sync_pool()
         view = self._view(layer, sinks, kv_shared=k is None)
         return self.core.forward_extend(q, k, v, view, forward_batch, save_kv_cache and k is not None)
+
+
+def attention_layers(model) -> list:
+    """The model's attention layers (modules exposing what a ``RadixAttention`` does), in layer order."""
+    found = [m for m in model.modules() if all(hasattr(m, name) for name in _LAYER_NAMES)]
+    return sorted(found, key=lambda m: m.layer_id)
+
+
+def _extend_batch(mode, new: int, prefix: int, device):
+    """SGLang's ``ForwardBatch`` of one request (request row 0) extending ``prefix`` cached tokens by
+    ``new``, every slot the pools' padding slot 0 (what :meth:`TritonSWASGLangBackend.precompile_extend`
+    plans over)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    on = dict(device=device)
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=1,
+        input_ids=torch.zeros(new, dtype=torch.long, **on),
+        req_pool_indices=torch.zeros(1, dtype=torch.long, **on),
+        seq_lens=torch.tensor([prefix + new], **on),
+        out_cache_loc=torch.zeros(new, dtype=torch.long, **on),
+        seq_lens_sum=prefix + new,
+        seq_lens_cpu=torch.tensor([prefix + new]),
+        extend_prefix_lens=torch.tensor([prefix], **on),
+        extend_prefix_lens_cpu=[prefix],
+        extend_seq_lens=torch.tensor([new], **on),
+        extend_seq_lens_cpu=[new],
+        extend_num_tokens=new,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+    )
 
 
 class _DraftStepBatch:

@@ -16,6 +16,7 @@ What a checked call decided is cached by :mod:`triton_swa.runtime.plans`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -24,7 +25,16 @@ from triton import knobs
 
 from .device import interpreting
 
-__all__ = ["Bound", "launcher_for", "Launcher", "current_stream", "fast_launch_enabled", "set_fast_launch"]
+__all__ = [
+    "Bound",
+    "launcher_for",
+    "Launcher",
+    "current_stream",
+    "fast_launch_enabled",
+    "precompile",
+    "recorded_launches",
+    "set_fast_launch",
+]
 
 try:  # Triton's argument specialisation (3.6's native binder), for keys over varying integers
     from triton._C.libtriton import native_specialize_impl as _SPECIALIZE
@@ -225,3 +235,83 @@ def launcher_for(fn, constexprs: dict, num_warps: int = 4, num_stages: int | Non
     if launch is None:
         launch = _LAUNCHERS[key] = Launcher(fn, None, constexprs, None, num_warps, num_stages)
     return launch
+
+
+def _as_dtype(a):
+    # what Triton's warmup takes for a 16-byte-aligned pointer (its MockTensor), holding no memory
+    return a.dtype if isinstance(a, torch.Tensor) and a.data_ptr() % 16 == 0 else a
+
+
+@contextlib.contextmanager
+def recorded_launches(tensors_as_dtypes: bool = False):
+    """Record every launch instead of running it: ``(kernel, arguments, constexprs, options, grid)``
+    per :class:`Launcher` call and per :meth:`Launcher.bind`, which then binds nothing. Plans made
+    inside remember that they have no compiled kernel: drop them after (``PlanCache.clear_all`` and
+    a backend's own caches), as :func:`precompile`'s callers do. ``tensors_as_dtypes``: each
+    16-byte-aligned tensor argument is recorded as its dtype (enough for :func:`precompile`; the
+    tensor is not kept alive)."""
+    launches = []
+    saved = Launcher.__call__, Launcher.bind
+
+    def record(launcher, args, grid=None):
+        grid = launcher.grid if grid is None else grid
+        args = tuple(map(_as_dtype, args)) if tensors_as_dtypes else tuple(args)
+        launches.append((launcher.fn, args, dict(launcher.constexprs), dict(launcher.options), grid))
+
+    def bind(launcher, args, grid=None):
+        record(launcher, args, grid)
+
+    Launcher.__call__, Launcher.bind = record, bind
+    try:
+        yield launches
+    finally:
+        Launcher.__call__, Launcher.bind = saved
+
+
+def precompile(launches: list, device: torch.device, jobs: int = 8) -> tuple[int, list[str]]:
+    """Compile every recorded launch (:func:`recorded_launches`) for ``device`` through Triton's JIT
+    (``warmup``: compiled, not launched), ``jobs`` at a time where Triton has its asynchronous compile
+    mode (3.6's ``AsyncCompileMode``), and load each kernel on the device. A later launch of the same
+    specialisation then finds the kernel in the JIT's cache. A launch already compiled costs its
+    argument binding only. Returns (distinct kernels, errors: one line per launch that failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # another Triton: one after another
+        AsyncCompileMode = None
+    results, errors = [], []
+
+    def warm_all():
+        for fn, args, constexprs, options, grid in launches:
+            try:
+                results.append((fn, fn.warmup(*args, grid=grid or (1, 1, 1), **constexprs, **options)))
+            except Exception as exc:  # noqa: BLE001 - reported; that kernel compiles at its first launch
+                errors.append(f"{getattr(fn, '__name__', fn)}: {type(exc).__name__}: {exc}"[:300])
+
+    on = torch.cuda.device(device) if torch.device(device).type == "cuda" else contextlib.nullcontext()
+    with on:
+        if AsyncCompileMode is not None and jobs > 1:
+            with ThreadPoolExecutor(max_workers=jobs) as pool, AsyncCompileMode(pool, ignore_errors=True):
+                warm_all()
+        else:
+            warm_all()
+        kernels = {}
+        for fn, k in results:
+            if hasattr(k, "future"):  # a FutureKernel, finished when its mode exited
+                exc = k.future.exception()
+                if exc is not None:
+                    errors.append(f"{getattr(fn, '__name__', fn)}: {type(exc).__name__}: {exc}"[:300])
+                    continue
+                k = k.kernel
+            if k is not None:
+                kernels[id(k)] = (fn, k)
+        for fn, k in kernels.values():
+            # on the device now: a kernel first loaded mid-serving may find no memory left beside the pools
+            load = getattr(k, "_init_handles", None)
+            try:
+                if load is not None:
+                    load()
+            except Exception as exc:  # noqa: BLE001 - as above
+                errors.append(f"{getattr(fn, '__name__', fn)}: loading: {type(exc).__name__}: {exc}"[:300])
+    return len(kernels), errors

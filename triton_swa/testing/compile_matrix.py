@@ -16,7 +16,6 @@ subprocess. Report: ``python -m triton_swa.testing.compile_matrix [--target sm_9
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CASES", "CompileResult", "compile_case", "recorded_launches"]
+__all__ = ["CASES", "CompileResult", "compile_case"]
 
 
 @dataclass
@@ -50,24 +49,6 @@ class CompileResult:
     tensor_cores: str = ""
     seconds: float = 0.0
     error: str = ""
-
-
-@contextlib.contextmanager
-def recorded_launches():
-    """Record every launch (kernel, arguments, constexprs, options) instead of running it."""
-    from ..runtime.launch import Launcher
-
-    launches = []
-    saved = Launcher.__call__
-
-    def record(launcher, args, grid=None):
-        launches.append((launcher.fn, tuple(args), dict(launcher.constexprs), dict(launcher.options)))
-
-    Launcher.__call__ = record
-    try:
-        yield launches
-    finally:
-        Launcher.__call__ = saved
 
 
 def _specialise(fn, args: tuple, constexprs: dict, backend):
@@ -159,6 +140,7 @@ def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[
     from triton.compiler import ASTSource, make_backend
 
     from ..runtime.device import TARGETS, planning_for
+    from ..runtime.launch import recorded_launches
 
     facts = TARGETS[target]
     gpu = GPUTarget(facts.backend, facts.arch, facts.warp_size)
@@ -170,7 +152,7 @@ def compile_case(name: str, make_call: Callable[[], None], target: str) -> list[
         # every case is meant to plan on every target: a launcher's refusal is a failure here
         return [CompileResult(name, target, "-", "", False, error=f"refused: {exc}")]
     results, seen = [], set()
-    for fn, args, constexprs, options in launches:
+    for fn, args, constexprs, options, _grid in launches:
         signature, consts, attrs = _specialise(fn, args, constexprs, backend)
         key = (fn.__name__, tuple(signature.items()), tuple(sorted(map(str, consts.items()))), tuple(options.items()))
         if key in seen:
