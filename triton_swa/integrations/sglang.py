@@ -301,12 +301,12 @@ class TritonSWASGLangBackend(AttentionBackend):
         model = getattr(model_runner, "model", None)
         if os.environ.get("TRITON_SWA_PRECOMPILE", "1") == "0" or model is None or self.core.device.type != "cuda" or interpreting():
             return
-        layers = attention_layers(model)
-        chunk = getattr(getattr(model_runner, "server_args", None), "chunked_prefill_size", None)
-        tokens = chunk if isinstance(chunk, int) and chunk > 0 else 8192
-        dtype = getattr(model_runner, "dtype", None) or model_runner.model_config.dtype
-        kv_shared = any(getattr(m, "is_kv_shared_layer", False) for m in model.modules())
         try:
+            layers = attention_layers(model)
+            chunk = getattr(getattr(model_runner, "server_args", None), "chunked_prefill_size", None)
+            tokens = chunk if isinstance(chunk, int) and chunk > 0 else 8192
+            dtype = getattr(model_runner, "dtype", None) or model_runner.model_config.dtype
+            kv_shared = any(getattr(m, "is_kv_shared_layer", False) for m in model.modules())
             logger.info("triton_swa: %s", self.precompile_extend(layers, tokens=tokens, dtype=dtype, kv_shared=kv_shared))
         except Exception as exc:  # noqa: BLE001 - never in the way of a start
             why = f"{type(exc).__name__}: {exc}"
