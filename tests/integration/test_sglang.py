@@ -571,6 +571,9 @@ def test_precompiling_at_start_never_stops_a_start(monkeypatch, caplog):
         backend._precompile_at_start(runner)
     assert calls == [([model.attn], dict(tokens=4096, dtype=torch.bfloat16, kv_shared=True))]
     assert "precompiling the extend kernels failed (RuntimeError: no device); they compile at first use" in caplog.text
+    backend._precompile_at_start(runner)  # once per model: a draft's several backends compile it once
+    assert len(calls) == 1
+    runner.model = model = torch.nn.Module()
     monkeypatch.setenv("TRITON_SWA_PRECOMPILE", "0")
     backend._precompile_at_start(runner)
     assert len(calls) == 1

@@ -43,6 +43,7 @@ import logging
 import operator
 import os
 import time
+import weakref
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -56,6 +57,7 @@ __all__ = ["NAME", "TritonSWASGLangBackend", "attention_layers", "read_backends_
 
 NAME = "triton_swa"
 logger = logging.getLogger(__name__)
+_PRECOMPILED = weakref.WeakSet()  # the models whose prefill kernels a backend compiled at its start
 # what a RadixAttention exposes that the backend reads (attention layers are found by these names)
 _LAYER_NAMES = ("layer_id", "tp_q_head_num", "tp_k_head_num", "head_dim", "v_head_dim", "scaling", "sliding_window_size")
 _UNSUPPORTED_MODES = ("SPLIT_PREFILL", "DLLM_EXTEND", "PREBUILT")
@@ -301,6 +303,9 @@ class TritonSWASGLangBackend(AttentionBackend):
         model = getattr(model_runner, "model", None)
         if os.environ.get("TRITON_SWA_PRECOMPILE", "1") == "0" or model is None or self.core.device.type != "cuda" or interpreting():
             return
+        if any(m is model for m in _PRECOMPILED):  # another backend of this model did (a draft's step backends)
+            return
+        _PRECOMPILED.add(model)
         try:
             layers = attention_layers(model)
             chunk = getattr(getattr(model_runner, "server_args", None), "chunked_prefill_size", None)
