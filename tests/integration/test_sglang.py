@@ -59,6 +59,38 @@ def sglang_swa_pool(size=32, size_swa=16, page_size=1, device="cpu"):
     )
 
 
+def sglang_batch(alloc, rtp, rows, prefix, new, mode, device="cpu"):
+    """SGLang's ``ForwardBatch`` of requests ``rows`` extending their ``prefix`` cached tokens by ``new``
+    (slots allocated by ``alloc``, written to ``req_to_token``); returns it and the new lengths."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
+
+    t = sum(new)
+    loc = alloc.alloc(t)
+    at = 0
+    for r, p, m in zip(rows, prefix, new):
+        rtp.req_to_token[r, p : p + m] = loc[at : at + m].to(torch.int32)
+        at += m
+    lens = [p + m for p, m in zip(prefix, new)]
+    on = dict(device=device)
+    fb = SGLBatch(
+        forward_mode=mode,
+        batch_size=len(rows),
+        input_ids=torch.zeros(t, dtype=torch.long, **on),
+        req_pool_indices=torch.tensor(rows, **on),
+        seq_lens=torch.tensor(lens, **on),
+        out_cache_loc=loc,
+        seq_lens_sum=sum(lens),
+        seq_lens_cpu=torch.tensor(lens),
+        extend_prefix_lens=torch.tensor(prefix, **on),
+        extend_prefix_lens_cpu=list(prefix),
+        extend_seq_lens=torch.tensor(new, **on),
+        extend_seq_lens_cpu=list(new),
+        extend_num_tokens=t,
+        spec_algorithm=A.NONE,
+    )
+    return fb, lens
+
+
 def sglang_plain_pool(device="cpu"):
     return MHATokenToKVPool(32, 1, torch.float32, H_FULL, D_FULL, 2, device, False)
 
@@ -214,7 +246,6 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device, pr
     layer's id) and sinks passed as a keyword. Every output against the float64 reference. After
     ``precompile_extend`` (its compile step stubbed: nothing compiles here) the same holds, and the
     synthetic steps it planned wrote nothing to the pools."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -258,29 +289,7 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device, pr
 
     def step(mode, new, prefix):
         t = sum(new)
-        loc = alloc.alloc(t)
-        at = 0
-        for r, p, m in zip(rows, prefix, new):
-            rtp.req_to_token[r, p : p + m] = loc[at : at + m].to(torch.int32)
-            at += m
-        lens = [p + m for p, m in zip(prefix, new)]
-        on = dict(device=device)
-        fb = SGLBatch(
-            forward_mode=mode,
-            batch_size=2,
-            input_ids=torch.zeros(t, dtype=torch.long, **on),
-            req_pool_indices=torch.tensor(rows, **on),
-            seq_lens=torch.tensor(lens, **on),
-            out_cache_loc=loc,
-            seq_lens_sum=sum(lens),
-            seq_lens_cpu=torch.tensor(lens),
-            extend_prefix_lens=torch.tensor(prefix, **on),
-            extend_prefix_lens_cpu=list(prefix),
-            extend_seq_lens=torch.tensor(new, **on),
-            extend_seq_lens_cpu=list(new),
-            extend_num_tokens=t,
-            spec_algorithm=A.NONE,
-        )
+        fb, lens = sglang_batch(alloc, rtp, rows, prefix, new, mode, device)
         backend.init_forward_metadata(fb)
         with forward_context(ForwardContext(attn_backend=backend)):
             for layer, use_sinks in ((sliding, True), (full, False)):
@@ -480,7 +489,6 @@ def test_precompile_covers_every_kernel_that_prefills_then_launch(monkeypatch):
     """What ``precompile_extend`` compiles at a start is what later prefills launch: a fresh batch of
     two prompts, then the next chunk of each over its cached window, every layer with its K/V and as
     a KV-shared call. Planned as for an H100 (sm_90's tiles), bf16, launches recorded and not run."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch as SGLBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -512,18 +520,7 @@ def test_precompile_covers_every_kernel_that_prefills_then_launch(monkeypatch):
         lens = [0, 0]
         for new in ([40, 33], [30, 20]):  # a fresh batch, then each request's next chunk
             prefix, t = list(lens), sum(new)
-            loc = alloc.alloc(t)
-            at = 0
-            for r, p, m in zip(rows, prefix, new):
-                rtp.req_to_token[r, p : p + m] = loc[at : at + m].to(torch.int32)
-                at += m
-            lens = [p + m for p, m in zip(prefix, new)]
-            fb = SGLBatch(
-                forward_mode=SGLMode.EXTEND, batch_size=2, input_ids=torch.zeros(t, dtype=torch.long),
-                req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(lens), out_cache_loc=loc, seq_lens_sum=sum(lens),
-                seq_lens_cpu=torch.tensor(lens), extend_prefix_lens=torch.tensor(prefix), extend_prefix_lens_cpu=prefix,
-                extend_seq_lens=torch.tensor(new), extend_seq_lens_cpu=new, extend_num_tokens=t, spec_algorithm=A.NONE,
-            )  # fmt: skip
+            fb, lens = sglang_batch(alloc, rtp, rows, prefix, new, SGLMode.EXTEND)
             with launch.recorded_launches() as launches, forward_context(ForwardContext(attn_backend=backend)):
                 backend.init_forward_metadata(fb)
                 for layer in layers:
