@@ -452,3 +452,20 @@ def test_spec_only_leaves_out_the_plain_runs_of_the_spec_models_alone(monkeypatc
     assert labels["gemma4-like"] == (spec if spec_only else plain + spec)
     # a model outside --spec-models keeps its plain runs
     assert labels["gemma3-1b"] == ["gemma3-1b triton_swa graphs on", "gemma3-1b triton graphs on"]
+
+
+def test_the_kernels_sglang_compiled_after_serving_started_are_reported(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "[2026-12-07 16:03:05] Triton kernel '_swa_extend_kernel' took 3.90 s to compile after serving started. Serving-time ...\n"
+        "[2026-12-07 16:03:06] something else\n"
+        "[2026-12-07 16:03:11] Triton kernel '_fwd_kernel' took 5.03 s to compile after serving started. Serving-time ...\n"
+    )
+    assert serve.late_compiles(str(log)) == [("_swa_extend_kernel", 3.9), ("_fwd_kernel", 5.03)]
+    assert serve.late_compiles(str(tmp_path / "none.log")) == [] and serve.late_compiles(None) == []
+    monkeypatch.setattr(serve, "run_backend", lambda path, backend, **run: dict(ok=True, wall_s=1.0, start_s=1.0, phases=[]))
+    run = {"log_path": str(log), "load": [(4096, 1, 1)], "engine_args": {}}
+    r = serve._run_job("/m", "triton_swa", run, {"label": "m triton_swa graphs on"})
+    assert r["late_compiles"] == [("_swa_extend_kernel", 3.9), ("_fwd_kernel", 5.03)]
+    out = capsys.readouterr().out
+    assert "SGLang logged 2 kernel compile(s) after serving started, 8.9 s: _swa_extend_kernel 3.9 s, _fwd_kernel 5.0 s" in out

@@ -42,6 +42,7 @@ import datetime
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -921,9 +922,14 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
         run = dict(run, engine_args=_side_by_side(run["engine_args"]))
     r = run_backend(path, backend, **run)
     r.update(info)
+    r["late_compiles"] = late_compiles(run.get("log_path"))
     status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
     lines = [f"  {r['label']}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)"]
     lines += ["    " + "\n    ".join(tb.splitlines()[-6:]) for tb in r.get("tracebacks", [])[:2]]
+    if r["late_compiles"]:
+        named = ", ".join(f"{name} {s:.1f} s" for name, s in r["late_compiles"])
+        total = sum(s for _, s in r["late_compiles"])
+        lines.append(f"    SGLang logged {len(r['late_compiles'])} kernel compile(s) after serving started, {total:.1f} s: {named}")
     for prompt_len, ms in (r.get("cold_ttft_ms") or {}).items():
         lines.append(f"    warm-up P{prompt_len}: first token in {ms:.1f} ms (cold: the phases below are warm)")
     for ph in r.get("phases", []):
@@ -937,6 +943,19 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
     sys.stdout.write("\n".join(lines) + "\n")  # one write: engines side by side finish in threads
     sys.stdout.flush()
     return r
+
+
+_LATE_COMPILE = re.compile(r"Triton kernel '([^']+)' took ([0-9.]+) s to compile after serving started")
+
+
+def late_compiles(log_path: str | None) -> list[tuple[str, float]]:
+    """The kernels SGLang's load watch (``triton_load_watch``) logged as compiled after serving started
+    in an engine's log, with their seconds: what a request waited for the compiler."""
+    try:
+        with open(log_path, errors="replace") as f:
+            return [(m.group(1), float(m.group(2))) for m in map(_LATE_COMPILE.search, f) if m]
+    except (OSError, TypeError):
+        return []
 
 
 # What a start beside other engines meets when they hold the GPU's memory: SGLang's refusal when they
