@@ -333,9 +333,11 @@ def not_run(ids: list[str], providers: list[str], rows: list[dict], why: str) ->
 
 
 def prime_jobs_default(device: str) -> int:
-    """Priming workers side by side (:func:`_prime`): on a GPU half the host's cores, at most 8; none
-    on a CPU (the interpreter compiles nothing)."""
-    return min(8, max(1, (os.cpu_count() or 2) // 2)) if device == "cuda" else 0
+    """Priming workers side by side (:func:`_prime`): on a GPU as many as kernels compile side by side
+    (:func:`~triton_swa.runtime.launch.compile_jobs`); none on a CPU (the interpreter compiles nothing)."""
+    from ..runtime.launch import compile_jobs
+
+    return compile_jobs() if device == "cuda" else 0
 
 
 def run(
@@ -400,8 +402,7 @@ def _prime(
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, group in enumerate(groups):
-            cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--prime", "--device", device]
-            cmd += ["--cases", ",".join(group), "--providers", ",".join(providers)]
+            cmd = _worker_cmd(worker, device, group, providers, "--prime")
             out = open(os.path.join(tmp, f"prime-{i}.jsonl"), "w+")
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
             procs.append((proc, out, _kill_at(proc, stop_at, time.time() + timeout_s)))
@@ -423,6 +424,12 @@ def _prime(
         flush=True,
     )
     return records
+
+
+def _worker_cmd(worker, device: str, cases: list[str], providers: list[str], *extra: str) -> list[str]:
+    """The command of one worker (``worker``: the command before its arguments; default this module)."""
+    cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--device", device]
+    return cmd + ["--cases", ",".join(cases), "--providers", ",".join(providers), *extra]
 
 
 def _time_report(rows: list[dict]) -> str:
@@ -470,8 +477,7 @@ def _drive(
                 break
             if stop_at is not None and time.time() > stop_at:
                 raise TimeLimit("time limit")
-            cmd = [*(worker or [sys.executable, "-m", "triton_swa.benchmark.runner"]), "--worker", "--device", device]
-            cmd += ["--cases", ",".join(left), "--providers", ",".join(providers), "--skip", json.dumps(sorted(done))]
+            cmd = _worker_cmd(worker, device, left, providers, "--skip", json.dumps(sorted(done)))
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
             expired = _kill_at(proc, stop_at, time.time() + timeout_s)
             current = None

@@ -303,7 +303,7 @@ class TritonSWASGLangBackend(AttentionBackend):
         model = getattr(model_runner, "model", None)
         if os.environ.get("TRITON_SWA_PRECOMPILE", "1") == "0" or model is None or self.core.device.type != "cuda" or interpreting():
             return
-        if any(m is model for m in _PRECOMPILED):  # another backend of this model did (a draft's step backends)
+        if model in _PRECOMPILED:  # another backend of this model did (a draft's step backends)
             return
         _PRECOMPILED.add(model)
         try:
@@ -327,7 +327,7 @@ class TritonSWASGLangBackend(AttentionBackend):
         layer, with their K/V (the kernel's fused store) and, with ``kv_shared``, without (Gemma 4's
         KV-shared layers); launches are recorded, not run, and the step's slots are the pools'
         padding slot 0. Then :func:`~triton_swa.runtime.launch.precompile` compiles the distinct
-        kernels ``jobs`` at a time (default half the cores, at most 8) and loads them on the device;
+        kernels ``jobs`` at a time (default :func:`~triton_swa.runtime.launch.compile_jobs`) and loads them;
         the plans made on the way are dropped. Not covered: prompts under 32 tokens (their own short
         tiles), speculative verify, sinks (gpt-oss), decode (compiled by CUDA-graph capture). Returns
         a one-line summary."""
@@ -360,7 +360,6 @@ class TritonSWASGLangBackend(AttentionBackend):
                 self.core.forget_plans()
                 self.forward_metadata, self._views, self.core.swa_loc = None, {}, None
         recorded = time.perf_counter() - t0
-        jobs = min(8, max(1, (os.cpu_count() or 2) // 2)) if jobs is None else jobs
         kernels, errors = precompile(launches, dev, jobs)
         for e in errors:
             logger.warning("triton_swa: precompile: %s", e)

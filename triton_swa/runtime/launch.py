@@ -29,6 +29,7 @@ __all__ = [
     "Bound",
     "launcher_for",
     "Launcher",
+    "compile_jobs",
     "current_stream",
     "fast_launch_enabled",
     "precompile",
@@ -268,9 +269,15 @@ def recorded_launches(tensors_as_dtypes: bool = False):
         Launcher.__call__, Launcher.bind = saved
 
 
-def precompile(launches: list, device: torch.device, jobs: int = 8) -> tuple[int, list[str]]:
+def compile_jobs() -> int:
+    """Kernels to compile side by side: half the host's cores, at most 8 (Triton compiles one kernel
+    on one core)."""
+    return min(8, max(1, (os.cpu_count() or 2) // 2))
+
+
+def precompile(launches: list, device: torch.device, jobs: int | None = None) -> tuple[int, list[str]]:
     """Compile every recorded launch (:func:`recorded_launches`) for ``device`` through Triton's JIT
-    (``warmup``: compiled, not launched), ``jobs`` at a time where Triton has its asynchronous compile
+    (``warmup``: compiled, not launched), ``jobs`` (default :func:`compile_jobs`) at a time where Triton has its asynchronous compile
     mode (3.6's ``AsyncCompileMode``), and load each kernel on the device. A later launch of the same
     specialisation then finds the kernel in the JIT's cache. A launch already compiled costs its
     argument binding only. Returns (distinct kernels, errors: one line per launch that failed)."""
@@ -280,6 +287,7 @@ def precompile(launches: list, device: torch.device, jobs: int = 8) -> tuple[int
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:  # another Triton: one after another
         AsyncCompileMode = None
+    jobs = compile_jobs() if jobs is None else jobs
     results, errors = [], []
 
     def warm_all():
