@@ -313,7 +313,8 @@ def _moe_cuda_path(tokens: int, top_k: int, block_m: int, broken: int = 0) -> di
     from triton_swa.testing.sglang_engine import REPO_ROOT
 
     env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(CUDA_STUBS), str(REPO_ROOT / "tests" / "integration" / "stubs"), str(REPO_ROOT)])
+    paths = [str(CUDA_STUBS), str(REPO_ROOT / "tests" / "integration" / "stubs"), str(REPO_ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))  # SGLang's own
     probe = REPO_ROOT / "tests" / "integration" / "moe_cuda_path_probe.py"
     argv = [sys.executable, str(probe), str(tokens), str(top_k), str(block_m), str(broken)]
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)

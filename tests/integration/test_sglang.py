@@ -467,9 +467,12 @@ def _launch_key(fn, args, constexprs, options):
     """A launch as Triton's JIT keys its compiled kernel: the kernel, constexprs, options, and each
     argument's specialisation (a tensor's dtype and 16-byte alignment; an integer's being 1 or a
     multiple of 16, where the kernel specialises it)."""
-    jit = getattr(fn, "kwargs", None) or {}
-    plain = set(jit.get("do_not_specialize", ()) or getattr(fn, "do_not_specialize", ()) or ())
-    unaligned = set(jit.get("do_not_specialize_on_alignment", ()) or ())
+    jit = getattr(fn, "kwargs", None) or {}  # the interpreter's function keeps the decorator's arguments
+
+    def named(attr: str) -> set:  # a compiled JITFunction keeps them as attributes, names or indices
+        return {fn.arg_names[a] if isinstance(a, int) else a for a in (jit.get(attr) or getattr(fn, attr, None) or ())}
+
+    plain, unaligned = named("do_not_specialize"), named("do_not_specialize_on_alignment")
     spec = []
     for name, a in zip(fn.arg_names, args):
         if isinstance(a, torch.Tensor):
