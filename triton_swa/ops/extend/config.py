@@ -84,7 +84,7 @@ def extend_config(
       still ran fastest of four tiles on an H100 (graph replay, causal, 2026-12-07; 32k / 8k
       prompt tokens): 128 x 32 73.5 / 8.0 ms (about 209 / 274 TFLOP/s), 128 x 16 with 3 stages
       and no spill 101.1 / 10.7, 64 x 32 211.8 / 18.8, the 32 x 32 default 338.7 / 39.9
-      (``bench/results/engines-2026-12-07-NVIDIA_H100.log``). Shorter launches (verify, short
+      (``bench/results/engines-2026-12-07.log``). Shorter launches (verify, short
       chunks) keep the 32-row tiles below.
     - ``edge_in_loop`` on at ``D = 256`` only: streaming the window's lower edge inside the main
       loop took the D 256 prefill from 316-317 to 341-348 TFLOP/s, and changed nothing measurable
