@@ -36,9 +36,9 @@
 #                                      (python -m triton_swa.benchmark.splits), then each case's default calls
 #                                      under Nsight Compute (ncu) where the machine has it (PROFILE_NCU=0: not)
 #   bash scripts/gpu.sh all SHA        tests, bench, hostcost, in that order
-#   bash scripts/gpu.sh verify SHA     tests, vllm, then the step's host cost beside .ab/before without
-#                                      FlashInfer: one call (about 500 s) carrying .whl/sglang, .vllm_slim
-#                                      and .ab (together under the carry limit)
+#   bash scripts/gpu.sh verify SHA     tests with the vllm tier beside them, then the step's host cost beside
+#                                      .ab/before without FlashInfer (2 rounds; AB_ROUNDS): one call (about
+#                                      500 s) carrying .whl/sglang, .vllm_slim and .ab (under the carry limit)
 #
 # Carry what a mode needs (the device copies the tree, not git-ignored folders): .whl (SGLang's wheels
 # from scripts/carry_sglang_wheels.sh, transformers in .whl/demo) for tests, bench, sglang and demo; .peers
@@ -169,8 +169,8 @@ vllm() {
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vllm_site .vllm_slim/wheels/*.whl \
     || { echo "unpacking .vllm_slim/wheels failed (made for another python? see .vllm_slim/CARRY_VLLM.txt)"; return 1; }
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/triton_swa_meta . \
-    >/dev/null 2>&1 || echo "no triton-swa metadata (the entry-point test will fail)"
+  [ -d /tmp/triton_swa_meta ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+    --target /tmp/triton_swa_meta . >/dev/null 2>&1 || echo "no triton-swa metadata (the entry-point test will fail)"
   # no vLLM metadata is carried, so vLLM's platform detection would find none: CpuPlatform, as on the
   # CPU tier (CudaPlatform imports the compiled vllm._C_stable_libtorch; scripts/carry_vllm.sh says more)
   export PYTHONPATH="$PYTHONPATH:$PWD/.vllm_slim:/tmp/vllm_site:/tmp/triton_swa_meta" VLLM_TARGET_DEVICE=cpu
@@ -272,7 +272,7 @@ PY
 step_ab() {
   [ -f .ab/before/triton_swa/__init__.py ] || { echo "no .ab/before (git archive OLD | tar -x -C .ab/before)"; return 2; }
   echo "== host cost of $sha beside .ab/before"
-  timeout "${HOSTCOST_AB_TIMEOUT_S:-200}" python3 -m triton_swa bench --op step --batch 1,64 --verify-batch 1 --rounds 3 \
+  timeout "${HOSTCOST_AB_TIMEOUT_S:-200}" python3 -m triton_swa bench --op step --batch 1,64 --verify-batch 1 --rounds "${AB_ROUNDS:-3}" \
     --no-flashinfer --git-sha "$sha" --dirty clean --out "$out" --compare before=.ab/before 2>&1 \
     | tee "$out/host-cost-ab-$sha.log" | sed -n '/side by side/,$p' | grep -v "^ROW"
 }
@@ -281,10 +281,16 @@ case "$what" in
   tests | bench | hostcost | ab | sglang | demo | engine | load | vllm | profile) "$what" "$@" ;;
   vllm-engine) vllm_engine "$@" ;;
   verify)
-    TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-290} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
+    # the vLLM tier beside the suite (its own subshell and environment: it waits on nothing the suite
+    # does); the timed A/B after both, alone on the machine
+    install_wheels || exit 1
+    ( VLLM_TIMEOUT_S=${VLLM_TIMEOUT_S:-300} vllm > "$out/verify-vllm.txt" 2>&1 ) &
+    vllm_pid=$!
+    TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-330} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
     status=$?
-    VLLM_TIMEOUT_S=${VLLM_TIMEOUT_S:-120} vllm || status=1
-    step_ab
+    wait $vllm_pid || status=1
+    cat "$out/verify-vllm.txt"
+    AB_ROUNDS=${AB_ROUNDS:-2} step_ab
     exit $status
     ;;
   all)
