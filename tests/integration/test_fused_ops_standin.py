@@ -22,10 +22,7 @@ from triton_swa.testing.sglang_engine import ENGINE_PLUGINS
 pytest.importorskip("sglang.srt.layers.layernorm", reason="SGLang tier: sglang 0.5.23 is not installed (scripts/setup_sglang.sh)")
 # on a GPU the plugin's kernels compile, and contraction into fused multiply-adds moves the last bit
 # the bounds above are written against; there the GPU engine tier runs them in every engine
-pytestmark = [
-    pytest.mark.sglang,
-    pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the stand-ins in Triton's interpreter"),
-]
+pytestmark = [pytest.mark.sglang, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier: the stand-ins in Triton's interpreter")]
 
 
 @pytest.fixture(scope="module")
