@@ -12,6 +12,7 @@ The whole module is skipped, saying so, when SGLang is not installed.
 
 from __future__ import annotations
 
+import random
 from unittest.mock import MagicMock
 
 import pytest
@@ -27,6 +28,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
@@ -269,10 +271,11 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device, pr
         recorded = []
         monkeypatch.setattr(launch, "precompile", lambda launches, dev, jobs: (recorded.extend(launches), (0, []))[1])
         before = [buf.clone() for l in (0, 1) for buf in (pool.get_key_buffer(l), pool.get_value_buffer(l))]
-        summary = backend.precompile_extend([sliding, full], tokens=6, dtype=torch.float32, kv_shared=True)
+        summary = backend.precompile_extend([sliding, full], tokens=6, dtype=torch.float32, kv_shared=True, draft_tokens=2)
         after = [buf for l in (0, 1) for buf in (pool.get_key_buffer(l), pool.get_value_buffer(l))]
         assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(before, after)), "precompiling wrote the pools"
-        assert recorded and "2 synthetic step(s) of 6 tokens" in summary and "refused" not in summary, summary
+        assert recorded and "prefills of 6 tokens, draft extends of 2;" in summary, summary
+        assert "refused" not in summary, summary
         assert backend.forward_metadata is None and not backend.core._layer_plans
 
     def check(layer, q, out, new, lens, use_sinks):
@@ -539,6 +542,50 @@ def test_precompile_covers_every_kernel_that_prefills_then_launch(monkeypatch):
     assert want <= have, want - have
 
 
+def test_precompile_covers_a_drafts_eager_extends(monkeypatch):
+    """A draft's backend (EAGLE's ``draft_tokens``): what ``precompile_extend`` compiles covers the
+    draft extends SGLang runs eagerly (DRAFT_EXTEND_V2: ``draft_tokens`` new tokens per request), at
+    batch sizes and cached prefixes it did not plan, where the split-KV count changes with both.
+    Planned as for an H100 (sm_90), bf16, launches recorded and not run."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    import triton_swa.runtime.launch as launch
+    from triton_swa.integrations.sglang import TritonSWASGLangBackend
+    from triton_swa.runtime.device import TARGETS, planning_for
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # plan as compiled code plans (nothing is launched)
+    warm = []
+    monkeypatch.setattr(launch, "precompile", lambda launches, dev, jobs: (warm.extend(launches), (0, []))[1])
+    dtype, drafts, rows_n, context = torch.bfloat16, 4, 8, 4096
+    pool = MHATokenToKVPool(4096, 1, dtype, H_FULL, D_FULL, 1, "cpu", False)
+    alloc = TokenToKVPoolAllocator(4096, dtype, "cpu", pool, False)
+    rtp = ReqToTokenPool(rows_n, context, "cpu", False)
+    layer = RadixAttention(HQ, D_FULL, D_FULL**-0.5, H_FULL, 0)  # a one-layer draft, full attention
+    rng = random.Random(5)
+    with planning_for(TARGETS["sm_90"]):
+        backend = TritonSWASGLangBackend(ModelRunner(pool, alloc, rtp, device="cpu"))
+        backend.precompile_extend([layer], tokens=64, dtype=dtype, draft_tokens=drafts)
+        real = []
+        for bs in (1, 3, 5, 6, 8):
+            for prefix_top in (20, 300, 3000):
+                alloc.clear()
+                rows = list(range(bs))
+                prefix = [rng.randint(prefix_top // 2, prefix_top) for _ in rows]
+                fb, _ = sglang_batch(alloc, rtp, rows, prefix, [drafts] * bs, SGLMode.DRAFT_EXTEND_V2)
+                with launch.recorded_launches() as launches, forward_context(ForwardContext(attn_backend=backend)):
+                    backend.init_forward_metadata(fb)
+                    q = torch.zeros(bs * drafts, HQ * D_FULL, dtype=dtype)
+                    k = torch.zeros(bs * drafts, H_FULL * D_FULL, dtype=dtype)
+                    layer(q, k, k.clone(), fb)
+                real += launches
+    attention = ("_swa_extend_kernel", "_swa_merge_kernel")
+    want = {_launch_key(*x[:4]) for x in real if getattr(x[0], "fn", x[0]).__name__ in attention}
+    have = {_launch_key(*x[:4]) for x in warm}
+    assert any(getattr(x[0], "fn", x[0]).__name__ == "_swa_merge_kernel" for x in real), "no real batch took split-KV"
+    assert want <= have, want - have
+
+
 def test_precompiling_at_start_never_stops_a_start(monkeypatch, caplog):
     """On a GPU the backend precompiles at construction: a failure there is a warning, not an error;
     ``TRITON_SWA_PRECOMPILE=0`` turns it off. Its arguments come from the runner: the chunk size, the
@@ -569,7 +616,7 @@ def test_precompiling_at_start_never_stops_a_start(monkeypatch, caplog):
     backend.core.device = torch.device("cuda")  # as on a GPU (nothing runs: precompile_extend is stubbed)
     with caplog.at_level(logging.WARNING, logger="triton_swa.integrations.sglang"):
         backend._precompile_at_start(runner)
-    assert calls == [([model.attn], dict(tokens=4096, dtype=torch.bfloat16, kv_shared=True))]
+    assert calls == [([model.attn], dict(tokens=4096, dtype=torch.bfloat16, kv_shared=True, draft_tokens=0))]
     assert "precompiling the extend kernels failed (RuntimeError: no device); they compile at first use" in caplog.text
     backend._precompile_at_start(runner)  # once per model: a draft's several backends compile it once
     assert len(calls) == 1

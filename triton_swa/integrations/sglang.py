@@ -312,12 +312,16 @@ class TritonSWASGLangBackend(AttentionBackend):
             tokens = chunk if isinstance(chunk, int) and chunk > 0 else 8192
             dtype = getattr(model_runner, "dtype", None) or model_runner.model_config.dtype
             kv_shared = any(getattr(m, "is_kv_shared_layer", False) for m in model.modules())
-            logger.info("triton_swa: %s", self.precompile_extend(layers, tokens=tokens, dtype=dtype, kv_shared=kv_shared))
+            drafts = _draft_extend_tokens(model_runner)
+            summary = self.precompile_extend(layers, tokens=tokens, dtype=dtype, kv_shared=kv_shared, draft_tokens=drafts)
+            logger.info("triton_swa: %s", summary)
         except Exception as exc:  # noqa: BLE001 - never in the way of a start
             why = f"{type(exc).__name__}: {exc}"
             logger.warning("triton_swa: precompiling the extend kernels failed (%s); they compile at first use", why)
 
-    def precompile_extend(self, layers, *, tokens: int, dtype: torch.dtype, kv_shared: bool = False, jobs: int | None = None) -> str:
+    def precompile_extend(
+        self, layers, *, tokens: int, dtype: torch.dtype, kv_shared: bool = False, draft_tokens: int = 0, jobs: int | None = None
+    ) -> str:
         """Compile, before serving, the extend kernels a prefill of these layers launches, so that no
         request waits for Triton's compiler (3-5 s per kernel on an H100, once per kind of layer and
         K/V store: SGLang logs each one that compiles after serving started).
@@ -326,35 +330,48 @@ class TritonSWASGLangBackend(AttentionBackend):
         chunked prefill's next chunk), runs through this backend's own ``forward_extend`` for every
         layer, with their K/V (the kernel's fused store) and, with ``kv_shared``, without (Gemma 4's
         KV-shared layers); launches are recorded, not run, and the step's slots are the pools'
-        padding slot 0. Then :func:`~triton_swa.runtime.launch.precompile` compiles the distinct
-        kernels ``jobs`` at a time (default :func:`~triton_swa.runtime.launch.compile_jobs`) and loads them;
-        the plans made on the way are dropped. Not covered: prompts under 32 tokens (their own short
-        tiles), speculative verify, sinks (gpt-oss), decode (compiled by CUDA-graph capture). Returns
-        a one-line summary."""
+        padding slot 0. ``draft_tokens`` (a speculative draft's backend: EAGLE, EAGLE3, STANDALONE)
+        adds the draft extends SGLang runs eagerly for this backend (it captures draft-extend graphs
+        only for its own backends): ``draft_tokens`` new tokens per request over a cached prefix, at
+        batch sizes 1, 2, 4, ... up to the request rows and prefixes of 16 to 64k tokens, since the
+        split-KV count follows both. Then :func:`~triton_swa.runtime.launch.precompile` compiles the
+        distinct kernels ``jobs`` at a time (default :func:`~triton_swa.runtime.launch.compile_jobs`)
+        and loads them; the plans made on the way are dropped. Not covered: prompts under 32 tokens
+        (their own short tiles), the target's verify without CUDA graphs, sinks (gpt-oss), decode and
+        graph-captured verify (compiled by CUDA-graph capture). Returns a one-line summary."""
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
         from ..runtime.launch import precompile, recorded_launches
 
         t0 = time.perf_counter()
         dev = self.core.device
-        steps = [(tokens, 0)] + ([(tokens, tokens)] if 2 * tokens <= self.max_context_len else [])
-        failed, inputs = 0, {}
+        inputs, counts = {}, {"steps": 0, "refused": 0}
+
+        def step(batch: int, new: int, prefix: int, calls: list) -> None:
+            """One synthetic EXTEND step through each ``(layer, with its K/V)`` call."""
+            fb = _extend_batch(ForwardMode.EXTEND, new, prefix, dev, batch)
+            self.init_forward_metadata(fb)
+            counts["steps"] += 1
+            t = batch * new
+            for layer, with_kv in calls:
+                hq, h = layer.tp_q_head_num, layer.tp_k_head_num
+                cols = (hq * layer.head_dim, h * layer.head_dim, h * layer.v_head_dim)
+                if (t, cols) not in inputs:  # one q, k, v per shape: nothing is launched on them
+                    inputs[(t, cols)] = [torch.empty(t, c, dtype=dtype, device=dev) for c in cols]
+                q, k, v = inputs[(t, cols)]
+                try:
+                    self.forward_extend(q, *((k, v) if with_kv else (None, None)), layer, fb, save_kv_cache=with_kv)
+                except (TypeError, ValueError, KeyError, IndexError):  # a layer this pool does not hold
+                    counts["refused"] += 1
+
+        prefill_calls = [(layer, with_kv) for layer in layers for with_kv in ((True, False) if kv_shared else (True,))]
         with recorded_launches(tensors_as_dtypes=True) as launches:
             try:
-                for new, prefix in steps:
-                    fb = _extend_batch(ForwardMode.EXTEND, new, prefix, dev)
-                    self.init_forward_metadata(fb)
-                    for layer in layers:
-                        hq, h = layer.tp_q_head_num, layer.tp_k_head_num
-                        cols = (hq * layer.head_dim, h * layer.head_dim, h * layer.v_head_dim)
-                        if (new, cols) not in inputs:  # one q, k, v per shape: nothing is launched on them
-                            inputs[(new, cols)] = [torch.empty(new, c, dtype=dtype, device=dev) for c in cols]
-                        q, k, v = inputs[(new, cols)]
-                        for kv in ((k, v), (None, None)) if kv_shared else ((k, v),):
-                            try:
-                                self.forward_extend(q, *kv, layer, fb, save_kv_cache=kv[0] is not None)
-                            except (TypeError, ValueError, KeyError, IndexError):  # a layer this pool does not hold
-                                failed += 1
+                step(1, tokens, 0, prefill_calls)
+                if 2 * tokens <= self.max_context_len:
+                    step(1, tokens, tokens, prefill_calls)
+                if draft_tokens > 0:
+                    self._plan_draft_extends(step, launches, layers, draft_tokens)
             finally:
                 inputs.clear()
                 self.core.forget_plans()
@@ -363,11 +380,38 @@ class TritonSWASGLangBackend(AttentionBackend):
         kernels, errors = precompile(launches, dev, jobs)
         for e in errors:
             logger.warning("triton_swa: precompile: %s", e)
+        refused = counts["refused"]
         return (
-            f"precompiled {kernels} extend kernel(s) for {len(layers)} layer(s) ({len(launches)} launches of {len(steps)} "
-            f"synthetic step(s) of {tokens} tokens, recorded in {recorded:.1f} s; {time.perf_counter() - t0:.1f} s in all"
-            f"{f'; {failed} layer call(s) refused' if failed else ''}{f'; {len(errors)} error(s)' if errors else ''})"
+            f"precompiled {kernels} extend kernel(s) for {len(layers)} layer(s) ({len(launches)} launches of {counts['steps']} "
+            f"synthetic step(s): prefills of {tokens} tokens{f', draft extends of {draft_tokens}' if draft_tokens else ''}; "
+            f"recorded in {recorded:.1f} s, {time.perf_counter() - t0:.1f} s in all"
+            f"{f'; {refused} layer call(s) refused' if refused else ''}"
+            f"{f'; {len(errors)} error(s)' if errors else ''})"
         )
+
+    def _plan_draft_extends(self, step, launches: list, layers, new: int) -> None:
+        """:meth:`precompile_extend`'s draft extends: ``new`` tokens per request over prefixes of 1,
+        1.25 and 1.5 times each power of two from 16 up to the context (together they reach every
+        split-KV count's merge tile and the specialisations of the split kernel), at batch sizes 1, 2,
+        3, ... until one no longer splits: split-KV is for idle SMs, so a larger batch launches as that
+        one did. One layer of each kind (heads, dims, window, soft-cap, sinks, scales)."""
+        kinds = {}
+        for layer in layers:
+            kind = (
+                layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim, layer.v_head_dim, layer.sliding_window_size,
+                bool(getattr(layer, "logit_cap", 0.0)), getattr(layer, "sinks", None) is None,
+                getattr(layer, "k_scale", None) is None, getattr(layer, "v_scale", None) is None,
+            )  # fmt: skip
+            kinds.setdefault(kind, layer)
+        calls = [(layer, True) for layer in kinds.values()]
+        top = self.max_context_len - new
+        prefixes = sorted({int(m * (1 << k)) for k in range(4, 31) for m in (1, 1.25, 1.5) if m * (1 << k) <= top}, reverse=True)
+        for batch in range(1, int(self.core.req_to_token.shape[0]) + 1):
+            first = len(launches)
+            for prefix in prefixes:
+                step(batch, new, prefix, calls)
+            if not any(getattr(x[0], "fn", x[0]).__name__ == "_swa_merge_kernel" for x in launches[first:]):
+                break
 
     @staticmethod
     def _resolve_swa_kv_pool(model_runner):
@@ -560,30 +604,48 @@ def attention_layers(model) -> list:
     return sorted(found, key=lambda m: m.layer_id)
 
 
-def _extend_batch(mode, new: int, prefix: int, device):
-    """SGLang's ``ForwardBatch`` of one request (request row 0) extending ``prefix`` cached tokens by
-    ``new``, every slot the pools' padding slot 0 (what :meth:`TritonSWASGLangBackend.precompile_extend`
-    plans over)."""
+def _extend_batch(mode, new: int, prefix: int, device, batch: int = 1):
+    """SGLang's ``ForwardBatch`` of ``batch`` requests (all request row 0), each extending ``prefix``
+    cached tokens by ``new``, every slot the pools' padding slot 0 (what
+    :meth:`TritonSWASGLangBackend.precompile_extend` plans over)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     on = dict(device=device)
+    t = batch * new
     return ForwardBatch(
         forward_mode=mode,
-        batch_size=1,
-        input_ids=torch.zeros(new, dtype=torch.long, **on),
-        req_pool_indices=torch.zeros(1, dtype=torch.long, **on),
-        seq_lens=torch.tensor([prefix + new], **on),
-        out_cache_loc=torch.zeros(new, dtype=torch.long, **on),
-        seq_lens_sum=prefix + new,
-        seq_lens_cpu=torch.tensor([prefix + new]),
-        extend_prefix_lens=torch.tensor([prefix], **on),
-        extend_prefix_lens_cpu=[prefix],
-        extend_seq_lens=torch.tensor([new], **on),
-        extend_seq_lens_cpu=[new],
-        extend_num_tokens=new,
+        batch_size=batch,
+        input_ids=torch.zeros(t, dtype=torch.long, **on),
+        req_pool_indices=torch.zeros(batch, dtype=torch.long, **on),
+        seq_lens=torch.full((batch,), prefix + new, **on),
+        out_cache_loc=torch.zeros(t, dtype=torch.long, **on),
+        seq_lens_sum=batch * (prefix + new),
+        seq_lens_cpu=torch.full((batch,), prefix + new),
+        extend_prefix_lens=torch.full((batch,), prefix, **on),
+        extend_prefix_lens_cpu=[prefix] * batch,
+        extend_seq_lens=torch.full((batch,), new, **on),
+        extend_seq_lens_cpu=[new] * batch,
+        extend_num_tokens=t,
         spec_algorithm=SpeculativeAlgorithm.NONE,
     )
+
+
+def _draft_extend_tokens(model_runner) -> int:
+    """The new tokens per request of a draft extend this runner's backend runs eagerly: SGLang's
+    ``speculative_num_draft_tokens`` for an EAGLE, EAGLE3 or STANDALONE draft runner, else 0 (a
+    target, or a draft whose extend is not a causal chain: DFLASH's block, NGRAM's none)."""
+    algorithm = getattr(model_runner, "spec_algorithm", None)
+    if not getattr(model_runner, "is_draft_worker", False) or algorithm is None:
+        return 0
+    if not (algorithm.is_eagle() or algorithm.is_standalone()):
+        return 0
+    drafts = getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens", None)
+    if not isinstance(drafts, int):
+        from sglang.srt.runtime_context import get_spec
+
+        drafts = get_spec().speculative_num_draft_tokens
+    return drafts if isinstance(drafts, int) and drafts > 0 else 0
 
 
 class _DraftStepBatch:
