@@ -469,3 +469,32 @@ def test_the_kernels_sglang_compiled_after_serving_started_are_reported(tmp_path
     assert r["late_compiles"] == [("_swa_extend_kernel", 3.9), ("_fwd_kernel", 5.03)]
     out = capsys.readouterr().out
     assert "SGLang logged 2 kernel compile(s) after serving started, 8.9 s: _swa_extend_kernel 3.9 s, _fwd_kernel 5.0 s" in out
+
+
+def test_replot_draws_an_engine_csv_run_by_run(tmp_path, capsys):
+    """``triton-swa bench --replot`` on an engine CSV: one PNG per run with a finished phase (tokens/s
+    and time to first token per phase and backend); a run whose rows all failed draws nothing and
+    says so."""
+    import csv
+
+    from triton_swa.benchmark import main as bench_main
+
+    pytest.importorskip("matplotlib")
+    rows = []
+    for run_id, status in (("run-ok", "ok"), ("run-failed", "ERROR at start: no memory")):
+        for provider, tok_s, ttft in (("triton_swa", 520.3, 3636.1), ("triton", 236.3, 9323.4)):
+            row = {c: "" for c in serve.COLUMNS}
+            row.update(op="serve", case="serve-g-graph-P32768-C16-O256", provider=provider, out_tok_s=tok_s, ttft_ms_p50=ttft)
+            row.update(run_id=run_id, status=status, gpu="H", git_sha="abc1234")
+            rows.append(row)
+            cold = dict(row, case="serve-g-graph-P32768-cold", out_tok_s="", ttft_ms_p50=13839.9)
+            rows.append(cold)
+    path = tmp_path / "serve-2026-12-07-H.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=serve.COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    assert bench_main(["--replot", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "serve-run-ok.png").stat().st_size > 10_000
+    assert not (tmp_path / "serve-run-failed.png").exists() and "run run-failed has no row to draw" in out

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import sys
 import uuid
 from pathlib import Path
@@ -46,14 +47,19 @@ def _narrowed(args) -> tuple:
 
 
 def _replot(csv_path: Path) -> int:
-    from .runner import plot, run_ids
+    import csv
 
+    from .runner import plot, plot_serve, run_ids
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plot: matplotlib is not installed (pip install 'triton-swa[bench]')", file=sys.stderr)
+        return 2
+    with csv_path.open() as f:
+        serve = next(csv.DictReader(f), {}).get("op") == "serve"  # an engine CSV (--op serve)
     for run_id in run_ids(csv_path):
-        png = csv_path.with_name(f"bench-{run_id}.png")
-        if not plot(csv_path, png, run_id):
-            print("plot: matplotlib is not installed (pip install 'triton-swa[bench]')", file=sys.stderr)
-            return 2
-        print(f"plot: {png}")
+        png = csv_path.with_name(f"{'serve' if serve else 'bench'}-{run_id}.png")
+        drawn = (plot_serve if serve else plot)(csv_path, png, run_id)
+        print(f"plot: {png}" if drawn else f"plot: run {run_id} has no row to draw")
     return 0
 
 

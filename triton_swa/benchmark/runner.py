@@ -729,6 +729,51 @@ def plot(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
     return True
 
 
+def plot_serve(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
+    """One run of an engine CSV (``triton-swa bench --op serve``: the last run unless ``run_id``) as
+    bars per phase and backend: output tokens/s of each timed phase, and the time to first token
+    (p50, log scale) of each phase and of each cold start. Regenerated from the CSV alone. False when
+    matplotlib is missing or the run has no finished phase."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    with Path(csv_path).open() as f:
+        rows = [r for r in csv.DictReader(f) if r["op"] == "serve" and r["status"] == "ok"]
+    run_id = run_id or (rows[-1]["run_id"] if rows else None)
+    rows = [r for r in rows if r["run_id"] == run_id]
+    panels = [
+        ("output tokens/s (timed phases)", "out_tok_s", False, [r for r in rows if r["out_tok_s"]]),
+        ("time to first token p50, ms (phases and cold starts)", "ttft_ms_p50", True, [r for r in rows if r["ttft_ms_p50"]]),
+    ]
+    panels = [p for p in panels if p[3]]
+    if not panels:
+        return False
+    width_cases = max(len({r["case"] for r in p[3]}) for p in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.2 * width_cases), 4.5 * len(panels)), squeeze=False)
+    for ax, (label, key, log, sub) in zip(axes[:, 0], panels):
+        cases = list(dict.fromkeys(r["case"].removeprefix("serve-") for r in sub))
+        providers = list(dict.fromkeys(r["provider"] for r in sub))
+        value = {(r["case"].removeprefix("serve-"), r["provider"]): float(r[key]) for r in sub}
+        width = 0.8 / max(len(providers), 1)
+        for i, prov in enumerate(providers):
+            held = [(j, value[(c, prov)]) for j, c in enumerate(cases) if (c, prov) in value]
+            ax.bar([j + i * width for j, _ in held], [v for _, v in held], width, label=prov)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=30, ha="right", fontsize=7)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_title(f"SGLang's engine, triton-swa bench --op serve, run {run_id} ({rows[0]['gpu']}, {rows[0]['git_sha']})", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main_worker(argv: list[str], interpreter: bool = True) -> int:
     """A worker of :func:`_drive` (``interpreter``: set Triton's interpreter up on a CPU here; a
     comparison's worker has it from its environment)."""

@@ -30,7 +30,9 @@ triton_swa_fused_ops.py``; ``TRITON_SWA_ENGINE_FUSED_OPS=torch`` leaves it out).
 every backend compared.
 
 Results: ``serve-<date>-<gpu>.csv`` (one row per phase and backend, :data:`COLUMNS`), ``serve-<sha>.json``
-(everything each run returned) and a text report on stdout.
+(everything each run returned), ``serve-<run id>.png`` (output tokens/s and TTFT per phase and
+backend, where matplotlib is installed; ``triton-swa bench --replot CSV`` redraws it from the rows)
+and a text report on stdout.
 """
 
 from __future__ import annotations
@@ -753,6 +755,11 @@ def main(argv=None) -> int:
     csv_rows.write(rows)
     _write(str(json_path), records)
     print(f"rows: {csv_path}")
+    from .runner import plot_serve
+
+    png = csv_path.with_name(f"serve-{run_id}.png")
+    if plot_serve(csv_path, png, run_id):  # where matplotlib is installed and a phase finished
+        print(f"plot: {png}")
     return 0 if all(r["ok"] for r in records) else 1
 
 
