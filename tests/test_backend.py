@@ -210,13 +210,17 @@ def step_batch(mode, rows, committed, new, out_cache_loc, device, spec_info=None
     return ForwardBatch.extend(rows, committed, new, out_cache_loc, device=device, mode=mode)
 
 
-def run_step(sim, backend, layers, mode, new, *, draft_num=None):
-    """One forward step over every layer; returns nothing, asserts each layer's output."""
+def run_step(sim, backend, layers, mode, new, *, draft_num=None, device_lens_only=False):
+    """One forward step over every layer; returns nothing, asserts each layer's output.
+    ``device_lens_only``: the batch carries no host copy of its prefix or sequence lengths (only of its
+    new tokens), as SGLang's overlapped draft extend does."""
     committed = list(sim.lens)
     sim.poison()
     out_cache_loc = sim.allocate(new)
     dev = sim.device
     batch = step_batch(mode, sim.rows, committed, new, out_cache_loc, dev, SpecInfo(draft_num))
+    if device_lens_only:
+        batch.extend_prefix_lens_cpu = batch.seq_lens_cpu = None
     backend.init_forward_metadata(batch)
     t = sum(new)
     for layer in layers:
@@ -306,6 +310,54 @@ def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
     # layers), never the size of this batch's index buffers: CUDA-graph replay passes the same
     max_ctx = sim.rtp.req_to_token.shape[1]
     assert seen and all(bound == (w if w >= 0 else max_ctx) for w, bound in seen), seen
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_extend_steps_with_lengths_on_the_device_only_read_none_back(device, page_size, monkeypatch):
+    """An extend step whose prefix and sequence lengths only the device holds (SGLang's overlapped
+    draft extend: only ``extend_seq_lens_cpu`` on the host) plans without reading a length back: its
+    lists are built at their bound and its splits follow the layer's bound, as verify's do; every
+    output equals the reference. With the lists' bound past ``DEVICE_PREFIX_MAX_INDICES`` the step
+    reads its prefixes back instead, and still equals the reference."""
+    import triton_swa.backend.metadata as metadata_mod
+
+    window_left = 5
+    sim = make_sim(window_left, page_size, seed=7, device=device)
+    runner = ModelRunner(sim.pool, sim.alloc, sim.rtp, sliding_window_size=window_left, device=device)
+    backend = TritonSWAAttnBackend(runner)
+    layers = model_layers(window_left)
+    run_step(sim, backend, layers, ForwardMode.EXTEND, [7, 3, 12])
+    sim.evict()
+    reads, inside = [], []
+    for name in ("cpu", "tolist", "item", "__int__", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _original=original, _name=name, **k):
+            if inside and self.numel():  # a tensor value read on the host while the backend plans or runs
+                reads.append(_name)
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    for name in ("init_forward_metadata", "forward"):
+        original = getattr(backend, name)
+
+        def watched(*a, _original=original, **k):
+            inside.append(1)
+            try:
+                return _original(*a, **k)
+            finally:
+                inside.pop()
+
+        monkeypatch.setattr(backend, name, watched)
+    run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND_V2, [3, 3, 3], device_lens_only=True)
+    sim.evict()
+    run_step(sim, backend, layers, ForwardMode.EXTEND, [2, 0, 9], device_lens_only=True)
+    assert reads == [], f"host reads: {reads}"
+    sim.evict()
+    monkeypatch.setattr(metadata_mod, "DEVICE_PREFIX_MAX_INDICES", 0)
+    run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND_V2, [3, 3, 3], device_lens_only=True)
+    assert "cpu" in reads, "past the bound the step reads its prefixes back"
 
 
 @pytest.mark.interpreter

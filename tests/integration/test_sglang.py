@@ -545,7 +545,8 @@ def test_precompile_covers_every_kernel_that_prefills_then_launch(monkeypatch):
 def test_precompile_covers_a_drafts_eager_extends(monkeypatch):
     """A draft's backend (EAGLE's ``draft_tokens``): what ``precompile_extend`` compiles covers the
     draft extends SGLang runs eagerly (DRAFT_EXTEND_V2: ``draft_tokens`` new tokens per request), at
-    batch sizes and cached prefixes it did not plan, where the split-KV count changes with both.
+    batch sizes and cached prefixes it did not plan, where the split-KV count changes with both, and
+    with the lengths on the device only (SGLang's overlapped scheduling).
     Planned as for an H100 (sm_90), bf16, launches recorded and not run."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -568,11 +569,13 @@ def test_precompile_covers_a_drafts_eager_extends(monkeypatch):
         backend.precompile_extend([layer], tokens=64, dtype=dtype, draft_tokens=drafts)
         real = []
         for bs in (1, 3, 5, 6, 8):
-            for prefix_top in (20, 300, 3000):
+            for prefix_top in (20, 300, 3000, None):  # None: lengths on the device only (overlapped)
                 alloc.clear()
                 rows = list(range(bs))
-                prefix = [rng.randint(prefix_top // 2, prefix_top) for _ in rows]
+                prefix = [rng.randint((prefix_top or 3000) // 2, prefix_top or 3000) for _ in rows]
                 fb, _ = sglang_batch(alloc, rtp, rows, prefix, [drafts] * bs, SGLMode.DRAFT_EXTEND_V2)
+                if prefix_top is None:
+                    fb.extend_prefix_lens_cpu = fb.seq_lens_cpu = None
                 with launch.recorded_launches() as launches, forward_context(ForwardContext(attn_backend=backend)):
                     backend.init_forward_metadata(fb)
                     q = torch.zeros(bs * drafts, HQ * D_FULL, dtype=dtype)

@@ -25,6 +25,10 @@ from ..ops.indices import (
 )
 from ..runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
 
+# an extend step whose prefix lengths only the device holds builds its lists at their bound (batch x
+# req_to_token's width for a full layer): up to this many int32 entries (64 MiB), else it reads them back
+DEVICE_PREFIX_MAX_INDICES = 1 << 24
+
 
 @dataclass
 class LayerIndices:
@@ -136,7 +140,8 @@ class _StepMetadata:
             return
         meta = self._extend_layout(forward_batch)
         meta.batch_size, meta.num_tokens = forward_batch.batch_size, num_tokens
-        prefix, prefix_cpu = meta.prefix_lens, meta.prefix_lens_cpu.tolist()
+        prefix = meta.prefix_lens
+        prefix_cpu = None if meta.prefix_lens_cpu is None else meta.prefix_lens_cpu.tolist()
         meta.full, meta.sliding = self._step_indices(req, prefix, prefix_cpu, extend=True, debug=debug)
         self.forward_metadata = meta
 
@@ -153,23 +158,18 @@ class _StepMetadata:
             max_extend = n
         else:
             prefix = forward_batch.extend_prefix_lens.to(torch.int32)
-            # int64 whatever the list holds (torch.tensor([]) alone would be float32: an empty batch)
-            prefix_cpu = (
-                torch.tensor(forward_batch.extend_prefix_lens_cpu, dtype=torch.int64)
-                if forward_batch.extend_prefix_lens_cpu is not None
-                else prefix.cpu()
-            )
             ext = forward_batch.extend_seq_lens
             qo_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
             qo_indptr[1:] = torch.cumsum(ext, 0)
             ext_cpu = forward_batch.extend_seq_lens_cpu if forward_batch.extend_seq_lens_cpu is not None else ext.tolist()
             max_extend = max(ext_cpu, default=0)
+            prefix_cpu = self._prefix_host(forward_batch, prefix, ext_cpu)
         meta = ForwardMetadata(
             mode, None, None, qo_indptr=qo_indptr, prefix_lens=prefix, prefix_lens_cpu=prefix_cpu, max_extend_len=int(max_extend)
         )
-        if not mode.is_target_verify():
+        if not mode.is_target_verify() and prefix_cpu is not None:
             # bounds the prefix keys a request reads, so that a prompt without a prefix takes no
-            # (empty) split-KV programs
+            # (empty) split-KV programs; prefixes on the device only take the layer's bound, as verify does
             meta.max_prefix_len = int(prefix_cpu.max()) if bs else 0
         if spec is not None and mode.is_target_verify():
             meta.causal = spec.causal
@@ -183,9 +183,27 @@ class _StepMetadata:
             meta.causal = getattr(spec, "causal", True)
         return meta
 
-    @staticmethod
-    def _index_count(lens_host, window_left: int, extend: bool) -> int:
-        """The CSR length of a step's windows from the lengths' host values (no device read)."""
+    def _prefix_host(self, forward_batch, prefix: torch.Tensor, ext_cpu: list) -> torch.Tensor | None:
+        """An extend step's cached-prefix lengths on the host (int64), without reading the device where
+        the batch carries them: ``extend_prefix_lens_cpu``, else ``seq_lens_cpu`` less the new tokens.
+        None where only the device holds them and the step's lists fit :data:`DEVICE_PREFIX_MAX_INDICES`
+        at their bound (SGLang's overlapped draft extend: its lengths stay on the GPU and the step
+        reads none back); else read back (a host synchronisation)."""
+        if forward_batch.extend_prefix_lens_cpu is not None:
+            # int64 whatever the list holds (torch.tensor([]) alone would be float32: an empty batch)
+            return torch.tensor(forward_batch.extend_prefix_lens_cpu, dtype=torch.int64)
+        if forward_batch.seq_lens_cpu is not None:
+            return forward_batch.seq_lens_cpu.to(torch.int64) - torch.tensor(ext_cpu, dtype=torch.int64)
+        if prefix.shape[0] * max_window_len(-1, self.req_to_token.shape[1], extend=True) <= DEVICE_PREFIX_MAX_INDICES:
+            return None
+        return prefix.cpu()
+
+    def _index_count(self, lens_host, window_left: int, extend: bool, batch: int = 0) -> int:
+        """The CSR length of a step's windows from the lengths' host values (no device read); without
+        them (None) the most ``batch`` requests' windows can hold: the list is then a capacity, as a
+        CUDA graph's buffers are, and the kernels read each request's extent from ``kv_indptr``."""
+        if lens_host is None:
+            return batch * max_window_len(window_left, self.req_to_token.shape[1], extend=extend)
         if lens_host and min(lens_host) < 0:
             raise ValueError(f"the step's {'prefix' if extend else 'sequence'} lengths must be >= 0, got {min(lens_host)}")
         return window_count_of(lens_host, window_left, extend)
@@ -204,8 +222,9 @@ class _StepMetadata:
                 sliding = self._indices(req_pool_indices, lens, lens_host, window_left=w, extend=extend, translate=translate)
             return full, sliding
         mapping = self._mapping_for(translate)
-        num_full = self._index_count(lens_host, -1, extend)
-        num_window = self._index_count(lens_host, w, extend) if w >= 0 else None
+        bs = req_pool_indices.shape[0]
+        num_full = self._index_count(lens_host, -1, extend, bs)
+        num_window = self._index_count(lens_host, w, extend, bs) if w >= 0 else None
         plan = self._window_plans.get(extend)
         built = None if plan is None else plan.run(self.req_to_token, req_pool_indices, lens, mapping, num_full, num_window)
         if built is None:
@@ -235,7 +254,7 @@ class _StepMetadata:
                 window_left=window_left,
                 prefix_lens=prefix_lens,
                 mapping=mapping,
-                num_indices=None if out is not None else self._index_count(lens_host, window_left, extend),
+                num_indices=None if out is not None else self._index_count(lens_host, window_left, extend, req_pool_indices.shape[0]),
                 out=out,
             )
             return self._layer_indices(built.kv_indptr, built.kv_indices, None, built.window_starts, lens, window_left, extend, translate)

@@ -347,9 +347,12 @@ class TritonSWASGLangBackend(AttentionBackend):
         dev = self.core.device
         inputs, counts = {}, {"steps": 0, "refused": 0}
 
-        def step(batch: int, new: int, prefix: int, calls: list) -> None:
-            """One synthetic EXTEND step through each ``(layer, with its K/V)`` call."""
+        def step(batch: int, new: int, prefix: int, calls: list, device_lens: bool = False) -> None:
+            """One synthetic EXTEND step through each ``(layer, with its K/V)`` call (``device_lens``:
+            without host copies of its prefix and sequence lengths, as SGLang's overlapped draft extend)."""
             fb = _extend_batch(ForwardMode.EXTEND, new, prefix, dev, batch)
+            if device_lens:
+                fb.extend_prefix_lens_cpu = fb.seq_lens_cpu = None
             self.init_forward_metadata(fb)
             counts["steps"] += 1
             t = batch * new
@@ -392,9 +395,10 @@ class TritonSWASGLangBackend(AttentionBackend):
     def _plan_draft_extends(self, step, launches: list, layers, new: int) -> None:
         """:meth:`precompile_extend`'s draft extends: ``new`` tokens per request over prefixes of 1,
         1.25 and 1.5 times each power of two from 16 up to the context (together they reach every
-        split-KV count's merge tile and the specialisations of the split kernel), at batch sizes 1, 2,
-        3, ... until one no longer splits: split-KV is for idle SMs, so a larger batch launches as that
-        one did. One layer of each kind (heads, dims, window, soft-cap, sinks, scales)."""
+        split-KV count's merge tile and the specialisations of the split kernel), and once with its
+        lengths on the device only (SGLang's overlapped draft extend: the layer's split bound), at batch
+        sizes 1, 2, 3, ... until one no longer splits: split-KV is for idle SMs, so a larger batch
+        launches as that one did. One layer of each kind (heads, dims, window, soft-cap, sinks, scales)."""
         kinds = {}
         for layer in layers:
             kind = (
@@ -408,6 +412,7 @@ class TritonSWASGLangBackend(AttentionBackend):
         prefixes = sorted({int(m * (1 << k)) for k in range(4, 31) for m in (1, 1.25, 1.5) if m * (1 << k) <= top}, reverse=True)
         for batch in range(1, int(self.core.req_to_token.shape[0]) + 1):
             first = len(launches)
+            step(batch, new, prefixes[0], calls, device_lens=True)  # the layer's split bound
             for prefix in prefixes:
                 step(batch, new, prefix, calls)
             if not any(getattr(x[0], "fn", x[0]).__name__ == "_swa_merge_kernel" for x in launches[first:]):
