@@ -314,12 +314,13 @@ def test_eager_extend_bounds_the_prefix_window(device, monkeypatch):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_extend_steps_with_lengths_on_the_device_only_read_none_back(device, page_size, monkeypatch):
-    """An extend step whose prefix and sequence lengths only the device holds (SGLang's overlapped
-    draft extend: only ``extend_seq_lens_cpu`` on the host) plans without reading a length back: its
-    lists are built at their bound and its splits follow the layer's bound, as verify's do; every
-    output equals the reference. With the lists' bound past ``DEVICE_PREFIX_MAX_INDICES`` the step
-    reads its prefixes back instead, and still equals the reference."""
+def test_steps_with_lengths_on_the_device_only_read_none_back(device, page_size, monkeypatch):
+    """A step whose prefix and sequence lengths only the device holds (SGLang's overlapped draft
+    extend: only ``extend_seq_lens_cpu`` on the host; decode and verify without ``seq_lens_cpu``)
+    plans without reading a length back: its lists are built at their bound and its splits follow the
+    layer's bound, as verify's always do; every output equals the reference. With the lists' bound
+    past ``DEVICE_PREFIX_MAX_INDICES`` the step reads its prefixes back instead, and still equals the
+    reference."""
     import triton_swa.backend.metadata as metadata_mod
 
     window_left = 5
@@ -353,6 +354,12 @@ def test_extend_steps_with_lengths_on_the_device_only_read_none_back(device, pag
     run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND_V2, [3, 3, 3], device_lens_only=True)
     sim.evict()
     run_step(sim, backend, layers, ForwardMode.EXTEND, [2, 0, 9], device_lens_only=True)
+    sim.evict()
+    for _ in range(2):  # the first decode of its kind checks the batch in full, the second only its lengths
+        run_step(sim, backend, layers, ForwardMode.DECODE, [1, 1, 1], device_lens_only=True)
+        sim.evict()
+    run_step(sim, backend, layers, ForwardMode.TARGET_VERIFY, [3, 3, 3], draft_num=3, device_lens_only=True)
+    reject_drafts(sim, layers, [1, 3, 0], 3)
     assert reads == [], f"host reads: {reads}"
     sim.evict()
     monkeypatch.setattr(metadata_mod, "DEVICE_PREFIX_MAX_INDICES", 0)

@@ -25,7 +25,7 @@ from ..ops.indices import (
 )
 from ..runtime.guard import check_forward_batch, check_forward_metadata, debug_enabled
 
-# an extend step whose prefix lengths only the device holds builds its lists at their bound (batch x
+# a step whose lengths only the device holds builds its window lists at their bound (batch x
 # req_to_token's width for a full layer): up to this many int32 entries (64 MiB), else it reads them back
 DEVICE_PREFIX_MAX_INDICES = 1 << 24
 
@@ -133,7 +133,7 @@ class _StepMetadata:
         req = forward_batch.req_pool_indices
         if mode.is_decode():
             lens = forward_batch.seq_lens
-            if lens_host is None:
+            if lens_host is None and not self._lists_fit_bound(lens.shape[0], extend=False):
                 lens_host = lens.tolist()  # a host synchronisation, for a batch without seq_lens_cpu
             full, sliding = self._step_indices(req, lens, lens_host, extend=False, debug=debug)
             self.forward_metadata = ForwardMetadata(mode, full, sliding, forward_batch.batch_size, num_tokens)
@@ -153,7 +153,9 @@ class _StepMetadata:
             # SGLang's convention: seq_lens are the committed lengths; the drafts follow them.
             n = spec.draft_token_num
             prefix = forward_batch.seq_lens.to(torch.int32)
-            prefix_cpu = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else prefix.cpu()
+            prefix_cpu = forward_batch.seq_lens_cpu
+            if prefix_cpu is None and not self._lists_fit_bound(bs, extend=True):
+                prefix_cpu = prefix.cpu()  # a host synchronisation
             qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
             max_extend = n
         else:
@@ -194,9 +196,13 @@ class _StepMetadata:
             return torch.tensor(forward_batch.extend_prefix_lens_cpu, dtype=torch.int64)
         if forward_batch.seq_lens_cpu is not None:
             return forward_batch.seq_lens_cpu.to(torch.int64) - torch.tensor(ext_cpu, dtype=torch.int64)
-        if prefix.shape[0] * max_window_len(-1, self.req_to_token.shape[1], extend=True) <= DEVICE_PREFIX_MAX_INDICES:
-            return None
-        return prefix.cpu()
+        return None if self._lists_fit_bound(prefix.shape[0], extend=True) else prefix.cpu()
+
+    def _lists_fit_bound(self, batch: int, *, extend: bool) -> bool:
+        """Whether ``batch`` requests' window lists at their bound (a full layer's: req_to_token's
+        width each) fit :data:`DEVICE_PREFIX_MAX_INDICES`: then a step without host lengths builds
+        them so, reading none back."""
+        return batch * max_window_len(-1, self.req_to_token.shape[1], extend=extend) <= DEVICE_PREFIX_MAX_INDICES
 
     def _index_count(self, lens_host, window_left: int, extend: bool, batch: int = 0) -> int:
         """The CSR length of a step's windows from the lengths' host values (no device read); without
