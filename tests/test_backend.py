@@ -362,6 +362,16 @@ def test_steps_with_lengths_on_the_device_only_read_none_back(device, page_size,
     reject_drafts(sim, layers, [1, 3, 0], 3)
     assert reads == [], f"host reads: {reads}"
     sim.evict()
+    from triton_swa.runtime.guard import refresh_debug_env
+
+    monkeypatch.setenv("TRITON_SWA_DEBUG", "1")  # the guard's path checks each list against the device lengths
+    assert refresh_debug_env()
+    try:
+        run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND_V2, [2, 2, 2], device_lens_only=True)
+    finally:
+        monkeypatch.delenv("TRITON_SWA_DEBUG")
+        refresh_debug_env()
+    sim.evict()
     monkeypatch.setattr(metadata_mod, "DEVICE_PREFIX_MAX_INDICES", 0)
     run_step(sim, backend, layers, ForwardMode.DRAFT_EXTEND_V2, [3, 3, 3], device_lens_only=True)
     assert "cpu" in reads, "past the bound the step reads its prefixes back"

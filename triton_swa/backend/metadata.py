@@ -260,7 +260,9 @@ class _StepMetadata:
                 window_left=window_left,
                 prefix_lens=prefix_lens,
                 mapping=mapping,
-                num_indices=None if out is not None else self._index_count(lens_host, window_left, extend, req_pool_indices.shape[0]),
+                # without host lengths (None) the builder counts them on the device: only the debug
+                # guard's path comes here with pages of one token, and it synchronises anyway
+                num_indices=None if out is not None or lens_host is None else self._index_count(lens_host, window_left, extend),
                 out=out,
             )
             return self._layer_indices(built.kv_indptr, built.kv_indices, None, built.window_starts, lens, window_left, extend, translate)
