@@ -709,24 +709,40 @@ def plot(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
     panels = [p for p in panels if p[3]]
     if not panels:
         return False
-    width_cases = max(len({r["case"] for r in p[3]}) for p in panels)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 0.9 * width_cases), 4.5 * len(panels)), squeeze=False)
+    fig, axes = _figure(plt, panels, 0.9)
     for ax, (title, key, label, sub) in zip(axes[:, 0], panels):
-        cases = list(dict.fromkeys(r["case"] for r in sub))
-        providers = list(dict.fromkeys(r["provider"] for r in sub))
-        value = {(r["case"], r["provider"]): r[key] for r in sub}
-        width = 0.8 / max(len(providers), 1)
-        for i, prov in enumerate(providers):
-            held = [(j, value[(c, prov)]) for j, c in enumerate(cases) if (c, prov) in value]
-            ax.bar([j + i * width for j, _ in held], [v for _, v in held], width, label=prov)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=60, ha="right", fontsize=7)
+        _bars(ax, [(r["case"], r["provider"], r[key]) for r in sub], 60)
         ax.set_ylabel(label, fontsize=8)
         ax.set_title(f"{title}: triton-swa bench run {rows[0]['run_id']} ({rows[0]['gpu']}, {rows[0]['git_sha']})", fontsize=9)
-        ax.legend(fontsize=7)
+    _save(fig, png_path)
+    return True
+
+
+def _figure(plt, panels: list[tuple], inches_per_case: float):
+    """One row of axes per panel (its rows last in the tuple), as wide as the most cases need."""
+    width_cases = max(len({r["case"] for r in p[-1]}) for p in panels)
+    return plt.subplots(len(panels), 1, figsize=(max(8, inches_per_case * width_cases), 4.5 * len(panels)), squeeze=False)
+
+
+def _bars(ax, values: list[tuple], rotation: int) -> None:
+    """Grouped bars of ``(case, provider, value)``: one group per case, one bar per provider."""
+    cases = list(dict.fromkeys(c for c, _, _ in values))
+    providers = list(dict.fromkeys(p for _, p, _ in values))
+    value = {(c, p): v for c, p, v in values}
+    width = 0.8 / max(len(providers), 1)
+    for i, prov in enumerate(providers):
+        held = [(j, value[(c, prov)]) for j, c in enumerate(cases) if (c, prov) in value]
+        ax.bar([j + i * width for j, _ in held], [v for _, v in held], width, label=prov)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=rotation, ha="right", fontsize=7)
+    ax.legend(fontsize=7)
+
+
+def _save(fig, png_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def plot_serve(csv_path: Path, png_path: Path, run_id: str | None = None) -> bool:
@@ -752,25 +768,14 @@ def plot_serve(csv_path: Path, png_path: Path, run_id: str | None = None) -> boo
     panels = [p for p in panels if p[3]]
     if not panels:
         return False
-    width_cases = max(len({r["case"] for r in p[3]}) for p in panels)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.2 * width_cases), 4.5 * len(panels)), squeeze=False)
+    fig, axes = _figure(plt, panels, 1.2)
     for ax, (label, key, log, sub) in zip(axes[:, 0], panels):
-        cases = list(dict.fromkeys(r["case"].removeprefix("serve-") for r in sub))
-        providers = list(dict.fromkeys(r["provider"] for r in sub))
-        value = {(r["case"].removeprefix("serve-"), r["provider"]): float(r[key]) for r in sub}
-        width = 0.8 / max(len(providers), 1)
-        for i, prov in enumerate(providers):
-            held = [(j, value[(c, prov)]) for j, c in enumerate(cases) if (c, prov) in value]
-            ax.bar([j + i * width for j, _ in held], [v for _, v in held], width, label=prov)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=30, ha="right", fontsize=7)
+        _bars(ax, [(r["case"].removeprefix("serve-"), r["provider"], float(r[key])) for r in sub], 30)
         if log:
             ax.set_yscale("log")
         ax.set_ylabel(label, fontsize=8)
         ax.set_title(f"SGLang's engine, triton-swa bench --op serve, run {run_id} ({rows[0]['gpu']}, {rows[0]['git_sha']})", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    _save(fig, png_path)
     return True
 
 
