@@ -286,7 +286,7 @@ case "$what" in
     install_wheels || exit 1
     ( VLLM_TIMEOUT_S=${VLLM_TIMEOUT_S:-300} vllm > "$out/verify-vllm.txt" 2>&1 ) &
     vllm_pid=$!
-    TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-330} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-60} tests
+    TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-320} SOAK_TIMEOUT_S=${SOAK_TIMEOUT_S:-90} tests
     status=$?
     wait $vllm_pid || status=1
     cat "$out/verify-vllm.txt"
