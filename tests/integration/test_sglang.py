@@ -276,6 +276,10 @@ def test_sglang_forward_batch_and_radix_attention_through_the_backend(device, pr
         assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(before, after)), "precompiling wrote the pools"
         assert recorded and "prefills of 6 tokens, draft extends of 2;" in summary, summary
         assert "refused" not in summary, summary
+        # a context too short for any draft-extend prefix (64 columns, 60 drafts): the prefills alone
+        recorded.clear()
+        summary = backend.precompile_extend([sliding, full], tokens=6, dtype=torch.float32, draft_tokens=60)
+        assert recorded and "(" in summary and " 2 synthetic step(s)" in summary, summary
         assert backend.forward_metadata is None and not backend.core._layer_plans
 
     def check(layer, q, out, new, lens, use_sinks):

@@ -410,6 +410,8 @@ class TritonSWASGLangBackend(AttentionBackend):
         calls = [(layer, True) for layer in kinds.values()]
         top = self.max_context_len - new
         prefixes = sorted({int(m * (1 << k)) for k in range(4, 31) for m in (1, 1.25, 1.5) if m * (1 << k) <= top}, reverse=True)
+        if not prefixes:  # a context too short for any
+            return
         for batch in range(1, int(self.core.req_to_token.shape[0]) + 1):
             first = len(launches)
             step(batch, new, prefixes[0], calls, device_lens=True)  # the layer's split bound
