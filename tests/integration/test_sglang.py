@@ -593,6 +593,20 @@ def test_precompile_covers_a_drafts_eager_extends(monkeypatch):
     assert want <= have, want - have
 
 
+def test_the_draft_extends_precompiled_follow_the_runner():
+    """Draft extends are planned for an EAGLE, EAGLE3 or STANDALONE draft runner, with SGLang's
+    ``speculative_num_draft_tokens``; for a target, DFLASH's draft and NGRAM, none."""
+    from triton_swa.integrations.sglang import _draft_extend_tokens
+
+    def runner(algorithm, draft=True, tokens=4):
+        return MagicMock(is_draft_worker=draft, spec_algorithm=A[algorithm], server_args=MagicMock(speculative_num_draft_tokens=tokens))
+
+    assert [_draft_extend_tokens(runner(a)) for a in ("EAGLE", "EAGLE3", "STANDALONE")] == [4, 4, 4]
+    assert [_draft_extend_tokens(runner(a)) for a in ("DFLASH", "NGRAM", "NONE")] == [0, 0, 0]
+    assert _draft_extend_tokens(runner("EAGLE", draft=False)) == 0
+    assert _draft_extend_tokens(runner("EAGLE", tokens=None)) == 0  # and SGLang's runtime settings not published here
+
+
 def test_precompiling_at_start_never_stops_a_start(monkeypatch, caplog):
     """On a GPU the backend precompiles at construction: a failure there is a warning, not an error;
     ``TRITON_SWA_PRECOMPILE=0`` turns it off. Its arguments come from the runner: the chunk size, the

@@ -642,16 +642,17 @@ def _draft_extend_tokens(model_runner) -> int:
     """The new tokens per request of a draft extend this runner's backend runs eagerly: SGLang's
     ``speculative_num_draft_tokens`` for an EAGLE, EAGLE3 or STANDALONE draft runner, else 0 (a
     target, or a draft whose extend is not a causal chain: DFLASH's block, NGRAM's none)."""
-    algorithm = getattr(model_runner, "spec_algorithm", None)
-    if not getattr(model_runner, "is_draft_worker", False) or algorithm is None:
-        return 0
-    if not (algorithm.is_eagle() or algorithm.is_standalone()):
+    algorithm = getattr(getattr(model_runner, "spec_algorithm", None), "name", None)
+    if not getattr(model_runner, "is_draft_worker", False) or algorithm not in ("EAGLE", "EAGLE3", "STANDALONE"):
         return 0
     drafts = getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens", None)
     if not isinstance(drafts, int):
         from sglang.srt.runtime_context import get_spec
 
-        drafts = get_spec().speculative_num_draft_tokens
+        try:
+            drafts = get_spec().speculative_num_draft_tokens
+        except ValueError:  # SGLang's settings not published in this process
+            return 0
     return drafts if isinstance(drafts, int) and drafts > 0 else 0
 
 
