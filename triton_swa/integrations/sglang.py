@@ -333,8 +333,8 @@ class TritonSWASGLangBackend(AttentionBackend):
         padding slot 0. ``draft_tokens`` (a speculative draft's backend: EAGLE, EAGLE3, STANDALONE)
         adds the draft extends SGLang runs eagerly for this backend (it captures draft-extend graphs
         only for its own backends): ``draft_tokens`` new tokens per request over a cached prefix, at
-        batch sizes 1, 2, 4, ... up to the request rows and prefixes of 16 to 64k tokens, since the
-        split-KV count follows both. Then :func:`~triton_swa.runtime.launch.precompile` compiles the
+        the batch sizes and prefixes :meth:`_plan_draft_extends` enumerates, since the split-KV count
+        follows both. Then :func:`~triton_swa.runtime.launch.precompile` compiles the
         distinct kernels ``jobs`` at a time (default :func:`~triton_swa.runtime.launch.compile_jobs`)
         and loads them; the plans made on the way are dropped. Not covered: prompts under 32 tokens
         (their own short tiles), the target's verify without CUDA graphs, sinks (gpt-oss), decode and
