@@ -696,6 +696,91 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
         assert torch.isfinite(out[real:]).all(), "padded request"
 
 
+def test_draft_extend_graphs_captured_and_replayed_as_sglang_does():
+    """SGLang's EAGLE draft-extend graph sequence (``EAGLEDraftExtendCudaGraphRunner``, which the plugin
+    builds for a triton_swa draft-extend backend): ``init_cuda_graph_state(max_bs, max_bs * width)``,
+    capture at each batch size largest first over its static buffers (seq_lens at the fill length,
+    ``extend_seq_lens`` the width, SGLang's own ``EagleDraftExtendInput``), then a replay of 3 real
+    requests padded to 4 through the namespace view its ``execute`` builds (``seq_lens_cpu`` None,
+    ``out_cache_loc`` only the real tokens'). Each request brings ``width`` new tokens after its
+    cached ones, causal, their K/V written through SGLang's pool; the real rows equal the float64
+    reference, the padded ones are finite. On a GPU each batch size is a captured graph, replayed."""
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+    g = torch.Generator().manual_seed(37)
+    pool, alloc, rtp, rows, lens = drifted_state(g, rows_n=3, lens=(14, 10, 7))
+    hist = write_history(pool, rtp, rows, lens, layers(), g)
+    evict(alloc, rtp, rows, lens)
+    backend = TritonSWASGLangBackend(runner(pool, alloc, rtp, draft=True, algo=A.EAGLE))
+    n, capture_bs = 3, [1, 2, 4]
+    max_bs = max(capture_bs)
+    fill = backend.get_cuda_graph_seq_len_fill_value()
+    backend.init_cuda_graph_state(max_bs, max_bs * n)
+    on = dict(device=DEV)
+    buf = SimpleNamespace(
+        req_pool_indices=torch.zeros(max_bs, dtype=torch.int64, **on), seq_lens=torch.full((max_bs,), fill, dtype=torch.int64, **on),
+        extend_seq_lens=torch.full((max_bs,), n, dtype=torch.int32, **on), out_cache_loc=torch.ones(max_bs * n, dtype=torch.int64, **on),
+        positions=torch.zeros(max_bs * n, dtype=torch.int64, **on),
+    )  # fmt: skip
+    qkv = {layer.layer_id: [x.to(DEV) for x in rand_qkv(layer, max_bs * n, g)] for layer in layers()}
+
+    def forward(fb):
+        t = fb.batch_size * n
+        with forward_context(ForwardContext(attn_backend=backend)):
+            return [layer(*(x[:t].flatten(1) for x in qkv[layer.layer_id]), fb, save_kv_cache=True) for layer in layers()]
+
+    graphs = {}
+    for bs in reversed(capture_bs):
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=bs, input_ids=torch.zeros(bs * n, dtype=torch.int64, **on),
+            req_pool_indices=buf.req_pool_indices[:bs], seq_lens=buf.seq_lens[:bs], seq_lens_cpu=torch.full((bs,), fill),
+            extend_seq_lens=buf.extend_seq_lens[:bs], extend_seq_lens_cpu=[n] * bs, out_cache_loc=buf.out_cache_loc[: bs * n],
+            seq_lens_sum=bs * fill, positions=buf.positions[: bs * n], spec_algorithm=A.EAGLE,
+            spec_info=EagleDraftExtendInput(num_tokens_per_req=n, num_tokens_for_logprob_per_req=1),
+        )  # fmt: skip
+        backend.init_forward_metadata_out_graph(fb, in_capture=True)
+        forward(fb)  # SGLang's warm-up run before capture
+        if DEV == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = forward(fb)
+            graphs[bs] = (graph, fb, outs)
+        else:
+            graphs[bs] = (None, fb, None)
+
+    raw = len(rows)
+    loc = place(alloc, rtp, rows, lens, [n] * raw)
+    # SGLang's execute: the real inputs into the buffers, padded requests on row 0 at the fill length
+    buf.seq_lens.fill_(fill)
+    buf.out_cache_loc.zero_()
+    buf.req_pool_indices.zero_()
+    buf.req_pool_indices[:raw].copy_(torch.tensor(rows))
+    buf.seq_lens[:raw].copy_(torch.tensor([p + n for p in lens]))
+    buf.out_cache_loc[: raw * n].copy_(loc)
+    view = SimpleNamespace(
+        batch_size=max_bs, forward_mode=ForwardMode.DRAFT_EXTEND_V2, req_pool_indices=buf.req_pool_indices, seq_lens=buf.seq_lens,
+        seq_lens_sum=None, seq_lens_cpu=None, out_cache_loc=buf.out_cache_loc[: raw * n], kv_loc_plan=None, kv_loc_cols=None,
+        spec_info=EagleDraftExtendInput(num_tokens_per_req=n, num_tokens_for_logprob_per_req=1),
+    )  # fmt: skip
+    backend.init_forward_metadata_out_graph(view)
+    graph, fb, outs = graphs[max_bs]
+    if graph is not None:
+        graph.replay()
+    else:
+        outs = forward(fb)
+    real = raw * n
+    for layer, out in zip(layers(), outs):
+        q, k, v = (x[:real].cpu() for x in qkv[layer.layer_id])
+        out = out.cpu()
+        want = want_extend(layer, hist, rows, lens, [n] * raw, q, k, v)
+        assert_close(out[:real].view(real, HQ, -1), want, name=f"draft extend layer {layer.layer_id}")
+        assert torch.isfinite(out[real:]).all(), "padded request"
+        # the new K/V went to the pools at the requests' own slots (SWA ones translated)
+        kb, _ = pool.get_kv_buffer(layer.layer_id)
+        slots = loc if layer.sliding_window_size < 0 else pool.translate_loc_from_full_to_swa(loc)
+        assert torch.equal(kb[slots.long()].cpu(), k), f"layer {layer.layer_id}: the draft's K/V not at its slots"
+
+
 @pytest.mark.parametrize("mode", ["FULL_MASK", "QLEN_ONLY"])
 def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one(mode, monkeypatch):
     """SGLang sizes an eager verify mask ``bs * max_context_len`` per draft when ``seq_lens_sum`` is

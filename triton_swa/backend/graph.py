@@ -3,7 +3,8 @@
 :meth:`~_CudaGraphs.init_cuda_graph_state` allocates every buffer once; capture and replay build the
 step's metadata into them (the window indices through the metadata part's ``_indices``), so that a
 replay's metadata equals, bit for bit, what ``init_forward_metadata`` builds eagerly for the same batch.
-DECODE and TARGET_VERIFY only.
+DECODE, TARGET_VERIFY and DRAFT_EXTEND_V2 (a draft model's extend over the drafts just verified: a
+fixed number of new tokens per request, the last of ``seq_lens``, causal).
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class _CudaGraphs:
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
-        """Metadata for capture: the same fixed buffers that replay refills."""
-        self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=True)
+        """Metadata for capture: the same fixed buffers that replay refills. DRAFT_EXTEND_V2 takes its
+        new tokens per request from ``num_tokens // bs`` (each replay of the graph brings as many)."""
+        self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=True, num_tokens=num_tokens)
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu=None
@@ -110,24 +112,38 @@ class _CudaGraphs:
         """
         self._graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info, capture=False)
 
-    def _graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, *, capture: bool) -> None:
+    def _graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, *, capture: bool, num_tokens=None) -> None:
         if self.cuda_graph is None:
             raise ValueError("init_cuda_graph_state must run before capture or replay")
         g = self.cuda_graph
         bs = _as_int("bs", bs, 1)
         if bs > g["max_bs"]:
             raise ValueError(f"bs={bs} exceeds the max_bs={g['max_bs']} of init_cuda_graph_state")
-        if not (forward_mode.is_decode() or forward_mode.is_target_verify()):
-            raise ValueError(f"CUDA graphs cover DECODE and TARGET_VERIFY, not {forward_mode.name}")
+        draft_extend = getattr(forward_mode, "is_draft_extend_v2", lambda: False)()
+        if not (forward_mode.is_decode() or forward_mode.is_target_verify() or draft_extend):
+            raise ValueError(f"CUDA graphs cover DECODE, TARGET_VERIFY and DRAFT_EXTEND_V2, not {forward_mode.name}")
         for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens)):
             _check_index(name, t, self.device)
             if t.shape[0] < bs:
                 raise ValueError(f"{name} must have at least bs={bs} entries, got {t.shape[0]}")
         req_pool_indices, seq_lens = req_pool_indices[:bs], seq_lens[:bs]
-        extend = forward_mode.is_target_verify()
+        extend = forward_mode.is_target_verify() or draft_extend
         sig = ("decode",)
-        n = 1
-        if extend:
+        n, has_mask = 1, False
+        if draft_extend:
+            if capture:
+                num_tokens = _as_int("num_tokens", num_tokens, bs)
+                if num_tokens % bs or num_tokens > g["max_num_tokens"]:
+                    raise ValueError(
+                        f"DRAFT_EXTEND_V2 captures the same new tokens per request: num_tokens={num_tokens} must be a "
+                        f"multiple of bs={bs} and at most the max_num_tokens={g['max_num_tokens']} of init_cuda_graph_state"
+                    )
+                n = num_tokens // bs
+            else:
+                captured = g["captured"].get((bs, forward_mode))
+                n = captured[1] if captured else 1  # uncaptured: the check below names it
+            sig = ("draft extend", n)
+        elif extend:
             if spec_info is None:
                 raise ValueError("TARGET_VERIFY needs spec_info with draft_token_num")
             n = _as_int("spec_info.draft_token_num", getattr(spec_info, "draft_token_num", None), 1)
@@ -160,7 +176,11 @@ class _CudaGraphs:
         w = self.sliding_window_size
         # Everything a captured kernel reads lives in the buffers of init_cuda_graph_state: a tensor
         # made here (or a spec_info's own) would be gone or stale at the next replay.
-        lens = g["prefix_lens"][:bs].copy_(seq_lens) if extend else g["seq_lens"][:bs].copy_(seq_lens)
+        if draft_extend:
+            # the new tokens are the last n of seq_lens (padded requests' fill length leaves no prefix)
+            lens = g["prefix_lens"][:bs].copy_((seq_lens - n).clamp_(min=0))
+        else:
+            lens = g["prefix_lens"][:bs].copy_(seq_lens) if extend else g["seq_lens"][:bs].copy_(seq_lens)
 
         def build(which, window_left, translate):
             buf = g[which]
@@ -178,8 +198,8 @@ class _CudaGraphs:
             qo = g["qo_indptr"][: bs + 1]
             qo.copy_(torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev))
             meta.qo_indptr, meta.prefix_lens, meta.max_extend_len = qo, lens, n
-            meta.causal = spec_info.causal
-            if spec_info.positions is not None:
+            meta.causal = True if draft_extend else spec_info.causal
+            if not draft_extend and spec_info.positions is not None:
                 # padded requests (and any the spec_info does not cover) sit at prefix + i
                 pos = g["positions"]
                 pos[: bs * n].copy_((lens.long()[:, None] + torch.arange(n, device=dev)).reshape(-1))

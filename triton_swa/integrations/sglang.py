@@ -34,7 +34,9 @@ CUDA graphs (SGLang's 0.5.23 contract): ``init_forward_metadata`` builds a step 
 ``init_forward_metadata_out_graph(fb, in_capture)`` is the graph path, called by SGLang's graph
 runners before capture (``in_capture=True``) and before each replay: it fills the fixed buffers of
 ``init_cuda_graph_state`` (window indices, lengths, draft positions and masks, the SWA write ids)
-for DECODE and TARGET_VERIFY. ``init_forward_metadata_in_graph`` has nothing to record.
+for DECODE, TARGET_VERIFY and DRAFT_EXTEND_V2. ``init_forward_metadata_in_graph`` has nothing to record.
+SGLang 0.5.23 captures an EAGLE draft's extend only for backends on a fixed list; for a triton_swa
+draft-extend backend :func:`_capture_draft_extend` captures it with SGLang's own runner.
 """
 
 from __future__ import annotations
@@ -482,8 +484,8 @@ class TritonSWASGLangBackend(AttentionBackend):
         """The CUDA-graph path: fill the fixed buffers before capture (``in_capture``) or a replay.
 
         Raises:
-            ValueError: ``init_cuda_graph_state`` has not run, the mode is not DECODE or
-                TARGET_VERIFY, or (replay) nothing was captured for this batch size and mode.
+            ValueError: ``init_cuda_graph_state`` has not run, the mode is not DECODE, TARGET_VERIFY
+                or DRAFT_EXTEND_V2, or (replay) nothing was captured for this batch size and mode.
         """
         self._check_mode(forward_batch)
         self._sync_pool()
@@ -518,7 +520,9 @@ class TritonSWASGLangBackend(AttentionBackend):
                 buf[:n].zero_()
             else:
                 buf[:n].copy_(self._swa_write_ids(fb))
-            self.core.swa_loc = buf[:n]
+            # the step's padded token count, as captured (a draft extend's replay view holds only the
+            # real requests' out_cache_loc; the padded ones write the dummy slot 0)
+            self.core.swa_loc = buf[: max(n, self.core.forward_metadata.num_tokens)]
         self.forward_metadata = self.core.forward_metadata
         self._verify_batch = fb if mode.is_target_verify() else None
 
@@ -798,6 +802,36 @@ def _draft_backend(original, factory, backend_name, backend_map, error_template,
     return original(factory, backend_name, {**backend_map, NAME: creator}, error_template, stamps_children)
 
 
+def _capture_draft_extend(result, worker, *args, **kwargs):
+    """After SGLang's EAGLE draft worker captured its graphs (``_capture_cuda_graphs``): capture the
+    draft extend with SGLang's own ``EAGLEDraftExtendCudaGraphRunner`` where the draft-extend backend
+    is triton_swa's. SGLang 0.5.23 builds that runner only for backends on a fixed list of its own
+    classes and runs any other draft extend eagerly, each step paying its planning and launches on
+    the host. Skipped, as SGLang skips its own: on a CPU or another platform, with graphs off, with
+    ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH``; and with ``TRITON_SWA_DRAFT_EXTEND_GRAPH=0``. A failed
+    capture is logged and leaves the draft extend eager, as it was."""
+    from sglang.srt.speculative import eagle_worker_v2 as sg
+
+    backend = getattr(worker, "draft_extend_attn_backend", None)
+    if not isinstance(backend, TritonSWASGLangBackend) or getattr(worker, "cuda_graph_runner_for_draft_extend", None) is not None:
+        return None
+    if os.environ.get("TRITON_SWA_DRAFT_EXTEND_GRAPH", "1") == "0" or backend.core.device.type != "cuda":
+        return None
+    if not sg._is_cuda or sg.current_platform.is_out_of_tree() or sg.envs.SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH.get():
+        return None
+    if sg.check_cuda_graph_backend(sg.Phase.DECODE, sg.Backend.DISABLED):
+        return None
+    t0 = time.perf_counter()
+    try:
+        worker.cuda_graph_runner_for_draft_extend = sg.EAGLEDraftExtendCudaGraphRunner(worker)
+    except Exception as exc:  # noqa: BLE001 - the eager draft extend still serves
+        worker.cuda_graph_runner_for_draft_extend = None
+        logger.warning("triton_swa: capturing the draft extend's CUDA graphs failed (%s: %s); it runs eagerly", type(exc).__name__, exc)
+        return None
+    logger.info("triton_swa: captured the draft extend's CUDA graphs in %.1f s", time.perf_counter() - t0)
+    return None
+
+
 def _image_masks(original, model, forward_batch, *args, **kwargs):
     """Gemma 3 / Gemma 4 build bidirectional image-token masks for SGLang's Triton backend only
     (by class); with triton_swa serving the prefill, it builds them itself."""
@@ -821,6 +855,7 @@ def _hooks() -> dict:
     return {
         "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": ("AFTER", _dflash_mask_policy),
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend": ("AROUND", _draft_backend),
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs": ("AFTER", _capture_draft_extend),
         "sglang.srt.models.gemma3_mm.Gemma3ForConditionalGeneration.prepare_attn_masks": ("AROUND", _image_masks),
         "sglang.srt.models.gemma4_mm.Gemma4ForConditionalGeneration.prepare_attn_masks": ("AROUND", _image_masks),
     }
