@@ -22,6 +22,7 @@ HQ = 4
 W = 3
 N_DRAFT = 4
 VERIFY = ForwardMode.TARGET_VERIFY
+DRAFT_EXTEND = ForwardMode.DRAFT_EXTEND_V2
 
 # Trees over 4 drafts: parent of each draft (-1: child of the last committed token).
 TREE_A = [-1, 0, 0, 1]
@@ -336,7 +337,7 @@ def _padded(t, fill):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("mode", [ForwardMode.DECODE, VERIFY], ids=["decode", "verify"])
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, VERIFY, DRAFT_EXTEND], ids=["decode", "verify", "draft-extend"])
 def test_padded_replay_promise(device, page_size, mode):
     """Issue 25 (6), exactly what ``init_forward_metadata_replay_cuda_graph`` promises for a batch padded
     the engine's way (a last request on ``req_to_token`` row 0 with the fill length, its drafts past
@@ -345,8 +346,11 @@ def test_padded_replay_promise(device, page_size, mode):
     i); (2) the real requests' output rows equal eager's bit for bit; (3) the padded rows read the dummy
     slot 0 and nothing else: they change with its contents (which the padded tokens' own stores at
     ``out_cache_loc`` 0 write concurrently, in no fixed order on a GPU), while the real rows do not.
-    So padded rows are unspecified and must be discarded; nothing else about them is promised."""
-    n = N_DRAFT if mode == VERIFY else 1
+    So padded rows are unspecified and must be discarded; nothing else about them is promised.
+    DRAFT_EXTEND_V2 (n new tokens per request, the last of ``seq_lens``): eager is given the same
+    step with its lengths on the device only (as SGLang's overlapped draft extend), and the padded
+    request, whose fill length leaves it no prefix, reads no slot at all."""
+    n = 1 if mode == ForwardMode.DECODE else N_DRAFT
     state = make_pool_state(
         seq_lens=[9, 21], window_left=W, page_size=page_size, device=device, new_tokens=n, swa_head_num=2, swa_head_dim=16,
         full_head_num=1, full_head_dim=32,
@@ -366,6 +370,21 @@ def test_padded_replay_promise(device, page_size, mode):
             positions=torch.cat([real_spec.positions, fill + torch.arange(N_DRAFT, device=device)]),
         )
         eager_batch = ForwardBatch(VERIFY, 3, rows, lens, None, seq_lens_cpu=lens.cpu(), spec_info=full_spec)
+    elif mode == DRAFT_EXTEND:
+        lens = _padded(state.prefix_lens() + n, fill)
+        real_spec = None
+        prefix = (lens - n).clamp(min=0)
+        # eager over the step as the graph reads it: the padded request's n tokens after no prefix
+        eager_batch = ForwardBatch(
+            mode,
+            3,
+            rows,
+            prefix + n,
+            None,
+            extend_prefix_lens=prefix,
+            extend_seq_lens=torch.full_like(lens, n),
+            extend_seq_lens_cpu=[n] * 3,
+        )
     else:
         lens = _padded(state.seq_lens(), fill)
         real_spec = None
@@ -412,4 +431,7 @@ def test_padded_replay_promise(device, page_size, mode):
     after = run(replay)
     for layer, b, a in zip(layers, before, after):
         assert torch.equal(a[:t], b[:t]), f"layer {layer.layer_id}: a real request read the dummy slot"
-        assert not torch.equal(a[t:], b[t:]), f"layer {layer.layer_id}: the padded request did not read the dummy slot"
+        if mode == DRAFT_EXTEND:
+            assert torch.equal(a[t:], b[t:]), f"layer {layer.layer_id}: the padded request read a slot"
+        else:
+            assert not torch.equal(a[t:], b[t:]), f"layer {layer.layer_id}: the padded request did not read the dummy slot"
