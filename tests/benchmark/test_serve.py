@@ -460,8 +460,10 @@ def test_the_kernels_sglang_compiled_after_serving_started_are_reported(tmp_path
         "[2026-12-07 16:03:05] Triton kernel '_swa_extend_kernel' took 3.90 s to compile after serving started. Serving-time ...\n"
         "[2026-12-07 16:03:06] something else\n"
         "[2026-12-07 16:03:11] Triton kernel '_fwd_kernel' took 5.03 s to compile after serving started. Serving-time ...\n"
+        "[2026-12-07 16:03:12] triton_swa: captured the draft extend's CUDA graphs in 2.1 s\n"
     )
     assert serve.late_compiles(str(log)) == [("_swa_extend_kernel", 3.9), ("_fwd_kernel", 5.03)]
+    assert serve.backend_notes(str(log)) == ["triton_swa: captured the draft extend's CUDA graphs in 2.1 s"]
     assert serve.late_compiles(str(tmp_path / "none.log")) == [] and serve.late_compiles(None) == []
     monkeypatch.setattr(serve, "run_backend", lambda path, backend, **run: dict(ok=True, wall_s=1.0, start_s=1.0, phases=[]))
     run = {"log_path": str(log), "load": [(4096, 1, 1)], "engine_args": {}}
@@ -469,6 +471,7 @@ def test_the_kernels_sglang_compiled_after_serving_started_are_reported(tmp_path
     assert r["late_compiles"] == [("_swa_extend_kernel", 3.9), ("_fwd_kernel", 5.03)]
     out = capsys.readouterr().out
     assert "SGLang logged 2 kernel compile(s) after serving started, 8.9 s: _swa_extend_kernel 3.9 s, _fwd_kernel 5.0 s" in out
+    assert "    triton_swa: captured the draft extend's CUDA graphs in 2.1 s" in out
 
 
 def test_replot_draws_an_engine_csv_run_by_run(tmp_path, capsys):

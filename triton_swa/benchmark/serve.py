@@ -930,9 +930,11 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
     r = run_backend(path, backend, **run)
     r.update(info)
     r["late_compiles"] = late_compiles(run.get("log_path"))
+    r["backend_notes"] = backend_notes(run.get("log_path"))
     status = "ok" if r["ok"] else f"FAILED at {r.get('stage')}: {r.get('error')}"
     lines = [f"  {r['label']}: {status} (start {r.get('start_s', 0):.0f} s, wall {r['wall_s']:.0f} s)"]
     lines += ["    " + "\n    ".join(tb.splitlines()[-6:]) for tb in r.get("tracebacks", [])[:2]]
+    lines += [f"    {note[:300]}" for note in r["backend_notes"][:6]]
     if r["late_compiles"]:
         named = ", ".join(f"{name} {s:.1f} s" for name, s in r["late_compiles"])
         total = sum(s for _, s in r["late_compiles"])
@@ -953,6 +955,17 @@ def _run_job(path: str, backend: str, run: dict, info: dict, share: int = 1) -> 
 
 
 _LATE_COMPILE = re.compile(r"Triton kernel '([^']+)' took ([0-9.]+) s to compile after serving started")
+
+
+def backend_notes(log_path: str | None) -> list[str]:
+    """What triton_swa's SGLang plugin logged in an engine's log (its start-time precompile, the draft
+    extend's graph capture, failures): the lines from ``triton_swa: `` on, as the engine's environment
+    sets ``TRITON_SWA_LOG_LEVEL=INFO``."""
+    try:
+        with open(log_path, errors="replace") as f:
+            return [line[line.index("triton_swa: ") :].rstrip() for line in f if "triton_swa: " in line]
+    except (OSError, TypeError):
+        return []
 
 
 def late_compiles(log_path: str | None) -> list[tuple[str, float]]:

@@ -867,9 +867,13 @@ def register() -> None:
 
     SGLang's plugin loader calls this through the ``sglang.srt.plugins`` entry point and applies the
     hooks right after every plugin has run (``HookRegistry.apply_hooks``), before it resolves server
-    arguments, in the server process and in each scheduler process.
+    arguments, in the server process and in each scheduler process. ``TRITON_SWA_LOG_LEVEL`` (e.g.
+    ``INFO``) sets the level of the ``triton_swa`` loggers there.
     """
     global _registered
+    level = os.environ.get("TRITON_SWA_LOG_LEVEL")
+    if level:  # an engine logging at WARNING shows the plugin's INFO lines (its precompile, its graph capture)
+        logging.getLogger("triton_swa").setLevel(level.upper())
     from sglang.srt.arg_groups import choices
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend

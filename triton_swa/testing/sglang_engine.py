@@ -641,6 +641,7 @@ def gpu_engine_env(pythonpath: list[str], extra: dict | None = None, device: str
         PYTHONUNBUFFERED="1",
         SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python",
     )
+    env.setdefault("TRITON_SWA_LOG_LEVEL", "INFO")  # the plugin's own lines in the engine's log (a warning-level engine)
     env.pop("TRITON_INTERPRET", None)
     plugins = ["triton_swa"]
     pythonpath = list(pythonpath)
