@@ -73,7 +73,40 @@ def main() -> None:
     report["draft-extend"] = outcome(lambda: factory.create_draft_extend_backend() is not None and made[-1])
     report["draft-decode"] = outcome(lambda: factory.create_decode_backend() is not None and made[-1])
     adapter.TritonSWASGLangBackend, adapter.TritonSWAMultiStepDraftBackend = TritonSWASGLangBackend, TritonSWAMultiStepDraftBackend
+    report.update(draft_extend_graphs(TritonSWASGLangBackend))
     print("PROBE " + json.dumps(report))
+
+
+def draft_extend_graphs(backend_class) -> dict:
+    """The EAGLE draft worker's ``_capture_cuda_graphs`` with a triton_swa draft-extend backend, as on a
+    CUDA machine with graphs on where SGLang's own capture built no draft-extend runner (here it stops
+    at its CPU check): the runner the worker then holds, by class name (SGLang's runner class is a
+    recording stand-in: a real capture needs a GPU, which the GPU engine tier has). Also with
+    ``TRITON_SWA_DRAFT_EXTEND_GRAPH=0``, and with a runner whose capture fails."""
+    import torch
+    from sglang.srt.speculative import eagle_worker_v2 as sg
+
+    class Runner:
+        def __init__(self, worker):
+            if worker.fail:
+                raise RuntimeError("capture failed")
+
+    sg._is_cuda, sg.EAGLEDraftExtendCudaGraphRunner = True, Runner
+    sg.check_cuda_graph_backend = lambda phase, backend: False
+    backend = object.__new__(backend_class)
+    backend.core = MagicMock(device=torch.device("cuda"))
+
+    def held(fail=False, env="1"):
+        os.environ["TRITON_SWA_DRAFT_EXTEND_GRAPH"] = env
+        worker = MagicMock(draft_extend_attn_backend=backend, fail=fail)
+        sg.EagleDraftWorker._capture_cuda_graphs(worker)
+        return type(worker.cuda_graph_runner_for_draft_extend).__name__
+
+    return {
+        "draft-extend-graph": outcome(held),
+        "draft-extend-graph-off": outcome(lambda: held(env="0")),
+        "draft-extend-graph-failed": outcome(lambda: held(fail=True)),
+    }
 
 
 if __name__ == "__main__":

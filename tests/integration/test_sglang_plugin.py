@@ -69,6 +69,7 @@ def test_hooks_apply_through_sglangs_plugin_loader(probes):
         "sglang.srt.models.gemma4_mm.Gemma4ForConditionalGeneration.prepare_attn_masks",
         "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend",
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs",
     ]
     assert probes["none"]["patched"] == []
 
@@ -101,3 +102,14 @@ def test_the_draft_backend_factory_builds_triton_swa_backends(probes):
     assert probes["plugin"]["draft-extend"] == {"ok": True, "value": "extend"}
     assert probes["plugin"]["draft-decode"] == {"ok": True, "value": "multistep-1-3"}
     assert "not supported in decode attention backend triton_swa" in probes["none"]["draft-decode"]["error"]
+
+
+def test_the_draft_worker_captures_a_triton_swa_draft_extend(probes):
+    """SGLang 0.5.23 builds its draft-extend graph runner only for its own backends' classes; with the
+    plugin, the draft worker holds one for a triton_swa draft-extend backend (on CUDA, graphs on),
+    none with TRITON_SWA_DRAFT_EXTEND_GRAPH=0, and none (eager, as before) when the capture fails."""
+    plugin, none = probes["plugin"], probes["none"]
+    assert plugin["draft-extend-graph"] == {"ok": True, "value": "Runner"}, plugin["draft-extend-graph"]
+    assert plugin["draft-extend-graph-off"] == {"ok": True, "value": "NoneType"}
+    assert plugin["draft-extend-graph-failed"] == {"ok": True, "value": "NoneType"}
+    assert none["draft-extend-graph"] == {"ok": True, "value": "NoneType"}
