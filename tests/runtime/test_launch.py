@@ -201,3 +201,47 @@ def test_recorded_launches_record_binds_and_can_drop_their_tensors():
         launcher((aligned, 7))
     assert launches[0][1][0] is aligned
     assert Launcher.__call__.__name__ == "__call__"  # restored
+
+
+def test_the_start_time_precompile_helpers(monkeypatch, caplog):
+    """What the engine integrations' start-time precompiles share: the switch (a CUDA device, compiled
+    kernels, ``TRITON_SWA_PRECOMPILE`` not 0); steps recorded into the list they are given, their plans
+    forgotten even when a step raises, the launches compiled and each error logged; and a failure that
+    is a warning, never an exception."""
+    import logging
+
+    from triton_swa.runtime.launch import precompile_wanted, record_and_precompile, run_start_precompile
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert precompile_wanted("cuda") and precompile_wanted(torch.device("cuda", 1))
+    assert not precompile_wanted("cpu")
+    monkeypatch.setenv("TRITON_SWA_PRECOMPILE", "0")
+    assert not precompile_wanted("cuda")
+    monkeypatch.delenv("TRITON_SWA_PRECOMPILE")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not precompile_wanted("cuda")
+
+    compiled, forgotten = [], []
+    monkeypatch.setattr(
+        launch, "precompile", lambda launches, dev, jobs: (compiled.append((list(launches), dev, jobs)), (3, ["k: bad"]))[1]
+    )
+    launcher = Launcher(object(), (1, 1, 1), {"X": 1}, None, 4)
+
+    def steps(launches):
+        launcher((torch.zeros(4), 5))
+        assert len(launches) == 1  # a step sees what it launched
+
+    log = logging.getLogger("test_the_start_time_precompile_helpers")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        report = record_and_precompile(steps, "cpu", jobs=2, forget=lambda: forgotten.append(1), logger=log)
+        assert (report.kernels, report.launches, report.errors) == (3, 1, ("k: bad",))
+        assert forgotten == [1] and compiled[0][0][0][1] == (torch.float32, 5) and compiled[0][1:] == ("cpu", 2)
+        with pytest.raises(RuntimeError, match="mid-step"):
+            record_and_precompile(
+                lambda launches: (_ for _ in ()).throw(RuntimeError("mid-step")), "cpu", forget=lambda: forgotten.append(2)
+            )
+        assert forgotten == [1, 2] and len(compiled) == 1  # forgotten, nothing compiled
+        assert run_start_precompile(lambda: "precompiled 3 kernel(s)", log)
+        assert not run_start_precompile(lambda: 1 / 0, log)
+    assert "triton_swa: precompile: k: bad" in caplog.text and "triton_swa: precompiled 3 kernel(s)" in caplog.text
+    assert "precompiling the extend kernels failed (ZeroDivisionError: division by zero); they compile at first use" in caplog.text

@@ -10,6 +10,9 @@
 - :class:`Bound`: one compiled kernel on a fixed grid, for a plan whose arguments keep their
   specialisation from call to call (same dtypes, same integers, pointers of the same 16-byte
   alignment): each call is Triton's launcher alone (:meth:`Launcher.bind`).
+- :func:`precompile`: compile recorded launches (:func:`recorded_launches`) before they are needed;
+  :func:`precompile_wanted`, :func:`record_and_precompile` and :func:`run_start_precompile` are what
+  the engine integrations' start-time precompiles share.
 
 What a checked call decided is cached by :mod:`triton_swa.runtime.plans`.
 """
@@ -17,7 +20,10 @@ What a checked call decided is cached by :mod:`triton_swa.runtime.plans`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -33,7 +39,11 @@ __all__ = [
     "current_stream",
     "fast_launch_enabled",
     "precompile",
+    "precompile_wanted",
+    "PrecompileReport",
+    "record_and_precompile",
     "recorded_launches",
+    "run_start_precompile",
     "set_fast_launch",
 ]
 
@@ -323,3 +333,64 @@ def precompile(launches: list, device: torch.device, jobs: int | None = None) ->
             except Exception as exc:  # noqa: BLE001 - as above
                 errors.append(f"{getattr(fn, '__name__', fn)}: loading: {type(exc).__name__}: {exc}"[:300])
     return len(kernels), errors
+
+
+# --- the engine integrations' start-time precompiles ------------------------------------------------
+
+
+def precompile_wanted(device) -> bool:
+    """Whether a start-time precompile (an engine integration's, before serving) runs for ``device``:
+    ``TRITON_SWA_PRECOMPILE`` is not ``0``, the device is CUDA, and kernels are compiled (not
+    Triton's interpreter, ``TRITON_INTERPRET=1``)."""
+    if os.environ.get("TRITON_SWA_PRECOMPILE", "1") == "0":
+        return False
+    return torch.device(device).type == "cuda" and not interpreting()
+
+
+@dataclass(frozen=True)
+class PrecompileReport:
+    """What :func:`record_and_precompile` did: distinct kernels compiled (or found compiled), launches
+    recorded, one line per launch that failed to compile, and its seconds (recording, all)."""
+
+    kernels: int
+    launches: int
+    errors: tuple
+    recorded_s: float
+    total_s: float
+
+
+def record_and_precompile(steps, device, *, jobs: int | None = None, forget=None, logger=None) -> PrecompileReport:
+    """Run ``steps(launches)`` (synthetic engine steps through a backend's own path) with every launch
+    recorded, not run, into ``launches`` (:func:`recorded_launches`, tensors as dtypes; a step may read
+    what it launched there); then, even when ``steps`` raised, call
+    ``forget()`` (default ``PlanCache.clear_all``: plans made while recording hold no compiled kernel);
+    then :func:`precompile` the launches on ``device``, ``jobs`` at a time, and log each error as a
+    warning on ``logger`` (default this module's). An exception of ``steps`` propagates after ``forget``."""
+    from .plans import PlanCache
+
+    log = logger if logger is not None else logging.getLogger(__name__)
+    t0 = time.perf_counter()
+    with recorded_launches(tensors_as_dtypes=True) as launches:
+        try:
+            steps(launches)
+        finally:
+            (forget if forget is not None else PlanCache.clear_all)()
+    recorded = time.perf_counter() - t0
+    kernels, errors = precompile(launches, device, jobs)
+    for e in errors:
+        log.warning("triton_swa: precompile: %s", e)
+    return PrecompileReport(kernels, len(launches), tuple(errors), recorded, time.perf_counter() - t0)
+
+
+def run_start_precompile(run, logger) -> bool:
+    """Call ``run()`` (a start-time precompile that returns its one-line summary) and log the summary at
+    INFO on ``logger``. Any exception is logged there as a warning and swallowed: a precompile never
+    stops an engine's start (its kernels then compile at first use). Returns whether ``run`` finished."""
+    try:
+        summary = run()
+    except Exception as exc:  # noqa: BLE001 - never in the way of a start
+        why = f"{type(exc).__name__}: {exc}"
+        logger.warning("triton_swa: precompiling the extend kernels failed (%s); they compile at first use", why)
+        return False
+    logger.info("triton_swa: %s", summary)
+    return True
