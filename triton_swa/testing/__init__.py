@@ -8,11 +8,14 @@
 - :func:`without_native_fp8`: read fp8 pools as bytes decoded in the kernel, as on sm_80/86.
 - :func:`legacy_backend`: the backend with the pool-resolution rule the policy replaced (regression
   tests and the demo only).
+- :func:`launch_key`: a recorded launch as the compiled kernel it runs (tests of what a start-time
+  precompile covers).
 """
 
 from .compare import DEFAULT_TOLERANCES, assert_close
 from .fp8 import without_native_fp8
 from .interpreter import use_interpreter
+from .launch_keys import launch_key
 from .legacy import legacy_backend, legacy_resolve_by_allocator_type
 from .pool_state import PoolState, Request, make_pool_state
 
@@ -21,6 +24,7 @@ __all__ = [
     "PoolState",
     "Request",
     "assert_close",
+    "launch_key",
     "legacy_backend",
     "legacy_resolve_by_allocator_type",
     "make_pool_state",
