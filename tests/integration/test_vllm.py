@@ -21,6 +21,9 @@
 - The decode path replays like a CUDA graph: metadata built at "capture" serves a later step whose
   inputs were refilled in place.
 - Unsupported features raise naming themselves.
+- The start-time precompile: what it compiles covers the kernels later prefills launch through vLLM's
+  ``Attention`` layers (planned for sm_90, recorded, not run); it runs from vLLM's own JIT warm-up
+  registry; it skips on a CPU and with ``TRITON_SWA_PRECOMPILE=0``; a failure inside is a warning.
 
 The whole module is skipped, saying so, when vLLM 0.32.0 is not installed.
 """
@@ -156,12 +159,12 @@ def _spec(kind: str, fp8: bool, dtype=torch.float32, head_size=D):
     return FullAttentionSpec(block_size=BS, num_kv_heads=H, head_size=head_size, dtype=dtype)
 
 
-def _caches(fp8: bool, dtype=torch.float32, kinds=("sliding", "full"), head_size=D) -> dict:
+def _caches(fp8: bool, dtype=torch.float32, kinds=("sliding", "full"), head_size=D, num_blocks=NUM_BLOCKS) -> dict:
     """One int8 allocation holding a layer per group, viewed by vLLM's ``create_kv_cache_views`` in the
     LBNHC layout; every byte NaN (0x7F is NaN in e4m3fn)."""
     specs = {kind: _spec(kind, fp8, dtype, head_size) for kind in kinds}
     pages = {kind: math.prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:]) for kind, spec in specs.items()}
-    total = sum(NUM_BLOCKS * p for p in pages.values())
+    total = sum(num_blocks * p for p in pages.values())
     raw = torch.empty(total, dtype=torch.int8, device=DEVICE)
     if fp8:
         raw.fill_(0x7F)
@@ -169,9 +172,9 @@ def _caches(fp8: bool, dtype=torch.float32, kinds=("sliding", "full"), head_size
         raw.view(dtype).fill_(float("nan"))
     views, offset = {}, 0
     for kind, spec in specs.items():
-        tensor = KVCacheTensor(size=total, layers=[kind], layer_stride=NUM_BLOCKS * pages[kind], block_stride=pages[kind], offset=offset)
-        (views[kind],) = create_kv_cache_views(raw, spec, NUM_BLOCKS, KVCacheLayout.LBNHC, tensor)
-        offset += NUM_BLOCKS * pages[kind]
+        tensor = KVCacheTensor(size=total, layers=[kind], layer_stride=num_blocks * pages[kind], block_stride=pages[kind], offset=offset)
+        (views[kind],) = create_kv_cache_views(raw, spec, num_blocks, KVCacheLayout.LBNHC, tensor)
+        offset += num_blocks * pages[kind]
     return views
 
 
@@ -676,3 +679,180 @@ def test_unsupported_features_raise_naming_them(config):
     key, value = step.new_kv("sliding")
     with pytest.raises(NotImplementedError, match="KV-cache layout"):
         impl.do_kv_cache_update(_layer(None), key, value, hnd, step.common["sliding"].slot_mapping)
+
+
+# --- the start-time precompile (issue 40) ---------------------------------------------------------
+
+PRE_D, PRE_WINDOW, PRE_CONTEXT, PRE_CHUNK, PRE_BLOCKS = 64, 512, 4096, 1024, 200
+
+
+def _precompile_model(cfg: VllmConfig, tag: str) -> list:
+    """vLLM ``Attention`` layers of this backend, registered in ``cfg``'s forward context as a model's
+    are: a sliding layer (window ``PRE_WINDOW``) with sinks and a soft cap, a full layer, and a
+    KV-shared layer over the sliding one; bf16 caches laid out by vLLM (LBNHC) and bound as the
+    runner binds them (the shared layer gets its target's)."""
+    integration.register()
+    backend = AttentionBackendEnum["TRITON_SWA"].get_class()
+    common = dict(num_kv_heads=H, cache_config=cfg.cache_config, attn_backend=backend)
+    name = f"{tag}.layers.{{}}.self_attn.attn"
+    with set_current_vllm_config(cfg):
+        sliding = Attention(
+            HQ, PRE_D, PRE_D**-0.5, per_layer_sliding_window=PRE_WINDOW, logits_soft_cap=30.0, prefix=name.format(0),
+            sinks=torch.zeros(HQ), **common,
+        )  # fmt: skip
+        full = Attention(HQ, PRE_D, PRE_D**-0.5, prefix=name.format(1), **common)
+        shared = Attention(
+            HQ, PRE_D, PRE_D**-0.5, per_layer_sliding_window=PRE_WINDOW, logits_soft_cap=30.0, prefix=name.format(2),
+            kv_sharing_target_layer_name=name.format(0), sinks=torch.zeros(HQ), **common,
+        )  # fmt: skip
+    caches = _caches(False, torch.bfloat16, head_size=PRE_D, num_blocks=PRE_BLOCKS)
+    sliding.kv_cache = shared.kv_cache = caches["sliding"]
+    full.kv_cache = caches["full"]
+    return [sliding, full, shared]
+
+
+def _prefill_steps(cfg: VllmConfig, layers: list, steps: list) -> list:
+    """Scheduler steps of ``(prefix, new)`` per request through vLLM's ``Attention`` layers, as the
+    runner hands them over: block tables from vLLM's own ``MultiGroupBlockTable`` (its width for
+    ``PRE_CONTEXT``), each group's metadata built once by the builder, each layer called under vLLM's
+    forward context (the shared layer without K/V). Returns the launches, recorded and not run."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
+
+    import triton_swa.runtime.launch as launch
+
+    specs = {
+        "sliding": SlidingWindowSpec(block_size=BS, num_kv_heads=H, head_size=PRE_D, dtype=torch.bfloat16, sliding_window=PRE_WINDOW),
+        "full": FullAttentionSpec(block_size=BS, num_kv_heads=H, head_size=PRE_D, dtype=torch.bfloat16),
+    }
+    groups = {"sliding": [layers[0], layers[2]], "full": [layers[1]]}
+    with set_current_vllm_config(cfg):
+        tables = MultiGroupBlockTable(
+            max_num_reqs=4, max_num_batched_tokens=PRE_CHUNK, pin_memory=False, device=torch.device(DEVICE), block_sizes=[BS, BS],
+            max_num_blocks=[spec.max_num_blocks_per_req(cfg, PRE_CONTEXT) for spec in specs.values()],
+        )  # fmt: skip
+    recorded = []
+    for requests in steps:
+        n, t = len(requests), sum(new for _, new in requests)
+        qsl = torch.tensor([0] + [new for _, new in requests]).cumsum(0).to(torch.int32)
+        metadata, slot_mappings = {}, {}
+        for g, (kind, spec) in enumerate(specs.items()):
+            table, slots, first = tables[g], [], 1
+            for b, (prefix, new) in enumerate(requests):
+                blocks = list(range(first, first + math.ceil((prefix + new) / BS)))
+                table.add_row(blocks, b)
+                first += len(blocks)
+                pos = torch.arange(prefix, prefix + new)
+                slots.append(torch.tensor(blocks)[pos // BS] * BS + pos % BS)
+            table.commit_block_table(n)
+            common = CommonAttentionMetadata(
+                query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl,
+                seq_lens=torch.tensor([p + e for p, e in requests], dtype=torch.int32, device=DEVICE), num_reqs=n,
+                num_actual_tokens=t, max_query_len=max(e for _, e in requests), max_seq_len=max(p + e for p, e in requests),
+                block_table_tensor=table.get_device_tensor(n), slot_mapping=torch.cat(slots).to(DEVICE), causal=True,
+            )  # fmt: skip
+            names = [layer.layer_name for layer in groups[kind]]
+            md = integration.TritonSWAMetadataBuilder(spec, names, cfg, torch.device(DEVICE)).build(0, common)
+            metadata.update({name: md for name in names})
+            slot_mappings.update({name: common.slot_mapping for name in names})
+        q = torch.zeros(t, HQ * PRE_D, dtype=torch.bfloat16, device=DEVICE)
+        k = torch.zeros(t, H * PRE_D, dtype=torch.bfloat16, device=DEVICE)
+        with launch.recorded_launches() as launches, set_forward_context(metadata, cfg, slot_mapping=slot_mappings):
+            for layer in layers:
+                shared = layer.kv_sharing_target_layer_name is not None
+                layer(q, None if shared else k, None if shared else k.clone())
+        recorded += launches
+    return recorded
+
+
+def test_precompile_covers_the_kernels_that_prefills_then_launch(monkeypatch):
+    """What ``precompile_prefills`` compiles at a start covers what later prefills launch through vLLM's
+    own layers: two prompts sharing the step's ``max_num_batched_tokens``, then each one's next chunk;
+    one long prompt alone in chunks of ``max_num_batched_tokens`` (there split-KV and the merge kernel,
+    with so few heads on 132 SMs); a chunk beside a decode. The K/V write, extend and merge kernels of
+    every layer kind (sliding with sinks and soft cap, full, KV-shared). Planned as for an H100
+    (sm_90), bf16; every launch recorded, none run."""
+    import triton_swa.runtime.launch as launch
+    from triton_swa.integrations.vllm.precompile import precompile_prefills
+    from triton_swa.runtime.device import TARGETS, planning_for
+    from triton_swa.testing import launch_key
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # plan as compiled code plans (nothing is launched)
+    # launchers made here are for compiled code: kept apart from this worker's interpreted runs (the
+    # plans holding them are dropped when planning_for ends)
+    monkeypatch.setattr(launch, "_LAUNCHERS", {})
+    warm = []
+    monkeypatch.setattr(launch, "precompile", lambda launches, dev, jobs: (warm.extend(launches), (0, []))[1])
+    cfg = VllmConfig(cache_config=CacheConfig(block_size=BS))
+    layers = _precompile_model(cfg, "covers")
+    with planning_for(TARGETS["sm_90"]):
+        summary = precompile_prefills(layers, tokens=PRE_CHUNK, dtype=torch.bfloat16, max_model_len=PRE_CONTEXT, max_num_seqs=8)
+        real = _prefill_steps(
+            cfg, layers,
+            [[(0, 700), (0, 324)], [(700, 600), (324, 424)], [(0, PRE_CHUNK)], [(PRE_CHUNK, PRE_CHUNK)], [(0, 1000), (40, 1)]],
+        )  # fmt: skip
+    assert "for 3 layer(s) of 3 kind(s)" in summary and "chunk of 1024 tokens and its next chunk" in summary, summary
+    names = {getattr(x[0], "fn", x[0]).__name__ for x in real}
+    assert names == {"_swa_store_kv_kernel", "_swa_extend_kernel", "_swa_merge_kernel"}, names
+    want = {launch_key(*x[:4]) for x in real}
+    have = {launch_key(*x[:4]) for x in warm}
+    assert want <= have, want - have
+
+
+def test_precompile_runs_in_vllms_jit_warmup_never_blocking_a_start(monkeypatch, caplog):
+    """The impl registers one hook with vLLM's real ``JitWarmupRegistry`` while a runner builds the
+    model (three layers, one registration); the registry's ``warmup`` (vLLM's ``kernel_warmup``) runs
+    ``precompile_at_start``, which takes its arguments from the runner's config. On a CPU, or with
+    ``TRITON_SWA_PRECOMPILE=0``, nothing is compiled; a failure inside is a warning, not an error."""
+    import logging
+
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    import triton_swa.integrations.vllm.precompile as pc
+    from triton_swa.runtime.launch import precompile_wanted
+
+    cfg = VllmConfig(cache_config=CacheConfig(block_size=BS))
+    runner_config = SimpleNamespace(
+        compilation_config=cfg.compilation_config,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=2048, max_num_seqs=16),
+        model_config=SimpleNamespace(dtype=torch.bfloat16, max_model_len=PRE_CONTEXT),
+    )
+    registry = JitWarmupRegistry(runner_config)
+    with registry.activate():
+        layers = _precompile_model(cfg, "hook")
+    assert len(registry) == 1
+    calls = []
+
+    def fail(layers, **kw):
+        calls.append((layers, kw))
+        raise RuntimeError("no device")
+
+    monkeypatch.setattr(pc, "precompile_prefills", fail)
+    registry.warmup()  # the caches are on the CPU here (under the interpreter, too): skipped
+    assert calls == []
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(pc, "precompile_wanted", lambda device: precompile_wanted("cuda"))  # as on a GPU
+    handler = caplog.handler
+    pc.logger.addHandler(handler)  # vLLM's "vllm" logger does not propagate to the root (caplog's)
+    try:
+        with caplog.at_level(logging.WARNING, logger=pc.logger.name):
+            registry.warmup()
+    finally:
+        pc.logger.removeHandler(handler)
+    assert calls == [(layers, dict(tokens=2048, dtype=torch.bfloat16, max_model_len=PRE_CONTEXT, max_num_seqs=16, jobs=None))]
+    assert "precompiling the extend kernels failed (RuntimeError: no device); they compile at first use" in caplog.text
+    monkeypatch.setenv("TRITON_SWA_PRECOMPILE", "0")
+    registry.warmup()
+    assert len(calls) == 1
+
+
+def test_precompile_prefills_refuses_bad_arguments():
+    from triton_swa.integrations.vllm.precompile import precompile_prefills
+
+    impl_layer = SimpleNamespace(impl=_impl(SLIDING), kv_cache=torch.empty(0), layer_name="unbound")
+    with pytest.raises(ValueError, match="tokens must be a positive int"):
+        precompile_prefills([impl_layer], tokens=0, dtype=torch.bfloat16, max_model_len=64)
+    with pytest.raises(ValueError, match="at least one layer"):
+        precompile_prefills([], tokens=8, dtype=torch.bfloat16, max_model_len=64)
+    with pytest.raises(ValueError, match="'unbound' has no bound KV cache"):
+        precompile_prefills([impl_layer], tokens=8, dtype=torch.bfloat16, max_model_len=64)

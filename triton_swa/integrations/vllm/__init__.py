@@ -11,7 +11,8 @@ worker; then ``--attention-backend TRITON_SWA`` or
 
 - :mod:`.registry`: :func:`register`, the ``TRITON_SWA`` name and how its enum member pickles;
 - :mod:`.classes`: vLLM's ``AttentionBackend``, ``AttentionMetadataBuilder``, ``AttentionImpl`` and the
-  step's metadata, what they support and what they refuse.
+  step's metadata, what they support and what they refuse;
+- :mod:`.precompile`: the prefill kernels compiled at the engine's start, in vLLM's JIT warm-up.
 """
 
 from __future__ import annotations

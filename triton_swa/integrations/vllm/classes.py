@@ -31,6 +31,7 @@ What the classes do (vLLM's names):
   (hybrid allocator off) is still windowed. Sinks (one logit per query head), logits soft cap and
   fp8 KV with the layer's ``_k_scale`` / ``_v_scale`` tensors (read in the kernels) are passed on.
   ``attn_metadata is None`` (vLLM's profiling run) zero-fills the output and launches nothing else.
+  Constructing it registers the start-time precompile with the runner's JIT warm-up (:mod:`.precompile`).
 
 Unsupported, each raising ``NotImplementedError`` naming it: ALiBi, encoder / encoder-only /
 cross attention, non-causal batches, multimodal prefix-LM ranges, R-SWA, KV-cache dtypes other
@@ -62,6 +63,7 @@ from ...ops.indices import WindowPageTable, max_window_pages, window_page_table_
 from ...ops.kv_store import store_kv, store_kv_plan
 from ...runtime.guard import debug_enabled
 from ...runtime.plans import PlanCache, scale_key, tensor_key
+from .precompile import request_at_start
 from .registry import BACKEND_NAME
 
 _SUPPORTED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
@@ -293,6 +295,8 @@ class TritonSWAImpl(AttentionImpl[TritonSWAMetadata]):
         if sinks is not None and tuple(sinks.shape) != (num_heads,):
             raise ValueError(f"sinks must have one logit per query head ({num_heads}), got shape {tuple(sinks.shape)}")
         self.sinks = sinks
+        # the runner being set up compiles the prefill kernels in its JIT warm-up (see .precompile)
+        request_at_start()
 
     # --- the KV cache as the kernels read it ---------------------------------------------
 
