@@ -30,6 +30,7 @@ The whole module is skipped, saying so, when vLLM 0.32.0 is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -711,11 +712,12 @@ def _precompile_model(cfg: VllmConfig, tag: str) -> list:
     return [sliding, full, shared]
 
 
-def _prefill_steps(cfg: VllmConfig, layers: list, steps: list) -> list:
+def _prefill_steps(cfg: VllmConfig, layers: list, steps: list, record: bool = True) -> list:
     """Scheduler steps of ``(prefix, new)`` per request through vLLM's ``Attention`` layers, as the
     runner hands them over: block tables from vLLM's own ``MultiGroupBlockTable`` (its width for
     ``PRE_CONTEXT``), each group's metadata built once by the builder, each layer called under vLLM's
-    forward context (the shared layer without K/V). Returns the launches, recorded and not run."""
+    forward context (the shared layer without K/V). Returns the launches, recorded and not run
+    (``record=False``: run, and nothing returned)."""
     from vllm.v1.kv_cache_interface import SlidingWindowSpec
     from vllm.v1.worker.block_table import MultiGroupBlockTable
 
@@ -757,7 +759,8 @@ def _prefill_steps(cfg: VllmConfig, layers: list, steps: list) -> list:
             slot_mappings.update({name: common.slot_mapping for name in names})
         q = torch.zeros(t, HQ * PRE_D, dtype=torch.bfloat16, device=DEVICE)
         k = torch.zeros(t, H * PRE_D, dtype=torch.bfloat16, device=DEVICE)
-        with launch.recorded_launches() as launches, set_forward_context(metadata, cfg, slot_mapping=slot_mappings):
+        recording = launch.recorded_launches() if record else contextlib.nullcontext([])
+        with recording as launches, set_forward_context(metadata, cfg, slot_mapping=slot_mappings):
             for layer in layers:
                 shared = layer.kv_sharing_target_layer_name is not None
                 layer(q, None if shared else k, None if shared else k.clone())
@@ -821,6 +824,8 @@ def test_precompile_runs_in_vllms_jit_warmup_never_blocking_a_start(monkeypatch,
     with registry.activate():
         layers = _precompile_model(cfg, "hook")
     assert len(registry) == 1
+    for layer in layers:
+        layer.kv_cache = layer.kv_cache.cpu()  # caches on the CPU, on a GPU machine too
     calls = []
 
     def fail(layers, **kw):
@@ -828,9 +833,9 @@ def test_precompile_runs_in_vllms_jit_warmup_never_blocking_a_start(monkeypatch,
         raise RuntimeError("no device")
 
     monkeypatch.setattr(pc, "precompile_prefills", fail)
-    registry.warmup()  # the caches are on the CPU here (under the interpreter, too): skipped
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # compiled kernels: only the device stops it
+    registry.warmup()
     assert calls == []
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(pc, "precompile_wanted", lambda device: precompile_wanted("cuda"))  # as on a GPU
     handler = caplog.handler
     pc.logger.addHandler(handler)  # vLLM's "vllm" logger does not propagate to the root (caplog's)
@@ -844,6 +849,37 @@ def test_precompile_runs_in_vllms_jit_warmup_never_blocking_a_start(monkeypatch,
     monkeypatch.setenv("TRITON_SWA_PRECOMPILE", "0")
     registry.warmup()
     assert len(calls) == 1
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiles for the GPU it runs on (the CPU tests above plan for sm_90)")
+def test_after_the_precompile_prefills_compile_nothing(monkeypatch):
+    """On a GPU, for real: ``precompile_prefills`` compiles (Triton's JIT, this GPU, side by side) what
+    the prefills of the coverage test above then launch: running them afterwards misses Triton's
+    in-process kernel cache for none of the backend's kernels (its ``jit_cache_hook`` sees each miss,
+    before the compile, warm-ups included)."""
+    from triton import knobs
+
+    from triton_swa.integrations.vllm.precompile import precompile_prefills
+
+    misses = []
+
+    def seen(*, fn, is_manual_warmup, **kw):
+        misses.append((fn.name, is_manual_warmup))
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", seen)
+    cfg = VllmConfig(cache_config=CacheConfig(block_size=BS))
+    layers = _precompile_model(cfg, "gpu")
+    summary = precompile_prefills(layers, tokens=PRE_CHUNK, dtype=torch.bfloat16, max_model_len=PRE_CONTEXT, max_num_seqs=8)
+    assert "error" not in summary, summary
+    compiled = len(misses)
+    _prefill_steps(
+        cfg, layers,
+        [[(0, 700), (0, 324)], [(700, 600), (324, 424)], [(0, PRE_CHUNK)], [(PRE_CHUNK, PRE_CHUNK)], [(0, 1000), (40, 1)]],
+        record=False,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    late = [name for name, _ in misses[compiled:] if name.startswith("_swa_")]
+    assert late == [], f"compiled after the precompile: {late} ({summary})"
 
 
 def test_precompile_prefills_refuses_bad_arguments():
