@@ -138,9 +138,11 @@ def test_sglang_draft_classes_load_every_parameter(drafts, tmp_path):
     good = list(drafts.values())
     env = dict(os.environ)
     # the check is a CPU one (serve_drafts' doc): on a GPU machine too, where SGLang's CUDA layers would
-    # import sgl_kernel and its CuteDSL, neither of which the lent GPU's image loads
-    env.update(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
-    paths = [str(ROOT)]
+    # import sgl_kernel and its CuteDSL, neither of which the lent GPU's image loads; and SGLang's CPU
+    # engine (with the CPU engine tier's sgl_kernel stand-in), whose rotary layers take their CPU path
+    # (elsewhere off CUDA they import vLLM's op, which the lent GPU's image does not have)
+    env.update(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", SGLANG_USE_CPU_ENGINE="1")
+    paths = [str(ROOT / "tests" / "engine" / "stubs"), str(ROOT)]
     if subprocess.run([sys.executable, "-c", "import torchvision.transforms"], capture_output=True, timeout=300).returncode != 0:
         paths.insert(0, str(TORCHVISION_STUBS))  # sglang.srt.configs imports torchvision.transforms
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

@@ -312,7 +312,9 @@ def _moe_cuda_path(tokens: int, top_k: int, block_m: int, broken: int = 0) -> di
 
     from triton_swa.testing.sglang_engine import REPO_ROOT
 
-    env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")
+    # no GPU seen, on a GPU machine too: SGLang's MoE kernel takes Hopper's PDL branch (gdc_wait) where
+    # the device supports it, which Triton's interpreter cannot run; the probe binds the CUDA branches itself
+    env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="")
     paths = [str(CUDA_STUBS), str(REPO_ROOT / "tests" / "integration" / "stubs"), str(REPO_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))  # SGLang's own
     probe = REPO_ROOT / "tests" / "integration" / "moe_cuda_path_probe.py"

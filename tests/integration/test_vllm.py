@@ -763,7 +763,18 @@ def _prefill_steps(cfg: VllmConfig, layers: list, steps: list, record: bool = Tr
         with recording as launches, set_forward_context(metadata, cfg, slot_mapping=slot_mappings):
             for layer in layers:
                 shared = layer.kv_sharing_target_layer_name is not None
-                layer(q, None if shared else k, None if shared else k.clone())
+                kk, vv = (None, None) if shared else (k, k.clone())
+                if DEVICE == "cpu":
+                    layer(q, kk, vv)
+                else:
+                    # the GPU tier's vLLM is the CPU build's Python (.vllm_slim): its custom ops
+                    # (unified_kv_cache_update, ...) have CPU kernels only, so the layer's two calls
+                    # into the impl are made here as its forward makes them
+                    impl, cache, md = layer.impl, layer.kv_cache, metadata[layer.layer_name]
+                    qq, kk, vv = (None if x is None else x.view(t, -1, PRE_D) for x in (q, kk, vv))
+                    if not shared:
+                        impl.do_kv_cache_update(layer, kk, vv, cache, slot_mappings[layer.layer_name])
+                    impl.forward(layer, qq, kk, vv, cache, md, torch.empty(t, HQ, PRE_D, dtype=q.dtype, device=DEVICE))
         recorded += launches
     return recorded
 

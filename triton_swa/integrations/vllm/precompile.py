@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import torch
 
 from ...runtime.launch import precompile_wanted, record_and_precompile, run_start_precompile
+from .registry import BACKEND_NAME
 
 __all__ = ["precompile_at_start", "precompile_prefills", "request_at_start"]
 
@@ -86,13 +87,11 @@ def precompile_at_start(vllm_config, jobs: int | None = None) -> None:
     Skipped (nothing logged) when ``TRITON_SWA_PRECOMPILE=0``, when no such layer has a cache, and
     off CUDA or under Triton's interpreter. A failure is logged as a warning and swallowed; the
     summary is logged at INFO."""
-    from .classes import TritonSWAImpl
-
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
     layers = [
         layer
         for layer in context.values()
-        if isinstance(getattr(layer, "impl", None), TritonSWAImpl)
+        if _ours(layer)
         and isinstance(getattr(layer, "kv_cache", None), torch.Tensor)
         and layer.kv_cache.dim() == 4
     ]
@@ -201,6 +200,13 @@ def precompile_prefills(
     )
 
 
+def _ours(layer) -> bool:
+    """Whether a vLLM ``Attention`` layer runs on this backend: its ``attn_backend`` (the backend class
+    vLLM chose for it) is named ``TRITON_SWA``. (The classes module imports this one: read by name.)"""
+    backend = getattr(layer, "attn_backend", None)
+    return getattr(backend, "get_name", lambda: None)() == BACKEND_NAME
+
+
 def _kind(layer) -> tuple:
     """What decides a layer's kernels beyond the step: its impl's shape and features, its cache."""
     impl, cache = layer.impl, layer.kv_cache
@@ -237,8 +243,6 @@ def _step_metadata(layer, chunk: int, prefix: int, batch: int, max_model_len: in
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    from .classes import TritonSWAMetadataBuilder
-
     cache = layer.kv_cache
     device, block_size = cache.device, cache.shape[2]
     new = [chunk - batch + 1] + [1] * (batch - 1)
@@ -261,7 +265,7 @@ def _step_metadata(layer, chunk: int, prefix: int, batch: int, max_model_len: in
     # of the config the builder reads max_num_seqs (a persistent buffer's rows) and, for the layers it
     # is given (none here), their windows
     config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs or batch), compilation_config=None)
-    builder = TritonSWAMetadataBuilder(spec, [], config, device)
+    builder = layer.attn_backend.get_builder_cls()(spec, [], config, device)
     return builder.build(0, common)
 
 
