@@ -91,9 +91,7 @@ def precompile_at_start(vllm_config, jobs: int | None = None) -> None:
     layers = [
         layer
         for layer in context.values()
-        if _ours(layer)
-        and isinstance(getattr(layer, "kv_cache", None), torch.Tensor)
-        and layer.kv_cache.dim() == 4
+        if _ours(layer) and isinstance(getattr(layer, "kv_cache", None), torch.Tensor) and layer.kv_cache.dim() == 4
     ]
     if not layers or not precompile_wanted(layers[0].kv_cache.device):
         return
