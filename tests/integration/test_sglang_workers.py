@@ -559,6 +559,29 @@ def test_mixed_and_draft_extend_v2_run_extend_shaped(mode):
             assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v), name=f"{mode.name} layer {layer.layer_id}")
 
 
+def capture_as_sglang(backend, fb, forward) -> tuple:
+    """One batch size of SGLang's graph capture: the graph metadata, its warm-up run, then on a GPU the
+    captured run. Returns ``(graph or None, fb, outputs or None)``."""
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    forward(fb)  # SGLang's warm-up run before capture
+    if DEV != "cuda":
+        return None, fb, None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = forward(fb)
+    return graph, fb, outs
+
+
+def replay_as_sglang(captured: tuple, forward, view=None) -> list:
+    """A replay of :func:`capture_as_sglang`'s graph (its metadata refilled by the caller); on the CPU the
+    layers run again over the captured batch's buffers (or ``view``)."""
+    graph, fb, outs = captured
+    if graph is None:
+        return forward(fb if view is None else view)
+    graph.replay()
+    return outs
+
+
 def verify_mask_blocks(prefix, n, g, *, tree: bool, qlen: bool = False):
     """SGLang's verify mask, ``[n, prefix + n]`` per request (FULL_MASK: prefix visible) or ``[n, n]``
     (``qlen``: QLEN_ONLY), and the drafts' own ``[n, n]`` blocks: causal for a chain, a random subset
@@ -653,15 +676,7 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
     graphs = {}
     for bs in reversed(capture_bs):
         fb = batch(bs, spec_for(None if algo == "dflash" else buffers.custom_mask, None))
-        backend.init_forward_metadata_out_graph(fb, in_capture=True)
-        forward(fb)  # SGLang's warm-up run before capture
-        if DEV == "cuda":
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = forward(fb)
-            graphs[bs] = (graph, fb, outs)
-        else:
-            graphs[bs] = (None, fb, None)
+        graphs[bs] = capture_as_sglang(backend, fb, forward)
 
     raw = len(rows)
     loc = place(alloc, rtp, rows, lens, [n] * raw)
@@ -679,13 +694,9 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
     buffers.seq_lens[:raw].copy_(torch.tensor(lens))
     buffers.out_cache_loc[: raw * n].copy_(loc)
     buffers.positions[: raw * n].copy_(positions)
-    graph, _, outs = graphs[max_bs]
     view = batch(max_bs, spec, seq_lens_cpu=torch.tensor(lens + [fill] * (max_bs - raw)))
     backend.init_forward_metadata_out_graph(view)
-    if graph is not None:
-        graph.replay()
-    else:
-        outs = forward(view)
+    outs = replay_as_sglang(graphs[max_bs], forward, view)
     real = raw * n
     for layer, out in zip(layers(), outs):
         q, k, v = (x[:real].cpu() for x in qkv[layer.layer_id])
@@ -738,15 +749,7 @@ def test_draft_extend_graphs_captured_and_replayed_as_sglang_does():
             seq_lens_sum=bs * fill, positions=buf.positions[: bs * n], spec_algorithm=A.EAGLE,
             spec_info=EagleDraftExtendInput(num_tokens_per_req=n, num_tokens_for_logprob_per_req=1),
         )  # fmt: skip
-        backend.init_forward_metadata_out_graph(fb, in_capture=True)
-        forward(fb)  # SGLang's warm-up run before capture
-        if DEV == "cuda":
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = forward(fb)
-            graphs[bs] = (graph, fb, outs)
-        else:
-            graphs[bs] = (None, fb, None)
+        graphs[bs] = capture_as_sglang(backend, fb, forward)
 
     raw = len(rows)
     loc = place(alloc, rtp, rows, lens, [n] * raw)
@@ -763,11 +766,7 @@ def test_draft_extend_graphs_captured_and_replayed_as_sglang_does():
         spec_info=EagleDraftExtendInput(num_tokens_per_req=n, num_tokens_for_logprob_per_req=1),
     )  # fmt: skip
     backend.init_forward_metadata_out_graph(view)
-    graph, fb, outs = graphs[max_bs]
-    if graph is not None:
-        graph.replay()
-    else:
-        outs = forward(fb)
+    outs = replay_as_sglang(graphs[max_bs], forward)
     real = raw * n
     for layer, out in zip(layers(), outs):
         q, k, v = (x[:real].cpu() for x in qkv[layer.layer_id])
