@@ -559,6 +559,18 @@ def test_mixed_and_draft_extend_v2_run_extend_shaped(mode):
             assert_close(out, want_extend(layer, hist, rows, lens, new, q, k, v), name=f"{mode.name} layer {layer.layer_id}")
 
 
+def layers_forward(backend, qkv: dict, n: int):
+    """The model's forward over a batch of ``n`` tokens per request: every layer on its static inputs
+    ``qkv[layer_id]`` (as a captured graph needs them), K/V saved, under SGLang's forward context."""
+
+    def forward(fb):
+        t = fb.batch_size * n
+        with forward_context(ForwardContext(attn_backend=backend)):
+            return [layer(*(x[:t].flatten(1) for x in qkv[layer.layer_id]), fb, save_kv_cache=True) for layer in layers()]
+
+    return forward
+
+
 def capture_as_sglang(backend, fb, forward) -> tuple:
     """One batch size of SGLang's graph capture: the graph metadata, its warm-up run, then on a GPU the
     captured run. Returns ``(graph or None, fb, outputs or None)``."""
@@ -668,10 +680,7 @@ def test_target_verify_graphs_captured_and_replayed_as_sglang_does(algo, monkeyp
             spec_algorithm=A.EAGLE, spec_info=spec,
         )  # fmt: skip
 
-    def forward(fb):
-        t = fb.batch_size * n
-        with forward_context(ForwardContext(attn_backend=backend)):
-            return [layer(*(x[:t].flatten(1) for x in qkv[layer.layer_id]), fb, save_kv_cache=True) for layer in layers()]
+    forward = layers_forward(backend, qkv, n)
 
     graphs = {}
     for bs in reversed(capture_bs):
@@ -735,10 +744,7 @@ def test_draft_extend_graphs_captured_and_replayed_as_sglang_does():
     )  # fmt: skip
     qkv = {layer.layer_id: [x.to(DEV) for x in rand_qkv(layer, max_bs * n, g)] for layer in layers()}
 
-    def forward(fb):
-        t = fb.batch_size * n
-        with forward_context(ForwardContext(attn_backend=backend)):
-            return [layer(*(x[:t].flatten(1) for x in qkv[layer.layer_id]), fb, save_kv_cache=True) for layer in layers()]
+    forward = layers_forward(backend, qkv, n)
 
     graphs = {}
     for bs in reversed(capture_bs):
