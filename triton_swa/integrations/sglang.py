@@ -300,26 +300,24 @@ class TritonSWASGLangBackend(AttentionBackend):
     def _precompile_at_start(self, model_runner) -> None:
         """:meth:`precompile_extend` over the runner's model, on a GPU, unless ``TRITON_SWA_PRECOMPILE=0``.
         A failure is logged and costs nothing but the time: the kernels then compile at first use."""
-        from ..runtime.device import interpreting
+        from ..runtime.launch import precompile_wanted, run_start_precompile
 
         model = getattr(model_runner, "model", None)
-        if os.environ.get("TRITON_SWA_PRECOMPILE", "1") == "0" or model is None or self.core.device.type != "cuda" or interpreting():
+        if model is None or not precompile_wanted(self.core.device):
             return
         if model in _PRECOMPILED:  # another backend of this model did (a draft's step backends)
             return
         _PRECOMPILED.add(model)
-        try:
-            layers = attention_layers(model)
+
+        def run() -> str:
             chunk = getattr(getattr(model_runner, "server_args", None), "chunked_prefill_size", None)
             tokens = chunk if isinstance(chunk, int) and chunk > 0 else 8192
             dtype = getattr(model_runner, "dtype", None) or model_runner.model_config.dtype
             kv_shared = any(getattr(m, "is_kv_shared_layer", False) for m in model.modules())
             drafts = _draft_extend_tokens(model_runner)
-            summary = self.precompile_extend(layers, tokens=tokens, dtype=dtype, kv_shared=kv_shared, draft_tokens=drafts)
-            logger.info("triton_swa: %s", summary)
-        except Exception as exc:  # noqa: BLE001 - never in the way of a start
-            why = f"{type(exc).__name__}: {exc}"
-            logger.warning("triton_swa: precompiling the extend kernels failed (%s); they compile at first use", why)
+            return self.precompile_extend(attention_layers(model), tokens=tokens, dtype=dtype, kv_shared=kv_shared, draft_tokens=drafts)
+
+        run_start_precompile(run, logger)
 
     def precompile_extend(
         self, layers, *, tokens: int, dtype: torch.dtype, kv_shared: bool = False, draft_tokens: int = 0, jobs: int | None = None
@@ -343,9 +341,8 @@ class TritonSWASGLangBackend(AttentionBackend):
         graph-captured verify (compiled by CUDA-graph capture). Returns a one-line summary."""
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-        from ..runtime.launch import precompile, recorded_launches
+        from ..runtime.launch import record_and_precompile
 
-        t0 = time.perf_counter()
         dev = self.core.device
         inputs, counts = {}, {"steps": 0, "refused": 0}
 
@@ -370,28 +367,27 @@ class TritonSWASGLangBackend(AttentionBackend):
                     counts["refused"] += 1
 
         prefill_calls = [(layer, with_kv) for layer in layers for with_kv in ((True, False) if kv_shared else (True,))]
-        with recorded_launches(tensors_as_dtypes=True) as launches:
-            try:
-                step(1, tokens, 0, prefill_calls)
-                if 2 * tokens <= self.max_context_len:
-                    step(1, tokens, tokens, prefill_calls)
-                if draft_tokens > 0:
-                    self._plan_draft_extends(step, launches, layers, draft_tokens)
-            finally:
-                inputs.clear()
-                self.core.forget_plans()
-                self.forward_metadata, self._views, self.core.swa_loc = None, {}, None
-        recorded = time.perf_counter() - t0
-        kernels, errors = precompile(launches, dev, jobs)
-        for e in errors:
-            logger.warning("triton_swa: precompile: %s", e)
+
+        def steps(launches: list) -> None:
+            step(1, tokens, 0, prefill_calls)
+            if 2 * tokens <= self.max_context_len:
+                step(1, tokens, tokens, prefill_calls)
+            if draft_tokens > 0:
+                self._plan_draft_extends(step, launches, layers, draft_tokens)
+
+        def forget() -> None:
+            inputs.clear()
+            self.core.forget_plans()
+            self.forward_metadata, self._views, self.core.swa_loc = None, {}, None
+
+        report = record_and_precompile(steps, dev, jobs=jobs, forget=forget, logger=logger)
         refused = counts["refused"]
         return (
-            f"precompiled {kernels} extend kernel(s) for {len(layers)} layer(s) ({len(launches)} launches of {counts['steps']} "
+            f"precompiled {report.kernels} extend kernel(s) for {len(layers)} layer(s) ({report.launches} launches of {counts['steps']} "
             f"synthetic step(s): prefills of {tokens} tokens{f', draft extends of {draft_tokens}' if draft_tokens else ''}; "
-            f"recorded in {recorded:.1f} s, {time.perf_counter() - t0:.1f} s in all"
+            f"recorded in {report.recorded_s:.1f} s, {report.total_s:.1f} s in all"
             f"{f'; {refused} layer call(s) refused' if refused else ''}"
-            f"{f'; {len(errors)} error(s)' if errors else ''})"
+            f"{f'; {len(report.errors)} error(s)' if report.errors else ''})"
         )
 
     def _plan_draft_extends(self, step, launches: list, layers, new: int) -> None:
