@@ -71,6 +71,7 @@ def main() -> None:
     runner.draft_attention_backend = "triton_swa"
     factory = draft_utils.DraftBackendFactory(runner, 1, 3)
     report["draft-extend"] = outcome(lambda: factory.create_draft_extend_backend() is not None and made[-1])
+    report["patched-after-draft-extend"] = sorted(HookRegistry._patched)
     report["draft-decode"] = outcome(lambda: factory.create_decode_backend() is not None and made[-1])
     adapter.TritonSWASGLangBackend, adapter.TritonSWAMultiStepDraftBackend = TritonSWASGLangBackend, TritonSWAMultiStepDraftBackend
     report.update(draft_extend_graphs(TritonSWASGLangBackend))

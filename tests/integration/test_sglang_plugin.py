@@ -69,9 +69,14 @@ def test_hooks_apply_through_sglangs_plugin_loader(probes):
         "sglang.srt.models.gemma4_mm.Gemma4ForConditionalGeneration.prepare_attn_masks",
         "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend",
-        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs",
     ]
     assert probes["none"]["patched"] == []
+    # the draft worker's capture is hooked once a triton_swa draft-extend backend is made (not at load,
+    # which would import SGLang's speculative worker into every process)
+    assert probes["plugin"]["patched-after-draft-extend"] == [
+        *probes["plugin"]["patched"],
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs",
+    ]
 
 
 @pytest.mark.parametrize("family", ["gemma4", "gpt-oss", "gemma3"])

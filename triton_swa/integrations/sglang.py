@@ -794,8 +794,31 @@ def _draft_backend(original, factory, backend_name, backend_map, error_template,
     if stamps_children:
         creator = lambda: (NAME, TritonSWAMultiStepDraftBackend(runner, factory.topk, factory.speculative_num_steps))  # noqa: E731
     else:
-        creator = lambda: (NAME, TritonSWASGLangBackend(runner))  # noqa: E731
+
+        def creator():
+            _hook_draft_extend_capture()
+            return NAME, TritonSWASGLangBackend(runner)
+
     return original(factory, backend_name, {**backend_map, NAME: creator}, error_template, stamps_children)
+
+
+_DRAFT_EXTEND_CAPTURE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs"
+_draft_extend_hooked = False
+
+
+def _hook_draft_extend_capture() -> None:
+    """Hook :func:`_capture_draft_extend` on the draft worker's graph capture, once per process, when
+    a triton_swa draft-extend backend is first made (the draft worker builds its backends before it
+    captures): through SGLang's ``HookRegistry``, as the plugin's other hooks, but not at plugin load,
+    which would import SGLang's speculative worker (about 1 s) into every process, speculative or not."""
+    global _draft_extend_hooked
+    if _draft_extend_hooked:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(_DRAFT_EXTEND_CAPTURE, _capture_draft_extend, HookType.AFTER)
+    HookRegistry.apply_hooks()  # patches the targets not yet patched: this one
+    _draft_extend_hooked = True
 
 
 def _capture_draft_extend(result, worker, *args, **kwargs):
@@ -851,7 +874,6 @@ def _hooks() -> dict:
     return {
         "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": ("AFTER", _dflash_mask_policy),
         "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend": ("AROUND", _draft_backend),
-        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs": ("AFTER", _capture_draft_extend),
         "sglang.srt.models.gemma3_mm.Gemma3ForConditionalGeneration.prepare_attn_masks": ("AROUND", _image_masks),
         "sglang.srt.models.gemma4_mm.Gemma4ForConditionalGeneration.prepare_attn_masks": ("AROUND", _image_masks),
     }
