@@ -36,7 +36,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from triton_swa.backend import TritonSWAAttnBackend  # noqa: E402
 from triton_swa.engine import ForwardBatch, ForwardMode, ModelRunner  # noqa: E402
-from triton_swa.testing import assert_close  # noqa: E402
+from triton_swa.testing import assert_close, launch_key  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -470,31 +470,6 @@ def test_page_16_decode_over_sglangs_paged_allocator(device):
     decode_and_check(backend, batch, layers, hist, rows, g, "P16")
 
 
-def _launch_key(fn, args, constexprs, options):
-    """A launch as Triton's JIT keys its compiled kernel: the kernel, constexprs, options, and each
-    argument's specialisation (a tensor's dtype and 16-byte alignment; an integer's being 1 or a
-    multiple of 16, where the kernel specialises it)."""
-    jit = getattr(fn, "kwargs", None) or {}  # the interpreter's function keeps the decorator's arguments
-
-    def named(attr: str) -> set:  # a compiled JITFunction keeps them as attributes, names or indices
-        return {fn.arg_names[a] if isinstance(a, int) else a for a in (jit.get(attr) or getattr(fn, attr, None) or ())}
-
-    plain, unaligned = named("do_not_specialize"), named("do_not_specialize_on_alignment")
-    spec = []
-    for name, a in zip(fn.arg_names, args):
-        if isinstance(a, torch.Tensor):
-            spec.append((a.dtype, name in unaligned or a.data_ptr() % 16 == 0))
-        elif isinstance(a, torch.dtype):  # an aligned pointer as precompile records it
-            spec.append((a, True))
-        elif isinstance(a, bool) or a is None:
-            spec.append(a)
-        elif isinstance(a, int):
-            spec.append("i" if name in plain else (a == 1, a % 16 == 0))
-        else:
-            spec.append(type(a).__name__)
-    return (fn.arg_names[0], getattr(fn, "fn", fn).__name__, *sorted(constexprs.items()), *sorted(options.items()), *spec)
-
-
 def test_precompile_covers_every_kernel_that_prefills_then_launch(monkeypatch):
     """What ``precompile_extend`` compiles at a start is what later prefills launch: a fresh batch of
     two prompts, then the next chunk of each over its cached window, every layer with its K/V and as
@@ -540,8 +515,8 @@ def test_precompile_covers_every_kernel_that_prefills_then_launch(monkeypatch):
                     layer(q, None, None, fb, save_kv_cache=False)
             real += launches
     attention = ("_swa_extend_kernel", "_swa_merge_kernel")
-    want = {_launch_key(*x[:4]) for x in real if getattr(x[0], "fn", x[0]).__name__ in attention}
-    have = {_launch_key(*x[:4]) for x in warm}
+    want = {launch_key(*x[:4]) for x in real if getattr(x[0], "fn", x[0]).__name__ in attention}
+    have = {launch_key(*x[:4]) for x in warm}
     assert len(want) >= 4, want  # two kinds of layer, each with its store and without
     assert want <= have, want - have
 
@@ -587,8 +562,8 @@ def test_precompile_covers_a_drafts_eager_extends(monkeypatch):
                     layer(q, k, k.clone(), fb)
                 real += launches
     attention = ("_swa_extend_kernel", "_swa_merge_kernel")
-    want = {_launch_key(*x[:4]) for x in real if getattr(x[0], "fn", x[0]).__name__ in attention}
-    have = {_launch_key(*x[:4]) for x in warm}
+    want = {launch_key(*x[:4]) for x in real if getattr(x[0], "fn", x[0]).__name__ in attention}
+    have = {launch_key(*x[:4]) for x in warm}
     assert any(getattr(x[0], "fn", x[0]).__name__ == "_swa_merge_kernel" for x in real), "no real batch took split-KV"
     assert want <= have, want - have
 
