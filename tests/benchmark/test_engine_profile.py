@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from triton_swa.benchmark.engine_profile import kernel_class, kernel_time, profile_decode, profile_prefill
+from triton_swa.benchmark.engine_profile import host_time, kernel_class, kernel_time, profile_decode, profile_first, profile_prefill
 
 
 @pytest.mark.parametrize(
@@ -59,15 +59,15 @@ def _plain_profile_req(monkeypatch):
 
     from triton_swa.benchmark import engine_profile
 
-    monkeypatch.setattr(engine_profile, "_profile_req", lambda *a: types.SimpleNamespace(**engine_profile.profile_fields(*a)))
+    monkeypatch.setattr(engine_profile, "_profile_req", lambda *a, **k: types.SimpleNamespace(**engine_profile.profile_fields(*a, **k)))
 
 
 class _TokenizerManager:
     """What profile_* call on ``engine.tokenizer_manager``; stop_profile writes a gzipped Chrome trace
     where SGLang's profiler does (``<output_dir>/<profile_id>-TP-0.trace.json.gz``)."""
 
-    def __init__(self, calls, kernels_per_stop):
-        self.calls, self.kernels = calls, kernels_per_stop
+    def __init__(self, calls, kernels_per_stop, host_events=()):
+        self.calls, self.kernels, self.host_events = calls, kernels_per_stop, list(host_events)
 
     async def start_profile(self, req):
         self.calls.append(("start", req.activities, req.profile_id, req.with_stack, req.record_shapes))
@@ -75,7 +75,7 @@ class _TokenizerManager:
 
     async def stop_profile(self):
         self.calls.append(("stop",))
-        events = [{"ph": "X", "cat": "kernel", "name": "_swa_extend_kernel", "dur": 1000.0}] * self.kernels
+        events = [{"ph": "X", "cat": "kernel", "name": "_swa_extend_kernel", "dur": 1000.0}] * self.kernels + self.host_events
         with gzip.open(self.out, "wt") as f:
             json.dump({"traceEvents": events}, f)
 
@@ -84,10 +84,10 @@ class _RecordingEngine:
     """Records the calls profile_prefill and profile_decode make: ``generate`` and a streaming
     ``async_generate`` (one token per 1 ms step, as SGLang's stream reports ``completion_tokens``)."""
 
-    def __init__(self, kernels_per_stop=1):
+    def __init__(self, kernels_per_stop=1, host_events=()):
         self.calls = []
         self.loop = asyncio.new_event_loop()
-        self.tokenizer_manager = _TokenizerManager(self.calls, kernels_per_stop)
+        self.tokenizer_manager = _TokenizerManager(self.calls, kernels_per_stop, host_events)
 
     def generate(self, input_ids, sampling_params):
         self.calls.append(("generate", len(input_ids), dict(sampling_params)))
@@ -134,6 +134,49 @@ def test_profile_decode_profiles_steps_once_every_request_decodes(tmp_path):
 def test_profile_decode_refuses_outputs_too_short_to_fill_its_window(tmp_path):
     with pytest.raises(ValueError, match="max_new_tokens must be at least steps"):
         profile_decode(_RecordingEngine(), [[1, 2, 3]], 8, str(tmp_path), "cpu", max_new_tokens=9)
+
+
+def test_host_time_sums_host_events_by_name_and_leaves_device_events_out():
+    events = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "dur": 4000.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "dur": 2000.0},
+        {"ph": "X", "cat": "user_annotation", "name": "forward", "dur": 7000.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 500.0},
+        {"ph": "X", "cat": "kernel", "name": "_swa_extend_kernel", "dur": 99999.0},  # device time, not host
+        {"ph": "i", "cat": "cpu_op", "name": "aten::add", "dur": 99999.0},  # not a complete event
+    ]
+    assert host_time(events, top=2) == [
+        ("forward", pytest.approx(7.0), 1, "user_annotation"),
+        ("cudaStreamSynchronize", pytest.approx(6.0), 2, "cuda_runtime"),
+    ]
+    assert [name for name, *_ in host_time(events)] == ["forward", "cudaStreamSynchronize", "aten::mm"]
+
+
+_HOST = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphInstantiate", "dur": 9000.0}]
+
+
+def test_profile_first_streams_the_cold_request_under_a_host_and_device_profile(tmp_path):
+    engine = _RecordingEngine(kernels_per_stop=3, host_events=_HOST)
+    pr = profile_first(engine, list(range(32)), str(tmp_path / "first"), "cuda", 8)
+    # no warm-up before it: the engine's first request is the one profiled
+    assert engine.calls == [("start", ["CPU", "GPU"], "first", False, False), ("stream", 32, 8), ("stop",)]
+    assert pr["prompt_len"] == 32 and pr["tokens"] == 8 and 0 < pr["ttft_ms"] <= pr["wall_ms"]
+    assert pr["total_ms"] == pytest.approx(3.0) and pr["host"] == [("cudaGraphInstantiate", pytest.approx(9.0), 1, "cuda_runtime")]
+
+
+def test_serve_profiles_only_the_engines_first_request_when_asked(tmp_path, monkeypatch):
+    from triton_swa.benchmark import serve
+
+    monkeypatch.chdir(tmp_path)
+    engine = _RecordingEngine(host_events=_HOST)
+    result = {}
+    serve.load_phases(engine, [(16, 1, 1), (24, 1, 1)], 4, result, lambda what: None, profile_cold="cuda")
+    assert [c[0] for c in engine.calls].count("start") == 1
+    assert list(result["profile"]) == ["first request P16 (cold)"]
+    assert set(result["cold_ttft_ms"]) == {"16", "24"}
+    assert result["cold_ttft_ms"]["16"] == result["profile"]["first request P16 (cold)"]["ttft_ms"]
+    report = serve._fmt_profile("first request P16 (cold)", result["profile"]["first request P16 (cold)"])
+    assert "first token in" in report and "cudaGraphInstantiate" in report
 
 
 def test_a_profile_only_run_writes_no_csv_row():

@@ -441,12 +441,14 @@ def test_spec_only_leaves_out_the_plain_runs_of_the_spec_models_alone(monkeypatc
     monkeypatch.setattr(serve, "_plugin_args", lambda name, pythonpath, device: {})
     a = argparse.Namespace(
         tokens=False, graphs="on", spec="DFLASH,EAGLE", spec_models="gemma4-like", spec_only=spec_only, spec_load=True,
-        backends="triton_swa,triton", output_len=8, profile="", timeout=1.0, model_root=str(tmp_path),
+        backends="triton_swa,triton", output_len=8, profile="", timeout=1.0, model_root=str(tmp_path), profile_cold=True,
     )  # fmt: skip
     labels = {}
     for name in ("gemma4-like", "gemma3-1b"):
         _, jobs = serve._model_jobs(name, a, {}, [(4096, 16, 32)], [], tmp_path, "cuda")
         labels[name] = [info["label"] for _, _, _, info in jobs]
+        # --profile-cold reaches every run with load phases, speculative or not
+        assert all(run["profile_cold"] for _, _, run, _ in jobs)
     spec = [f"gemma4-like {b} graphs on spec {s}" for s in ("DFLASH", "EAGLE") for b in ("triton_swa", "triton")]
     plain = ["gemma4-like triton_swa graphs on", "gemma4-like triton graphs on"]
     assert labels["gemma4-like"] == (spec if spec_only else plain + spec)

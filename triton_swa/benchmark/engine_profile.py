@@ -10,6 +10,9 @@ for each item:
 - :func:`profile_decode`: CONCURRENCY such requests streamed side by side; once all decode, about
   32 steps of the batch profiled.
 
+``serve --profile-cold`` profiles the engine's very first request instead (:func:`profile_first`,
+host and device), where a cold start's time goes when no kernel compiles in it.
+
 The traces' device kernels are summed by class (:data:`KERNEL_CLASSES`): the attention kernels, the
 GEMMs, copies, and the rest (norms, activations, rotary, sampling, the stand-in ops). Beside the
 wall time (TTFT; the step's inter-token latency) this shows how much of each attention can move.
@@ -29,7 +32,16 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-__all__ = ["KERNEL_CLASSES", "kernel_class", "kernel_time", "profile_decode", "profile_prefill", "read_trace_events"]
+__all__ = [
+    "KERNEL_CLASSES",
+    "host_time",
+    "kernel_class",
+    "kernel_time",
+    "profile_decode",
+    "profile_first",
+    "profile_prefill",
+    "read_trace_events",
+]
 
 # First match wins. Attention: triton-swa's kernels (_swa_*), SGLang's Triton attention (its extend,
 # decode and merge kernels are _fwd_*), FlashInfer's and FlashAttention's. GEMMs: cuBLAS / CUTLASS
@@ -84,17 +96,67 @@ def kernel_time(events: Iterable[Mapping], top: int = 8) -> dict:
     )
 
 
-def profile_fields(folder: str, device: str, profile_id: str) -> dict:
+# host events of torch's profiler: operators, CUDA runtime and driver calls, annotated regions
+HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function")
+
+
+def host_time(events: Iterable[Mapping], top: int = 12) -> list[tuple[str, float, int, str]]:
+    """The ``top`` host event names of a trace by their summed time (name, ms, calls, category). Nested
+    events each count their whole span, so an annotated region and the operators inside it both show:
+    read the list as where the time sits, not as parts of a sum."""
+    by_name: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in HOST_CATEGORIES:
+            continue
+        entry = by_name[(str(e.get("name", "?")), str(e.get("cat")))]
+        entry[0] += float(e.get("dur", 0.0)) / 1e3
+        entry[1] += 1
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return [(name[:120], ms, int(n), cat) for (name, cat), (ms, n) in ranked]
+
+
+def profile_fields(folder: str, device: str, profile_id: str, host: bool = False) -> dict:
     """SGLang's ``ProfileReq`` fields of one profile: device kernels on a GPU (host ops on a CPU, where
-    there are no device kernels), no stacks and no shapes, so the profiler's own cost stays small."""
-    activities = ["GPU"] if device == "cuda" else ["CPU"]
+    there are no device kernels; ``host``: both), no stacks and no shapes, so the profiler's own cost
+    stays small."""
+    activities = (["CPU", "GPU"] if host else ["GPU"]) if device == "cuda" else ["CPU"]
     return dict(output_dir=folder, activities=activities, profile_id=profile_id, with_stack=False, record_shapes=False)
 
 
-def _profile_req(folder: str, device: str, profile_id: str):
+def _profile_req(folder: str, device: str, profile_id: str, host: bool = False):
     from sglang.srt.managers.io_struct import ProfileReq
 
-    return ProfileReq(**profile_fields(folder, device, profile_id))
+    return ProfileReq(**profile_fields(folder, device, profile_id, host))
+
+
+async def _first_token(engine, prompt: list[int], sampling: dict) -> tuple[float, int]:
+    """Seconds to the first streamed token of ``prompt``, and the tokens made (the stream drained)."""
+    t0, ttft, made = time.monotonic(), math.nan, 0
+    gen = engine.async_generate(input_ids=prompt, sampling_params=sampling, stream=True)
+    if asyncio.iscoroutine(gen):
+        gen = await gen
+    async for chunk in gen:
+        made = int(chunk.get("meta_info", {}).get("completion_tokens", made))
+        if made and math.isnan(ttft):
+            ttft = time.monotonic() - t0
+    return ttft, made
+
+
+def profile_first(engine, prompt: list[int], folder: str, device: str, max_new_tokens: int) -> dict:
+    """The engine's first request (no warm-up before it: a cold start), streamed under SGLang's profiler
+    with host and device activity. Returns its time to first token and wall time, :func:`kernel_time`
+    of the trace and :func:`host_time` (``host``): whether the cold time is device work, a host call
+    (a synchronisation, an allocation, a graph's instantiation) or neither (pure Python, no event)."""
+    os.makedirs(folder, exist_ok=True)
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    tm = engine.tokenizer_manager
+    engine.loop.run_until_complete(tm.start_profile(_profile_req(folder, device, "first", host=True)))
+    t0 = time.monotonic()
+    ttft, made = engine.loop.run_until_complete(_first_token(engine, prompt, sampling))
+    wall_ms = 1e3 * (time.monotonic() - t0)
+    engine.loop.run_until_complete(tm.stop_profile())
+    events = read_trace_events(folder)
+    return dict(prompt_len=len(prompt), ttft_ms=1e3 * ttft, wall_ms=wall_ms, tokens=made, events=len(events), host=host_time(events), **kernel_time(events))
 
 
 def profile_prefill(engine, prompt: list[int], folder: str, device: str) -> dict:

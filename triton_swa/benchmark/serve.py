@@ -273,21 +273,32 @@ async def _stream_one(engine, prompt: list[int], sampling: dict) -> dict:
 WARM_UP_TOKENS = 8  # new tokens of the warm-up request before each prompt length's first timed phase
 
 
-def load_phases(engine, loads: list, output_len: int, result: dict, stage) -> None:
+def load_phases(engine, loads: list, output_len: int, result: dict, stage, profile_cold: str | None = None) -> None:
     """Each ``(prompt_len, concurrency, requests)`` of ``loads`` timed on ``engine``, in order, each
     prompt length's first phase preceded by one warm-up request of that length (a prompt of its own,
     so SGLang's radix cache serves no timed prompt from it). Fills ``result["cold_ttft_ms"]`` (the
     warm-ups' times to first token by prompt length) and ``result["phases"]`` (one summary per phase)
     as they finish; ``stage(what)`` is called before each request set and once more at the end, so
-    that a run cut short keeps what it measured."""
+    that a run cut short keeps what it measured. ``profile_cold`` (the device, "cuda" or "cpu"): the first
+    warm-up (the engine's first request where no token check ran before it) runs under SGLang's
+    profiler, host and device
+    (:func:`~triton_swa.benchmark.engine_profile.profile_first`), into ``result["profile"]``."""
     cold = result.setdefault("cold_ttft_ms", {})
     phases = result.setdefault("phases", [])
     for i, (prompt_len, concurrency, requests) in enumerate(loads):
         if str(prompt_len) not in cold:
             stage(f"warm-up P{prompt_len}")
-            sampling = {"temperature": 0.0, "max_new_tokens": WARM_UP_TOKENS, "ignore_eos": True}
-            warm = engine.loop.run_until_complete(_stream_one(engine, _prompts(1, prompt_len, 900 + i)[0], sampling))
-            cold[str(prompt_len)] = 1e3 * warm["ttft"]
+            prompt = _prompts(1, prompt_len, 900 + i)[0]
+            if profile_cold and not cold:
+                from triton_swa.benchmark.engine_profile import profile_first
+
+                pr = profile_first(engine, prompt, os.path.abspath("profile-first"), profile_cold, WARM_UP_TOKENS)
+                result.setdefault("profile", {})[f"first request P{prompt_len} (cold)"] = pr
+                cold[str(prompt_len)] = pr["ttft_ms"]
+            else:
+                sampling = {"temperature": 0.0, "max_new_tokens": WARM_UP_TOKENS, "ignore_eos": True}
+                warm = engine.loop.run_until_complete(_stream_one(engine, prompt, sampling))
+                cold[str(prompt_len)] = 1e3 * warm["ttft"]
         stage(f"load P{prompt_len} C{concurrency}")
         ph = engine.loop.run_until_complete(_load_phase(engine, prompt_len, concurrency, requests, output_len, 1000 + i))
         rs = ph["results"]
@@ -372,7 +383,8 @@ def worker_main(spec_path: str, result_path: str) -> int:
                 result["stage"] = what
                 _write(result_path, result)
 
-            load_phases(engine, spec["load"], spec["output_len"], result, stage)
+            cold_device = "cpu" if spec["engine_args"].get("device") == "cpu" else "cuda"
+            load_phases(engine, spec["load"], spec["output_len"], result, stage, cold_device if spec.get("profile_cold") else None)
         for i, (prompt_len, concurrency) in enumerate(spec.get("profile") or []):
             from triton_swa.benchmark.engine_profile import profile_decode, profile_prefill
 
@@ -419,6 +431,7 @@ def run_backend(
     output_len: int,
     pythonpath: list[str],
     profile: list[tuple[int, int]] | None = None,
+    profile_cold: bool = False,
     env: dict | None = None,
     timeout_s: float = 600.0,
     log_path: str | None = None,
@@ -430,7 +443,7 @@ def run_backend(
     from triton_swa.testing.sglang_engine import _kill_group, extract_tracebacks
 
     args = dict(engine_args, model_path=model_path, attention_backend=backend)
-    spec = {"engine_args": args, "tokens": tokens, "load": [list(x) for x in load], "output_len": output_len, "profile": profile}
+    spec = dict(engine_args=args, tokens=tokens, load=[list(x) for x in load], output_len=output_len, profile=profile, profile_cold=profile_cold)
     with tempfile.TemporaryDirectory(prefix="triton_swa_serve_") as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         log_path = log_path or os.path.join(tmp, "log.txt")
@@ -667,6 +680,11 @@ def main(argv=None) -> int:
         help="after the other phases, under SGLang's profiler, for each: one prefill of PROMPT tokens, then CONCURRENCY such "
         f"requests' decode ({PROFILE_STEPS} steps): device time by kernel class",
     )
+    p.add_argument(
+        "--profile-cold",
+        action="store_true",
+        help="the first --load warm-up (each engine's first request) under SGLang's profiler, host and device: where a cold start goes",
+    )
     p.add_argument("--jobs", type=int, default=1, help="engines side by side on the GPU, each pool capped (runs without --load only)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
     p.add_argument(
@@ -797,6 +815,7 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
                 info = dict(model=name, graphs=graphs, spec=spec_algo, label=label)
                 run = dict(engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len)
                 run["profile"] = [] if spec_algo else [[int(x) for x in item.split("x")] for item in filter(None, a.profile.split(","))]
+                run["profile_cold"] = bool(a.profile_cold and run["load"])
                 run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
                 run.update(_plugin_args(name, pythonpath, device))
                 jobs.append((path, backend, run, info))
@@ -1010,10 +1029,15 @@ def _fmt_profile(what: str, pr: dict) -> str:
     """A profile (:mod:`triton_swa.benchmark.engine_profile`'s prefill or decode) as a few report lines."""
     classes = ", ".join(f"{k} {v:.1f}" for k, v in pr["class_ms"].items())
     head = f"    {what}"
+    if "ttft_ms" in pr:
+        head += f": first token in {pr['ttft_ms']:.1f} ms, {pr['tokens']} tokens;"
     if "steps" in pr:
         head += f", {pr['steps']} steps: {pr['device_ms_per_step']:.2f} ms of device time a step;"
     lines = [f"{head} {pr['wall_ms']:.1f} ms wall, device kernels {pr['total_ms']:.1f} ms ({pr['kernels']} kernels): {classes} ms"]
     lines += [f"      {ms:9.2f} ms {n:6d}x  [{cls}] {name}" for name, ms, n, cls in pr["top"]]
+    if pr.get("host"):
+        lines.append("      host events by summed time (nested events each count their whole span):")
+        lines += [f"      {ms:9.2f} ms {n:6d}x  [{cat}] {name}" for name, ms, n, cat in pr["host"]]
     return "\n".join(lines)
 
 
