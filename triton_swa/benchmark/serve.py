@@ -443,7 +443,8 @@ def run_backend(
     from triton_swa.testing.sglang_engine import _kill_group, extract_tracebacks
 
     args = dict(engine_args, model_path=model_path, attention_backend=backend)
-    spec = dict(engine_args=args, tokens=tokens, load=[list(x) for x in load], output_len=output_len, profile=profile, profile_cold=profile_cold)
+    spec = dict(engine_args=args, tokens=tokens, load=[list(x) for x in load], output_len=output_len, profile=profile)
+    spec["profile_cold"] = profile_cold
     with tempfile.TemporaryDirectory(prefix="triton_swa_serve_") as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         log_path = log_path or os.path.join(tmp, "log.txt")
