@@ -156,9 +156,8 @@ def profile_first(engine, prompt: list[int], folder: str, device: str, max_new_t
     wall_ms = 1e3 * (time.monotonic() - t0)
     engine.loop.run_until_complete(tm.stop_profile())
     events = read_trace_events(folder)
-    return dict(
-        prompt_len=len(prompt), ttft_ms=1e3 * ttft, wall_ms=wall_ms, tokens=made, events=len(events), host=host_time(events), **kernel_time(events)
-    )
+    head = dict(prompt_len=len(prompt), ttft_ms=1e3 * ttft, wall_ms=wall_ms, tokens=made, events=len(events))
+    return dict(head, host=host_time(events), **kernel_time(events))
 
 
 def profile_prefill(engine, prompt: list[int], folder: str, device: str) -> dict:
