@@ -10,7 +10,15 @@ import json
 
 import pytest
 
-from triton_swa.benchmark.engine_profile import host_time, kernel_class, kernel_time, profile_decode, profile_first, profile_prefill
+from triton_swa.benchmark.engine_profile import (
+    host_time,
+    kernel_class,
+    kernel_time,
+    profile_decode,
+    profile_first,
+    profile_prefill,
+    slow_leaves,
+)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +160,31 @@ def test_host_time_sums_host_events_by_name_and_leaves_device_events_out():
     assert [name for name, *_ in host_time(events)] == ["forward", "cudaStreamSynchronize", "aten::mm"]
 
 
-_HOST = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphInstantiate", "dur": 9000.0}]
+def test_slow_leaves_name_the_innermost_slow_span_of_each_thread_and_what_holds_it():
+    def span(name, ts, dur_ms, cat="python_function", tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur_ms * 1e3, "pid": 7, "tid": tid}
+
+    events = [
+        span("run_batch", 0, 12000, "user_annotation"),
+        span("draft", 100, 10000, "user_annotation"),
+        span("replay", 200, 9000),
+        span("slow_fn", 300, 8000),  # the leaf: nothing slow inside it
+        span("fast_child", 400, 100),  # under the threshold
+        span("other_leaf", 11_000_000, 600),  # after draft, still inside run_batch
+        span("gpu_kernel", 300, 9000, "kernel"),  # device time is not a host span
+        span("elsewhere", 0, 700, tid=2),  # another thread: a leaf of its own
+    ]
+    leaves = slow_leaves(events, min_ms=500)
+    assert [(name, around) for name, _, _, around in leaves] == [
+        ("slow_fn", ["run_batch", "draft", "replay"]),
+        ("elsewhere", []),
+        ("other_leaf", ["run_batch"]),
+    ]
+    assert leaves[0][1] == pytest.approx(8000.0) and leaves[0][2] == "python_function"
+    assert slow_leaves(events, min_ms=20000) == []
+
+
+_HOST = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphInstantiate", "dur": 9000.0, "ts": 0.0, "pid": 1, "tid": 1}]
 
 
 def test_profile_first_streams_the_cold_request_under_a_host_and_device_profile(tmp_path):
@@ -162,6 +194,11 @@ def test_profile_first_streams_the_cold_request_under_a_host_and_device_profile(
     assert engine.calls == [("start", ["CPU", "GPU"], "first", False, False), ("stream", 32, 8), ("stop",)]
     assert pr["prompt_len"] == 32 and pr["tokens"] == 8 and 0 < pr["ttft_ms"] <= pr["wall_ms"]
     assert pr["total_ms"] == pytest.approx(3.0) and pr["host"] == [("cudaGraphInstantiate", pytest.approx(9.0), 1, "cuda_runtime")]
+    assert pr["slow"] == [] and not pr["stacks"]  # 9 ms: under the slow spans' 500 ms
+    engine = _RecordingEngine(host_events=[dict(_HOST[0], dur=9e5)])
+    pr = profile_first(engine, list(range(32)), str(tmp_path / "stacks"), "cuda", 8, stacks=True)
+    assert engine.calls[0] == ("start", ["CPU", "GPU"], "first", True, False)  # with_stack on
+    assert pr["stacks"] and pr["slow"] == [("cudaGraphInstantiate", pytest.approx(900.0), "cuda_runtime", [])]
 
 
 def test_serve_profiles_only_the_engines_first_request_when_asked(tmp_path, monkeypatch):
@@ -170,13 +207,14 @@ def test_serve_profiles_only_the_engines_first_request_when_asked(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     engine = _RecordingEngine(host_events=_HOST)
     result = {}
-    serve.load_phases(engine, [(16, 1, 1), (24, 1, 1)], 4, result, lambda what: None, profile_cold="cuda")
+    serve.load_phases(engine, [(16, 1, 1), (24, 1, 1)], 4, result, lambda what: None, profile_cold="cuda", stacks=True)
     assert [c[0] for c in engine.calls].count("start") == 1
     assert list(result["profile"]) == ["first request P16 (cold)"]
     assert set(result["cold_ttft_ms"]) == {"16", "24"}
     assert result["cold_ttft_ms"]["16"] == result["profile"]["first request P16 (cold)"]["ttft_ms"]
     report = serve._fmt_profile("first request P16 (cold)", result["profile"]["first request P16 (cold)"])
     assert "first token in" in report and "cudaGraphInstantiate" in report
+    assert engine.calls[0][3]  # Python stacks asked for
 
 
 def test_a_profile_only_run_writes_no_csv_row():

@@ -441,7 +441,8 @@ def test_spec_only_leaves_out_the_plain_runs_of_the_spec_models_alone(monkeypatc
     monkeypatch.setattr(serve, "_plugin_args", lambda name, pythonpath, device: {})
     a = argparse.Namespace(
         tokens=False, graphs="on", spec="DFLASH,EAGLE", spec_models="gemma4-like", spec_only=spec_only, spec_load=True,
-        backends="triton_swa,triton", output_len=8, profile="", timeout=1.0, model_root=str(tmp_path), profile_cold=True,
+        backends="triton_swa,triton", output_len=8, profile="", timeout=1.0, model_root=str(tmp_path),
+        profile_cold=True, profile_cold_stacks=False,
     )  # fmt: skip
     labels = {}
     for name in ("gemma4-like", "gemma3-1b"):

@@ -39,6 +39,7 @@ __all__ = [
     "kernel_time",
     "profile_decode",
     "profile_first",
+    "slow_leaves",
     "profile_prefill",
     "read_trace_events",
 ]
@@ -115,18 +116,41 @@ def host_time(events: Iterable[Mapping], top: int = 12) -> list[tuple[str, float
     return [(name[:120], ms, int(n), cat) for (name, cat), (ms, n) in ranked]
 
 
-def profile_fields(folder: str, device: str, profile_id: str, host: bool = False) -> dict:
+def slow_leaves(events: Iterable[Mapping], min_ms: float = 500.0) -> list[tuple[str, float, str, list[str]]]:
+    """The innermost slow host spans of a trace: host events (:data:`HOST_CATEGORIES`) of at least
+    ``min_ms`` that hold no other such event of their thread, longest first, each as (name, ms,
+    category, the names of the slow spans around it, outermost first). With Python stacks recorded
+    (``python_function`` events) a leaf is the function the time sits in; without them, the
+    narrowest annotated region or operator that holds it."""
+    slow: dict[tuple, list[tuple[float, float, str, str]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES and float(e.get("dur", 0.0)) >= 1e3 * min_ms:
+            t0 = float(e.get("ts", 0.0))
+            slow[(e.get("pid"), e.get("tid"))].append((t0, t0 + float(e["dur"]), str(e.get("name", "?")), str(e.get("cat"))))
+    leaves = []
+    for spans in slow.values():
+        spans.sort(key=lambda x: (x[0], -x[1]))  # a parent before the children it holds
+        for i, (t0, t1, name, cat) in enumerate(spans):
+            inside = [s for s in spans[i + 1 :] if s[0] < t1]
+            if any(s[1] <= t1 for s in inside):
+                continue  # holds a slow span: not a leaf
+            around = [s[2] for s in spans[:i] if s[0] <= t0 and s[1] >= t1]
+            leaves.append((name[:160], (t1 - t0) / 1e3, cat, [a[:80] for a in around]))
+    return sorted(leaves, key=lambda x: -x[1])
+
+
+def profile_fields(folder: str, device: str, profile_id: str, host: bool = False, stacks: bool = False) -> dict:
     """SGLang's ``ProfileReq`` fields of one profile: device kernels on a GPU (host ops on a CPU, where
-    there are no device kernels; ``host``: both), no stacks and no shapes, so the profiler's own cost
-    stays small."""
+    there are no device kernels; ``host``: both), no shapes, and no Python stacks unless ``stacks``
+    (every Python call an event: the profiler's own cost grows with them)."""
     activities = (["CPU", "GPU"] if host else ["GPU"]) if device == "cuda" else ["CPU"]
-    return dict(output_dir=folder, activities=activities, profile_id=profile_id, with_stack=False, record_shapes=False)
+    return dict(output_dir=folder, activities=activities, profile_id=profile_id, with_stack=stacks, record_shapes=False)
 
 
-def _profile_req(folder: str, device: str, profile_id: str, host: bool = False):
+def _profile_req(folder: str, device: str, profile_id: str, host: bool = False, stacks: bool = False):
     from sglang.srt.managers.io_struct import ProfileReq
 
-    return ProfileReq(**profile_fields(folder, device, profile_id, host))
+    return ProfileReq(**profile_fields(folder, device, profile_id, host, stacks))
 
 
 async def _first_token(engine, prompt: list[int], sampling: dict) -> tuple[float, int]:
@@ -142,22 +166,23 @@ async def _first_token(engine, prompt: list[int], sampling: dict) -> tuple[float
     return ttft, made
 
 
-def profile_first(engine, prompt: list[int], folder: str, device: str, max_new_tokens: int) -> dict:
+def profile_first(engine, prompt: list[int], folder: str, device: str, max_new_tokens: int, stacks: bool = False) -> dict:
     """The engine's first request (no warm-up before it: a cold start), streamed under SGLang's profiler
-    with host and device activity. Returns its time to first token and wall time, :func:`kernel_time`
-    of the trace and :func:`host_time` (``host``): whether the cold time is device work, a host call
-    (a synchronisation, an allocation, a graph's instantiation) or neither (pure Python, no event)."""
+    with host and device activity (``stacks``: Python calls too). Returns its time to first token and
+    wall time, :func:`kernel_time` of the trace, :func:`host_time` (``host``) and :func:`slow_leaves`
+    (``slow``): whether the cold time is device work, a host call (a synchronisation, an allocation, a
+    graph's instantiation) or neither (Python with no event unless ``stacks``)."""
     os.makedirs(folder, exist_ok=True)
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     tm = engine.tokenizer_manager
-    engine.loop.run_until_complete(tm.start_profile(_profile_req(folder, device, "first", host=True)))
+    engine.loop.run_until_complete(tm.start_profile(_profile_req(folder, device, "first", host=True, stacks=stacks)))
     t0 = time.monotonic()
     ttft, made = engine.loop.run_until_complete(_first_token(engine, prompt, sampling))
     wall_ms = 1e3 * (time.monotonic() - t0)
     engine.loop.run_until_complete(tm.stop_profile())
     events = read_trace_events(folder)
     head = dict(prompt_len=len(prompt), ttft_ms=1e3 * ttft, wall_ms=wall_ms, tokens=made, events=len(events))
-    return dict(head, host=host_time(events), **kernel_time(events))
+    return dict(head, stacks=stacks, host=host_time(events), slow=slow_leaves(events)[:12], **kernel_time(events))
 
 
 def profile_prefill(engine, prompt: list[int], folder: str, device: str) -> dict:

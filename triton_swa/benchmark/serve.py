@@ -273,7 +273,7 @@ async def _stream_one(engine, prompt: list[int], sampling: dict) -> dict:
 WARM_UP_TOKENS = 8  # new tokens of the warm-up request before each prompt length's first timed phase
 
 
-def load_phases(engine, loads: list, output_len: int, result: dict, stage, profile_cold: str | None = None) -> None:
+def load_phases(engine, loads: list, output_len: int, result: dict, stage, profile_cold: str | None = None, stacks: bool = False) -> None:
     """Each ``(prompt_len, concurrency, requests)`` of ``loads`` timed on ``engine``, in order, each
     prompt length's first phase preceded by one warm-up request of that length (a prompt of its own,
     so SGLang's radix cache serves no timed prompt from it). Fills ``result["cold_ttft_ms"]`` (the
@@ -281,7 +281,7 @@ def load_phases(engine, loads: list, output_len: int, result: dict, stage, profi
     as they finish; ``stage(what)`` is called before each request set and once more at the end, so
     that a run cut short keeps what it measured. ``profile_cold`` (the device, "cuda" or "cpu"): the first
     warm-up (the engine's first request where no token check ran before it) runs under SGLang's
-    profiler, host and device
+    profiler, host and device (``stacks``: Python calls too)
     (:func:`~triton_swa.benchmark.engine_profile.profile_first`), into ``result["profile"]``."""
     cold = result.setdefault("cold_ttft_ms", {})
     phases = result.setdefault("phases", [])
@@ -292,7 +292,7 @@ def load_phases(engine, loads: list, output_len: int, result: dict, stage, profi
             if profile_cold and not cold:
                 from triton_swa.benchmark.engine_profile import profile_first
 
-                pr = profile_first(engine, prompt, os.path.abspath("profile-first"), profile_cold, WARM_UP_TOKENS)
+                pr = profile_first(engine, prompt, os.path.abspath("profile-first"), profile_cold, WARM_UP_TOKENS, stacks)
                 result.setdefault("profile", {})[f"first request P{prompt_len} (cold)"] = pr
                 cold[str(prompt_len)] = pr["ttft_ms"]
             else:
@@ -384,7 +384,8 @@ def worker_main(spec_path: str, result_path: str) -> int:
                 _write(result_path, result)
 
             cold_device = "cpu" if spec["engine_args"].get("device") == "cpu" else "cuda"
-            load_phases(engine, spec["load"], spec["output_len"], result, stage, cold_device if spec.get("profile_cold") else None)
+            cold = spec.get("profile_cold")
+            load_phases(engine, spec["load"], spec["output_len"], result, stage, cold_device if cold else None, cold == "stacks")
         for i, (prompt_len, concurrency) in enumerate(spec.get("profile") or []):
             from triton_swa.benchmark.engine_profile import profile_decode, profile_prefill
 
@@ -431,7 +432,7 @@ def run_backend(
     output_len: int,
     pythonpath: list[str],
     profile: list[tuple[int, int]] | None = None,
-    profile_cold: bool = False,
+    profile_cold: bool | str = False,
     env: dict | None = None,
     timeout_s: float = 600.0,
     log_path: str | None = None,
@@ -686,6 +687,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="the first --load warm-up (each engine's first request) under SGLang's profiler, host and device: where a cold start goes",
     )
+    p.add_argument(
+        "--profile-cold-stacks",
+        action="store_true",
+        help="--profile-cold with Python stacks (every Python call an event: names the function a slow span sits in; slower)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="engines side by side on the GPU, each pool capped (runs without --load only)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
     p.add_argument(
@@ -816,7 +822,8 @@ def _model_jobs(name: str, a, base_args: dict, load: list, pythonpath: list[str]
                 info = dict(model=name, graphs=graphs, spec=spec_algo, label=label)
                 run = dict(engine_args=eargs, tokens=tokens, load=load if (a.spec_load or not spec_algo) else [], output_len=a.output_len)
                 run["profile"] = [] if spec_algo else [[int(x) for x in item.split("x")] for item in filter(None, a.profile.split(","))]
-                run["profile_cold"] = bool(a.profile_cold and run["load"])
+                cold = "stacks" if getattr(a, "profile_cold_stacks", False) else bool(a.profile_cold)
+                run["profile_cold"] = cold if run["load"] else False  # False, True or "stacks"
                 run.update(pythonpath=pythonpath, timeout_s=a.timeout, log_path=str(out / f"engine-{tag}.log"), device=device)
                 run.update(_plugin_args(name, pythonpath, device))
                 jobs.append((path, backend, run, info))
@@ -1039,6 +1046,9 @@ def _fmt_profile(what: str, pr: dict) -> str:
     if pr.get("host"):
         lines.append("      host events by summed time (nested events each count their whole span):")
         lines += [f"      {ms:9.2f} ms {n:6d}x  [{cat}] {name}" for name, ms, n, cat in pr["host"]]
+    if pr.get("slow"):
+        lines.append(f"      innermost host spans of 500 ms or more{' (Python stacks on)' if pr.get('stacks') else ''}:")
+        lines += [f"      {ms:9.2f} ms  [{cat}] {name}  (in: {' > '.join(around) or '-'})" for name, ms, cat, around in pr["slow"]]
     return "\n".join(lines)
 
 
