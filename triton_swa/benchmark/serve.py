@@ -690,7 +690,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--profile-cold-stacks",
         action="store_true",
-        help="--profile-cold with Python stacks (every Python call an event: names the function a slow span sits in; slower)",
+        help="--profile-cold with Python stacks (every Python call an event: names the function a slow span sits in; slower). "
+        "For a GPU: under Triton's interpreter every kernel operation is a Python call (the CPU engine's scheduler ran out of memory)",
     )
     p.add_argument("--jobs", type=int, default=1, help="engines side by side on the GPU, each pool capped (runs without --load only)")
     p.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON, an extra sglang.Engine argument")
