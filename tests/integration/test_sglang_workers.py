@@ -786,6 +786,108 @@ def test_draft_extend_graphs_captured_and_replayed_as_sglang_does():
         assert torch.equal(kb[slots.long()].cpu(), k), f"layer {layer.layer_id}: the draft's K/V not at its slots"
 
 
+def want_draft_step(layer, hist, rows, lens, i, qs, ks, vs):
+    """Float64 reference of draft decode step ``i``: each request's query at position ``L + i`` over its
+    committed K/V and the K/V of draft steps ``0..i`` (``qs[j]``, ``ks[j]``, ``vs[j]``: ``[requests, ...]``)."""
+    outs = []
+    for b, (r, n) in enumerate(zip(rows, lens)):
+        kp, vp = hist[(layer.layer_id, r)]
+        kk = torch.cat([kp[:n]] + [ks[j][b : b + 1] for j in range(i + 1)])
+        vv = torch.cat([vp[:n]] + [vs[j][b : b + 1] for j in range(i + 1)])
+        mask = ref.window_mask(torch.tensor([n + i]), torch.arange(n + i + 1), layer.sliding_window_size)
+        outs.append(ref.attention(qs[i][b : b + 1], kk, vv, mask, sm_scale=layer.scaling))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_multi_step_draft_decode_runs_as_sglangs_draft_worker_drives_it(graphs):
+    """EAGLE's chain draft decode (topk 1, 3 steps, so two attention steps) through
+    ``TritonSWAMultiStepDraftBackend`` as SGLang's ``EagleDraftWorker.draft_forward`` drives it: the
+    batch's ``out_cache_loc`` holds each request's draft slots (SGLang's ``per_step_draft_out_cache_loc``
+    layout), placed in ``req_to_token`` right after its committed tokens; step ``i`` runs under
+    ``attn_backends[i]`` with ``out_cache_loc`` set to its column and writes its K/V, which the next
+    step reads. Eager: one ``init_forward_metadata`` before the steps. Graphs:
+    ``EAGLEDraftCudaGraphRunner``'s sequence (``init_cuda_graph_state(max_bs, max_bs)``, capture at
+    each batch size largest first, seq_lens at the fill length, then 3 real requests padded to 4
+    through the namespace view its ``execute`` builds, ``num_padding`` on it). Each step's real rows
+    equal the float64 reference over the window, on drifted pools (SWA slots differ from full slots);
+    the padded rows are finite. On a GPU each batch size is a captured graph, replayed."""
+    from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
+
+    from triton_swa.integrations.sglang import TritonSWAMultiStepDraftBackend
+
+    g = torch.Generator().manual_seed(41)
+    pool, alloc, rtp, rows, lens = drifted_state(g, rows_n=3, lens=(14, 10, 7))
+    hist = write_history(pool, rtp, rows, lens, layers(), g)
+    evict(alloc, rtp, rows, lens)
+    steps, raw = 3, len(rows)
+    md = TritonSWAMultiStepDraftBackend(runner(pool, alloc, rtp, draft=True, algo=A.EAGLE), 1, steps)
+    assert len(md.attn_backends) == steps - 1
+    loc = place(alloc, rtp, rows, lens, [steps] * raw)  # request-major: request b's step i at b * steps + i
+    max_bs = 4 if graphs else raw
+    # static inputs (a captured graph reads them): per (layer, step), max_bs rows
+    qkv = {(layer.layer_id, i): [x.to(DEV) for x in rand_qkv(layer, max_bs, g)] for layer in layers() for i in range(steps - 1)}
+
+    def draft_forward(fb):
+        full, outs = fb.out_cache_loc, []
+        per_step = per_step_draft_out_cache_loc(full, fb.batch_size, 1, steps)
+        for i in range(steps - 1):  # the last step only samples
+            fb.out_cache_loc = per_step[i]
+            with forward_context(ForwardContext(attn_backend=md.attn_backends[i])):
+                outs.append([layer(*(x[: fb.batch_size].flatten(1) for x in qkv[(layer.layer_id, i)]), fb, save_kv_cache=True) for layer in layers()])
+        fb.out_cache_loc = full
+        return outs
+
+    on = dict(device=DEV)
+    if not graphs:
+        fb = sgl_batch(ForwardMode.DECODE, rows, lens, [0] * raw, loc, spec_algorithm=A.EAGLE)
+        md.init_forward_metadata(fb)
+        outs = draft_forward(fb)
+    else:
+        capture_bs = [1, 2, max_bs]
+        md.init_cuda_graph_state(max_bs, max_bs)
+        fill = md.get_cuda_graph_seq_len_fill_value()
+        buf = SimpleNamespace(
+            req_pool_indices=torch.zeros(max_bs, dtype=torch.int64, **on), seq_lens=torch.full((max_bs,), fill, dtype=torch.int64, **on),
+            seq_lens_cpu=torch.full((max_bs,), fill, dtype=torch.int64), out_cache_loc=torch.zeros(max_bs * steps, dtype=torch.int64, **on),
+            positions=torch.zeros(max_bs, dtype=torch.int64, **on),
+        )  # fmt: skip
+        graphs_by_bs = {}
+        for bs in reversed(capture_bs):
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=torch.zeros(bs, dtype=torch.int64, **on),
+                req_pool_indices=buf.req_pool_indices[:bs], seq_lens=buf.seq_lens[:bs], seq_lens_cpu=buf.seq_lens_cpu[:bs],
+                out_cache_loc=buf.out_cache_loc[: bs * steps], seq_lens_sum=bs * fill, positions=buf.positions[:bs], spec_algorithm=A.EAGLE,
+            )  # fmt: skip
+            graphs_by_bs[bs] = capture_as_sglang(md, fb, draft_forward)
+        # SGLang's execute: the real inputs into the buffers, padded requests on row 0 at the fill length
+        buf.seq_lens.fill_(fill)
+        buf.out_cache_loc.zero_()
+        buf.req_pool_indices.zero_()
+        buf.req_pool_indices[:raw].copy_(torch.tensor(rows))
+        buf.seq_lens[:raw].copy_(torch.tensor(lens))
+        buf.seq_lens_cpu.fill_(fill)
+        buf.seq_lens_cpu[:raw].copy_(torch.tensor(lens))
+        buf.out_cache_loc[: raw * steps].copy_(loc)
+        _, captured, _ = graphs_by_bs[max_bs]
+        view = SimpleNamespace(**vars(captured), num_padding=max_bs - raw)
+        view.seq_lens_sum = sum(lens) + (max_bs - raw) * fill
+        md.init_forward_metadata_out_graph(view)
+        outs = replay_as_sglang(graphs_by_bs[max_bs], draft_forward)
+    per_step = per_step_draft_out_cache_loc(loc, raw, 1, steps)
+    for at, layer in enumerate(layers()):
+        q, k, v = ([qkv[(layer.layer_id, i)][j][:raw].cpu() for i in range(steps - 1)] for j in range(3))
+        for i in range(steps - 1):
+            out = outs[i][at].cpu()
+            want = want_draft_step(layer, hist, rows, lens, i, q, k, v)
+            assert_close(out[:raw].view(raw, HQ, -1), want, name=f"draft step {i} layer {layer.layer_id}")
+            assert torch.isfinite(out[raw:]).all(), "padded request"
+            # the step's K/V went to the pools at its draft slots (SWA ones translated)
+            kb, _ = pool.get_kv_buffer(layer.layer_id)
+            slots = per_step[i] if layer.sliding_window_size < 0 else pool.translate_loc_from_full_to_swa(per_step[i])
+            assert torch.equal(kb[slots.long()].cpu(), k[i]), f"layer {layer.layer_id} step {i}: the draft's K/V not at its slots"
+
+
 @pytest.mark.parametrize("mode", ["FULL_MASK", "QLEN_ONLY"])
 def test_eager_verify_takes_an_oversized_mask_and_names_a_short_one(mode, monkeypatch):
     """SGLang sizes an eager verify mask ``bs * max_context_len`` per draft when ``seq_lens_sum`` is
