@@ -834,7 +834,8 @@ def test_multi_step_draft_decode_runs_as_sglangs_draft_worker_drives_it(graphs):
         for i in range(steps - 1):  # the last step only samples
             fb.out_cache_loc = per_step[i]
             with forward_context(ForwardContext(attn_backend=md.attn_backends[i])):
-                outs.append([layer(*(x[: fb.batch_size].flatten(1) for x in qkv[(layer.layer_id, i)]), fb, save_kv_cache=True) for layer in layers()])
+                step_inputs = [[x[: fb.batch_size].flatten(1) for x in qkv[(layer.layer_id, i)]] for layer in layers()]
+                outs.append([layer(*x, fb, save_kv_cache=True) for layer, x in zip(layers(), step_inputs)])
         fb.out_cache_loc = full
         return outs
 
