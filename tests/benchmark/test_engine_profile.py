@@ -145,14 +145,15 @@ def test_profile_decode_refuses_outputs_too_short_to_fill_its_window(tmp_path):
 
 
 def test_host_time_sums_host_events_by_name_and_leaves_device_events_out():
-    events = [
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "dur": 4000.0},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "dur": 2000.0},
-        {"ph": "X", "cat": "user_annotation", "name": "forward", "dur": 7000.0},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 500.0},
-        {"ph": "X", "cat": "kernel", "name": "_swa_extend_kernel", "dur": 99999.0},  # device time, not host
-        {"ph": "i", "cat": "cpu_op", "name": "aten::add", "dur": 99999.0},  # not a complete event
+    spans = [
+        ("X", "cuda_runtime", "cudaStreamSynchronize", 4000.0),
+        ("X", "cuda_runtime", "cudaStreamSynchronize", 2000.0),
+        ("X", "user_annotation", "forward", 7000.0),
+        ("X", "cpu_op", "aten::mm", 500.0),
+        ("X", "kernel", "_swa_extend_kernel", 99999.0),  # device time, not host
+        ("i", "cpu_op", "aten::add", 99999.0),  # not a complete event
     ]
+    events = [dict(ph=ph, cat=cat, name=name, dur=dur) for ph, cat, name, dur in spans]
     assert host_time(events, top=2) == [
         ("forward", pytest.approx(7.0), 1, "user_annotation"),
         ("cudaStreamSynchronize", pytest.approx(6.0), 2, "cuda_runtime"),
