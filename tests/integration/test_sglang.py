@@ -12,6 +12,7 @@ The whole module is skipped, saying so, when SGLang is not installed.
 
 from __future__ import annotations
 
+import os
 import random
 from unittest.mock import MagicMock
 
@@ -229,6 +230,40 @@ def test_register_puts_the_backend_in_sglangs_registry_and_choices(device):
     assert isinstance(backend, AttentionBackend) and isinstance(backend, TritonSWASGLangBackend)
     assert backend.token_to_kv_pool is pool and backend.core._swa_kv_pool is pool
     assert backend.get_cuda_graph_seq_len_fill_value() == 1
+
+
+def test_register_dumps_stacks_on_a_timer_only_when_asked(monkeypatch, capsys):
+    """TRITON_SWA_DUMP_STACKS_S (a diagnostic) starts one stack-dump thread in the process that
+    registers, which writes the other threads' Python stacks to stderr on its timer (the function a
+    thread waits in is named); unset, nothing starts; a value that is not seconds above 0 is refused,
+    named."""
+    import threading
+    import time
+
+    from triton_swa.integrations import sglang as plugin
+
+    monkeypatch.setattr(plugin, "_stack_dumps", {})
+    monkeypatch.delenv("TRITON_SWA_DUMP_STACKS_S", raising=False)
+    plugin.register()
+    assert plugin._stack_dumps == {}
+    for bad in ("0", "-2", "soon", "nan", "inf"):
+        monkeypatch.setenv("TRITON_SWA_DUMP_STACKS_S", bad)
+        with pytest.raises(ValueError, match="TRITON_SWA_DUMP_STACKS_S must be a number of seconds above 0"):
+            plugin.register()
+    monkeypatch.setenv("TRITON_SWA_DUMP_STACKS_S", "0.05")
+    plugin.register()
+    plugin.register()  # one thread per process
+    try:
+        assert [t.name for t in threading.enumerate()].count("triton_swa-stack-dump") == 1
+
+        def waiting_in_this_function():
+            time.sleep(0.4)
+
+        waiting_in_this_function()
+    finally:
+        plugin._stack_dumps[os.getpid()].set()
+    err = capsys.readouterr().err
+    assert "triton_swa: Python stacks of process" in err and "in waiting_in_this_function" in err
 
 
 def test_the_plugin_entry_point_names_register():

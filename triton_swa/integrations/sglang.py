@@ -879,6 +879,46 @@ def _hooks() -> dict:
     }
 
 
+_stack_dumps: dict = {}  # pid -> the stop event of that process's stack-dump thread
+
+
+def _dump_stacks_every(every: str):
+    """Every other thread's Python stack on stderr each ``every`` seconds, from a daemon thread of this
+    process (one per process: a forked child starts its own). Returns the thread's stop event.
+
+    A Python thread rather than ``faulthandler.dump_traceback_later``: SGLang's scheduler processes,
+    which inherit faulthandler's timer state, crashed (SIGSEGV) when it was armed there."""
+    import sys
+    import threading
+    import traceback
+
+    try:
+        seconds = float(every)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"TRITON_SWA_DUMP_STACKS_S must be a number of seconds above 0, got {every!r}")
+    pid = os.getpid()
+    if pid in _stack_dumps:
+        return _stack_dumps[pid]
+    stop = _stack_dumps[pid] = threading.Event()
+
+    def dump() -> None:
+        while not stop.wait(seconds):
+            me = threading.get_ident()
+            names = {t.ident: t.name for t in threading.enumerate()}
+            out = [f"triton_swa: Python stacks of process {pid}, {time.strftime('%H:%M:%S')}\n"]
+            for ident, frame in sys._current_frames().items():
+                if ident != me:
+                    out.append(f"  thread {names.get(ident, ident)}:\n")
+                    out += traceback.format_stack(frame)
+            sys.stderr.write("".join(out))
+            sys.stderr.flush()
+
+    threading.Thread(target=dump, name="triton_swa-stack-dump", daemon=True).start()
+    return stop
+
+
 def register() -> None:
     """Register ``triton_swa`` with SGLang (idempotent): the backend registry, both choice lists, and
     hooks on the SGLang functions that accept attention backends by name (:func:`_hooks`).
@@ -886,12 +926,20 @@ def register() -> None:
     SGLang's plugin loader calls this through the ``sglang.srt.plugins`` entry point and applies the
     hooks right after every plugin has run (``HookRegistry.apply_hooks``), before it resolves server
     arguments, in the server process and in each scheduler process. ``TRITON_SWA_LOG_LEVEL`` (e.g.
-    ``INFO``) sets the level of the ``triton_swa`` loggers there.
+    ``INFO``) sets the level of the ``triton_swa`` loggers there. ``TRITON_SWA_DUMP_STACKS_S`` (seconds,
+    a diagnostic) has each of those processes write its threads' Python stacks to stderr that often
+    (:func:`_dump_stacks_every`): where a stall sits that no profiler event covers.
+
+    Raises:
+        ValueError: ``TRITON_SWA_DUMP_STACKS_S`` is not a number of seconds above 0.
     """
     global _registered
     level = os.environ.get("TRITON_SWA_LOG_LEVEL")
     if level:  # an engine logging at WARNING shows the plugin's INFO lines (its precompile, its graph capture)
         logging.getLogger("triton_swa").setLevel(level.upper())
+    every = os.environ.get("TRITON_SWA_DUMP_STACKS_S")
+    if every:
+        _dump_stacks_every(every)
     from sglang.srt.arg_groups import choices
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
