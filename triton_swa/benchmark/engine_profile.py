@@ -39,9 +39,10 @@ __all__ = [
     "kernel_time",
     "profile_decode",
     "profile_first",
-    "slow_leaves",
     "profile_prefill",
     "read_trace_events",
+    "slow_leaves",
+    "stream_one",
 ]
 
 # First match wins. Attention: triton-swa's kernels (_swa_*), SGLang's Triton attention (its extend,
@@ -153,17 +154,25 @@ def _profile_req(folder: str, device: str, profile_id: str, host: bool = False, 
     return ProfileReq(**profile_fields(folder, device, profile_id, host, stacks))
 
 
-async def _first_token(engine, prompt: list[int], sampling: dict) -> tuple[float, int]:
-    """Seconds to the first streamed token of ``prompt``, and the tokens made (the stream drained)."""
-    t0, ttft, made = time.monotonic(), math.nan, 0
+async def stream_one(engine, prompt: list[int], sampling: dict) -> dict:
+    """``prompt`` streamed through ``engine`` (SGLang's ``async_generate``) to its end: seconds to the first
+    token (NaN if none came), the gaps between tokens, the tokens made and the speculative acceptance
+    length SGLang reports (None without speculation)."""
+    t0 = time.perf_counter()
+    stamps, count = [], 0
     gen = engine.async_generate(input_ids=prompt, sampling_params=sampling, stream=True)
     if asyncio.iscoroutine(gen):
         gen = await gen
+    meta: dict = {}
     async for chunk in gen:
-        made = int(chunk.get("meta_info", {}).get("completion_tokens", made))
-        if made and math.isnan(ttft):
-            ttft = time.monotonic() - t0
-    return ttft, made
+        meta = chunk.get("meta_info", {})
+        n = int(meta.get("completion_tokens", count))
+        now = time.perf_counter()
+        stamps.extend([now] * max(0, n - count))
+        count = n
+    ttft = (stamps[0] - t0) if stamps else float("nan")
+    itls = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"ttft": ttft, "itls": itls, "tokens": count, "accept_len": meta.get("spec_accept_length")}
 
 
 def profile_first(engine, prompt: list[int], folder: str, device: str, max_new_tokens: int, stacks: bool = False) -> dict:
@@ -177,11 +186,11 @@ def profile_first(engine, prompt: list[int], folder: str, device: str, max_new_t
     tm = engine.tokenizer_manager
     engine.loop.run_until_complete(tm.start_profile(_profile_req(folder, device, "first", host=True, stacks=stacks)))
     t0 = time.monotonic()
-    ttft, made = engine.loop.run_until_complete(_first_token(engine, prompt, sampling))
+    first = engine.loop.run_until_complete(stream_one(engine, prompt, sampling))
     wall_ms = 1e3 * (time.monotonic() - t0)
     engine.loop.run_until_complete(tm.stop_profile())
     events = read_trace_events(folder)
-    head = dict(prompt_len=len(prompt), ttft_ms=1e3 * ttft, wall_ms=wall_ms, tokens=made, events=len(events))
+    head = dict(prompt_len=len(prompt), ttft_ms=1e3 * first["ttft"], wall_ms=wall_ms, tokens=first["tokens"], events=len(events))
     return dict(head, stacks=stacks, host=host_time(events), slow=slow_leaves(events)[:12], **kernel_time(events))
 
 

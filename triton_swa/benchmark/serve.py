@@ -54,6 +54,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from triton_swa.benchmark.engine_profile import profile_decode, profile_first, profile_prefill, stream_one
 from triton_swa.testing.sglang_engine import ENGINE_PLUGINS, fused_ops_standin, gpu_engine_env, sgl_kernel_path, tie_tol
 
 __all__ = ["COLUMNS", "MODELS", "ServeModel", "build_model", "compare_tokens", "gpu_engine_env", "main", "run_backend", "tie_tol"]
@@ -252,24 +253,6 @@ def _top2_gaps(meta: dict) -> list[float | None]:
     return gaps
 
 
-async def _stream_one(engine, prompt: list[int], sampling: dict) -> dict:
-    t0 = time.perf_counter()
-    stamps, count = [], 0
-    gen = engine.async_generate(input_ids=prompt, sampling_params=sampling, stream=True)
-    if asyncio.iscoroutine(gen):
-        gen = await gen
-    meta: dict = {}
-    async for chunk in gen:
-        meta = chunk.get("meta_info", {})
-        n = int(meta.get("completion_tokens", count))
-        now = time.perf_counter()
-        stamps.extend([now] * max(0, n - count))
-        count = n
-    ttft = (stamps[0] - t0) if stamps else float("nan")
-    itls = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"ttft": ttft, "itls": itls, "tokens": count, "accept_len": meta.get("spec_accept_length")}
-
-
 WARM_UP_TOKENS = 8  # new tokens of the warm-up request before each prompt length's first timed phase
 
 
@@ -290,14 +273,12 @@ def load_phases(engine, loads: list, output_len: int, result: dict, stage, profi
             stage(f"warm-up P{prompt_len}")
             prompt = _prompts(1, prompt_len, 900 + i)[0]
             if profile_cold and not cold:
-                from triton_swa.benchmark.engine_profile import profile_first
-
                 pr = profile_first(engine, prompt, os.path.abspath("profile-first"), profile_cold, WARM_UP_TOKENS, stacks)
                 result.setdefault("profile", {})[f"first request P{prompt_len} (cold)"] = pr
                 cold[str(prompt_len)] = pr["ttft_ms"]
             else:
                 sampling = {"temperature": 0.0, "max_new_tokens": WARM_UP_TOKENS, "ignore_eos": True}
-                warm = engine.loop.run_until_complete(_stream_one(engine, prompt, sampling))
+                warm = engine.loop.run_until_complete(stream_one(engine, prompt, sampling))
                 cold[str(prompt_len)] = 1e3 * warm["ttft"]
         stage(f"load P{prompt_len} C{concurrency}")
         ph = engine.loop.run_until_complete(_load_phase(engine, prompt_len, concurrency, requests, output_len, 1000 + i))
@@ -332,7 +313,7 @@ async def _load_phase(engine, prompt_len: int, concurrency: int, requests: int, 
 
     async def client():
         while queue:
-            results.append(await _stream_one(engine, queue.pop(), sampling))
+            results.append(await stream_one(engine, queue.pop(), sampling))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -387,8 +368,6 @@ def worker_main(spec_path: str, result_path: str) -> int:
             cold = spec.get("profile_cold")
             load_phases(engine, spec["load"], spec["output_len"], result, stage, cold_device if cold else None, cold == "stacks")
         for i, (prompt_len, concurrency) in enumerate(spec.get("profile") or []):
-            from triton_swa.benchmark.engine_profile import profile_decode, profile_prefill
-
             device = "cpu" if spec["engine_args"].get("device") == "cpu" else "cuda"
             profiles = result.setdefault("profile", {})
             result["stage"] = f"profile prefill P{prompt_len}"
